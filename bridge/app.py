@@ -1,0 +1,79 @@
+"""The aiohttp application: routes, startup and shutdown, health and status."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from aiohttp import web
+
+from .config import Config
+from .gateway import Gateway
+from .transports import sse
+from .transports.common import CONFIG, GATEWAYS
+
+
+def create_app(config: Config) -> web.Application:
+    app = web.Application(client_max_size=config.limits.max_message_bytes)
+    app[CONFIG] = config
+    app[GATEWAYS] = {name: Gateway(name, server, config.limits) for name, server in config.servers.items()}
+    app.router.add_get("/servers/{name}/sse", sse.stream)
+    app.router.add_post("/servers/{name}/messages", sse.post_message)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/status", status)
+    app.on_startup.append(_start_gateways)
+    # Shutdown, not cleanup: open streams only end once their sessions close.
+    app.on_shutdown.append(_stop_gateways)
+    return app
+
+
+async def _start_gateways(app: web.Application) -> None:
+    for gateway in app[GATEWAYS].values():
+        await gateway.start()
+
+
+async def _stop_gateways(app: web.Application) -> None:
+    await asyncio.gather(*(g.stop() for g in app[GATEWAYS].values()))
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "alive"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    problems = {name: reason for name, g in request.app[GATEWAYS].items() if (reason := g.readiness()) is not None}
+    if problems:
+        return web.json_response({"status": "not ready", "servers": problems}, status=503)
+    return web.json_response({"status": "ready"})
+
+
+async def status(request: web.Request) -> web.Response:
+    return web.json_response({"servers": {name: server_status(g) for name, g in request.app[GATEWAYS].items()}})
+
+
+def server_status(gateway: Gateway) -> dict[str, object]:
+    now = time.time()
+    processes = []
+    for upstream in gateway.upstreams():
+        sup = upstream.supervisor
+        child = upstream.child
+        processes.append(
+            {
+                "pid": child.pid if child is not None else None,
+                "state": sup.status.value,
+                "protocol": upstream.mux.state.value,
+                "uptime_s": round(now - sup.started_at, 3) if child is not None and sup.started_at else None,
+                "restarts": sup.restarts,
+                "last_exit_code": sup.last_exit,
+                "failure": sup.failure,
+                "in_flight": upstream.mux.inflight(),
+            }
+        )
+    return {
+        "mode": gateway.server.mode,
+        "ready": gateway.readiness() is None,
+        "sessions": len(gateway.sessions),
+        "in_flight": sum(p["in_flight"] for p in processes),  # type: ignore[misc]
+        "processes": processes,
+    }

@@ -1,0 +1,200 @@
+"""One stdio server process: spawn, newline framing, stderr to the log, stop escalation.
+
+stdout and stderr are read by an asyncio protocol, so each complete line is
+handed to the owner synchronously from the data callback: no task wake-up
+per message on the server side.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from . import logs
+
+STDERR_LINE_LIMIT = 16 * 1024
+
+
+class LineFramer:
+    """Splits a byte stream into lines of at most `limit` bytes.
+
+    A longer line is dropped whole (reported once through `on_oversize`), and
+    reading resumes after its newline, so one bad line costs nothing else.
+    """
+
+    __slots__ = ("_buf", "_dropping", "_limit", "_on_line", "_on_oversize")
+
+    def __init__(self, limit: int, on_line: Callable[[bytes], None], on_oversize: Callable[[int], None]) -> None:
+        self._limit = limit
+        self._on_line = on_line
+        self._on_oversize = on_oversize
+        self._buf = bytearray()
+        self._dropping = 0  # bytes of an oversized line dropped so far, 0 if none
+
+    def feed(self, data: bytes) -> None:
+        start = 0
+        while (end := data.find(b"\n", start)) >= 0:
+            if self._dropping:
+                self._on_oversize(self._dropping + end - start)
+                self._dropping = 0
+            elif self._buf:
+                self._buf += data[start:end]
+                self._emit(bytes(self._buf))
+                self._buf.clear()
+            else:
+                self._emit(data[start:end])
+            start = end + 1
+        if start < len(data):
+            if self._dropping:
+                self._dropping += len(data) - start
+            else:
+                self._buf += data[start:] if start else data
+                if len(self._buf) > self._limit:
+                    self._dropping = len(self._buf)
+                    self._buf = bytearray()
+
+    def _emit(self, line: bytes) -> None:
+        if len(line) > self._limit:
+            self._on_oversize(len(line))
+        elif line.strip():
+            self._on_line(line)
+
+    def pending(self) -> int:
+        return len(self._buf) + self._dropping
+
+
+class Child:
+    """A running stdio MCP server in its own process group."""
+
+    def __init__(
+        self,
+        *,
+        server: str,
+        command: str,
+        args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,  # the whole environment; None: the daemon's
+        cwd: str | None = None,
+        max_line: int,
+        on_line: Callable[[bytes], None],
+        on_oversize: Callable[[int], None],
+    ) -> None:
+        self.server = server
+        self.command = command
+        self.args = tuple(args)
+        self.env = dict(os.environ if env is None else env)
+        self.cwd = cwd
+        self.pid: int | None = None
+        self.returncode: int | None = None
+        self._stdout = LineFramer(max_line, on_line, on_oversize)
+        self._stderr = LineFramer(STDERR_LINE_LIMIT, self._stderr_line, self._stderr_oversize)
+        self._transport: asyncio.SubprocessTransport | None = None
+        self._stdin: asyncio.WriteTransport | None = None
+        self._exited: asyncio.Future[int] | None = None
+        self._closed: asyncio.Future[None] | None = None
+        self._log = logs.get(server=server)
+
+    async def start(self) -> None:
+        """Spawn the process; raises OSError when it cannot be started."""
+        loop = asyncio.get_running_loop()
+        self._exited = loop.create_future()
+        self._closed = loop.create_future()
+        transport, _ = await loop.subprocess_exec(
+            lambda: _Protocol(self),
+            self.command,
+            *self.args,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=self.env,
+            cwd=self.cwd,
+            start_new_session=True,
+        )
+        self._transport = transport
+        self._stdin = transport.get_pipe_transport(0)  # type: ignore[assignment]
+        self.pid = transport.get_pid()
+        self._log = self._log.bind(pid=self.pid)
+
+    def send(self, data: bytes) -> bool:
+        """Write one framed message (ending in a newline); False if stdin is gone."""
+        stdin = self._stdin
+        if stdin is None or stdin.is_closing():
+            return False
+        stdin.write(data)
+        return True
+
+    def stdin_buffered(self) -> int:
+        stdin = self._stdin
+        return stdin.get_write_buffer_size() if stdin is not None and not stdin.is_closing() else 0
+
+    async def wait(self) -> int:
+        assert self._exited is not None
+        return await asyncio.shield(self._exited)
+
+    async def stop(self, timeout: float) -> int:
+        """Close stdin, then SIGTERM the group, then SIGKILL it, each after `timeout`."""
+        assert self._exited is not None
+        if self._stdin is not None and not self._stdin.is_closing():
+            self._stdin.close()
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            with contextlib.suppress(TimeoutError):
+                return await asyncio.wait_for(asyncio.shield(self._exited), timeout)
+            self._log.info("server_stop_escalated", signal=sig.name, after_s=timeout)
+            self.signal_group(sig)
+        return await asyncio.shield(self._exited)
+
+    def signal_group(self, sig: int) -> None:
+        if self.pid is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pid, sig)
+
+    # Called by the protocol.
+
+    def _data(self, fd: int, data: bytes) -> None:
+        (self._stdout if fd == 1 else self._stderr).feed(data)
+
+    def _stderr_line(self, line: bytes) -> None:
+        self._log.info("server_stderr", line=line.decode("utf-8", "replace").rstrip())
+
+    def _stderr_oversize(self, size: int) -> None:
+        self._log.warning("server_stderr_line_dropped", size=size, limit=STDERR_LINE_LIMIT)
+
+    def _process_exited(self) -> None:
+        # Whatever the leader left behind in its group dies with it; this also
+        # closes pipes a grandchild still holds, so the exit is seen promptly.
+        self.signal_group(signal.SIGKILL)
+        assert self._transport is not None
+        self.returncode = self._transport.get_returncode()
+        asyncio.get_running_loop().create_task(self._finish())
+
+    async def _finish(self) -> None:
+        assert self._closed is not None and self._exited is not None
+        # Let the last stdout bytes arrive before the exit is reported.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self._closed), 2.0)
+        if self._transport is not None:
+            self._transport.close()
+        if not self._exited.done():
+            self._exited.set_result(self.returncode if self.returncode is not None else -1)
+
+    def _connection_lost(self) -> None:
+        if self._closed is not None and not self._closed.done():
+            self._closed.set_result(None)
+
+
+class _Protocol(asyncio.SubprocessProtocol):
+    def __init__(self, child: Child) -> None:
+        self._child = child
+
+    def pipe_data_received(self, fd: int, data: bytes) -> None:
+        self._child._data(fd, data)
+
+    def process_exited(self) -> None:
+        self._child._process_exited()
+
+    def connection_lost(self, exc: Any) -> None:
+        self._child._connection_lost()

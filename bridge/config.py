@@ -1,0 +1,330 @@
+"""The YAML config: parsed, interpolated and validated into frozen structs.
+
+Validation walks the schema (the structs below) beside the data so that every
+problem is reported, each with its key path (`servers.time.restart.window`),
+rather than only the first. Leaf values are converted by msgspec.
+"""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+import os
+import re
+import types
+import typing
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import msgspec
+import yaml
+
+PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
+Port = Annotated[int, msgspec.Meta(ge=0, le=65535)]
+LogLevel = Literal["debug", "info", "warning", "error", "critical"]
+SERVER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+class Duration(float):
+    """Seconds: a number, or a string such as `250ms`, `30s`, `5m`, `1h`."""
+
+
+class Size(int):
+    """Bytes: a number, or a string such as `512`, `64KiB`, `4MiB`, `1GiB`, `10MB`."""
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+_SIZE = re.compile(r"^\s*(\d+)\s*(B|KB|MB|GB|KiB|MiB|GiB)?\s*$")
+_SIZE_UNITS = {None: 1, "B": 1, "KB": 1000, "MB": 10**6, "GB": 10**9, "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3}
+
+
+def _dec_hook(cls: type, value: Any) -> Any:
+    if cls is Duration:
+        return Duration(_parse(value, _DURATION, _DURATION_UNITS, float, "a duration (like 30s, 5m)"))
+    if cls is Size:
+        return Size(_parse(value, _SIZE, _SIZE_UNITS, int, "a size (like 64KiB, 4MiB)"))
+    raise NotImplementedError(cls)
+
+
+def _parse(value: Any, pattern: re.Pattern[str], units: Mapping[str | None, float], cast: type, what: str) -> Any:
+    if value.__class__ in (int, float) and value >= 0:
+        return cast(value)
+    match = pattern.match(value) if isinstance(value, str) else None
+    if match is None:
+        raise ValueError(f"expected {what}, got {value!r}")
+    return cast(float(match.group(1)) * units[match.group(2)])
+
+
+class Struct(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    pass
+
+
+class TLS(Struct):
+    cert: str
+    key: str
+
+
+class Listen(Struct):
+    host: str = "127.0.0.1"
+    port: Port = 8080
+    tls: TLS | None = None
+
+
+class Token(Struct):
+    name: str
+    token: str | None = None
+    sha256: str | None = None
+    servers: tuple[str, ...] = ("*",)
+
+
+class Security(Struct):
+    tokens: tuple[Token, ...] = ()
+    allowed_origins: tuple[str, ...] = ()
+    allowed_hosts: tuple[str, ...] = ()
+    allow_unauthenticated: bool = False
+
+
+class Limits(Struct):
+    max_message_bytes: Size = Size(4 * 1024 * 1024)
+    max_sessions: PositiveInt = 1000
+    max_inflight: PositiveInt = 256
+    session_queue: PositiveInt = 1024
+    request_timeout: Duration = Duration(300)
+    session_idle_timeout: Duration = Duration(1800)
+    drain_timeout: Duration = Duration(10)
+    initialize_timeout: Duration = Duration(30)
+
+
+class SSE(Struct):
+    keepalive: Duration = Duration(15)
+
+
+class Metrics(Struct):
+    enabled: bool = True
+    path: str = "/metrics"
+
+
+class Logging(Struct):
+    format: Literal["json", "console"] = "json"
+    level: LogLevel = "info"
+
+
+class Restart(Struct):
+    backoff_initial: Duration = Duration(0.5)
+    backoff_max: Duration = Duration(30)
+    max_restarts: PositiveInt = 5
+    window: Duration = Duration(60)
+
+
+class Server(Struct):
+    command: str
+    args: tuple[str, ...] = ()
+    env: dict[str, str] = {}
+    cwd: str | None = None
+    mode: Literal["shared", "per-session"] = "shared"
+    roots: tuple[str, ...] | None = None
+    restart: Restart = Restart()
+    shutdown_timeout: Duration = Duration(5)
+    max_sessions: PositiveInt | None = None
+
+
+class Config(Struct):
+    servers: dict[str, Server]
+    listen: Listen = Listen()
+    security: Security = Security()
+    limits: Limits = Limits()
+    sse: SSE = SSE()
+    metrics: Metrics = Metrics()
+    logging: Logging = Logging()
+
+
+class ConfigError(Exception):
+    """Every problem found in a config, each naming its key path."""
+
+    def __init__(self, source: str, problems: list[str]) -> None:
+        super().__init__(f"{source}: " + "; ".join(problems))
+        self.source = source
+        self.problems = problems
+
+
+def load(path: str | Path, environ: Mapping[str, str] | None = None) -> Config:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(str(path), [f"cannot read: {exc}"]) from None
+    return parse(text, str(path), os.environ if environ is None else environ)
+
+
+def parse(text: str, source: str = "<config>", environ: Mapping[str, str] | None = None) -> Config:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        reason = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(source, [f"not valid YAML{where}: {reason}"]) from None
+    if data is None:
+        data = {}
+    problems: list[str] = []
+    data = _interpolate(data, "", os.environ if environ is None else environ, problems)
+    _check(data, Config, "", problems)
+    if problems:
+        raise ConfigError(source, problems)
+    config = msgspec.convert(data, Config, strict=False, dec_hook=_dec_hook)
+    problems = _semantic_problems(config)
+    if problems:
+        raise ConfigError(source, problems)
+    return config
+
+
+# ${VAR} and ${VAR:-default}; $${ escapes a literal ${.
+_VAR = re.compile(r"\$(\$?)\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def _interpolate(node: Any, path: str, environ: Mapping[str, str], problems: list[str]) -> Any:
+    if isinstance(node, dict):
+        return {k: _interpolate(v, _join(path, k), environ, problems) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_interpolate(v, f"{path}[{i}]", environ, problems) for i, v in enumerate(node)]
+    if not isinstance(node, str) or "${" not in node:
+        return node
+
+    def substitute(match: re.Match[str]) -> str:
+        escaped, name, default = match.groups()
+        if escaped:
+            return match.group(0)[1:]
+        if name in environ:
+            return environ[name]
+        if default is not None:
+            return default
+        problems.append(f"{path}: environment variable {name} is not set")
+        return ""
+
+    return _VAR.sub(substitute, node)
+
+
+def _join(path: str, key: object) -> str:
+    return f"{path}.{key}" if path else str(key)
+
+
+def _check(value: Any, annotation: Any, path: str, problems: list[str]) -> None:
+    """Report every way `value` fails to fit `annotation`, recursing into structs and containers."""
+    origin = typing.get_origin(annotation)
+    if isinstance(annotation, type) and issubclass(annotation, msgspec.Struct):
+        _check_struct(value, annotation, path, problems)
+    elif origin in (typing.Union, types.UnionType) and value is not None:
+        others = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if len(others) == 1:
+            _check(value, others[0], path, problems)
+        else:
+            _convert_leaf(value, annotation, path, problems)
+    elif origin is dict and isinstance(value, dict):
+        key_type, value_type = typing.get_args(annotation)
+        for key, item in value.items():
+            if not isinstance(key, str):
+                problems.append(f"{_join(path, key)}: keys must be strings")
+            _check(item, value_type, _join(path, key), problems)
+    elif origin is tuple and isinstance(value, list):
+        item_type = typing.get_args(annotation)[0]
+        for i, item in enumerate(value):
+            _check(item, item_type, f"{path}[{i}]", problems)
+    else:
+        _convert_leaf(value, annotation, path, problems)
+
+
+def _check_struct(value: Any, cls: type[msgspec.Struct], path: str, problems: list[str]) -> None:
+    if not isinstance(value, dict):
+        problems.append(f"{path or '<top level>'}: expected a mapping, got {_show(value)}")
+        return
+    fields = {f.name: f for f in msgspec.structs.fields(cls)}
+    for key in value:
+        if key not in fields:
+            close = difflib.get_close_matches(str(key), fields, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            problems.append(f"{_join(path, key)}: unknown key{hint}")
+    for name, info in fields.items():
+        if name in value:
+            _check(value[name], info.type, _join(path, name), problems)
+        elif info.required:
+            problems.append(f"{_join(path, name)}: required key is missing")
+
+
+def _convert_leaf(value: Any, annotation: Any, path: str, problems: list[str]) -> None:
+    try:
+        msgspec.convert(value, annotation, strict=False, dec_hook=_dec_hook)
+    except msgspec.ValidationError as exc:
+        problems.append(f"{path}: {_describe(exc, value, annotation)}")
+
+
+def _describe(exc: msgspec.ValidationError, value: Any, annotation: Any) -> str:
+    text, _, where = str(exc).partition(" - at `$")
+    if typing.get_origin(annotation) is Literal:
+        choices = ", ".join(repr(c) for c in typing.get_args(annotation))
+        return f"expected one of {choices}, got {_show(value)}"
+    text = text[0].lower() + text[1:]
+    if text.startswith("expected `") and "got" not in text:
+        text += f", got {_show(value)}"
+    return f"{text} (at {where.rstrip('`')})" if where else text
+
+
+def _show(value: Any) -> str:
+    return "nothing" if value is None else repr(value)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _semantic_problems(config: Config) -> list[str]:
+    problems: list[str] = []
+    if not config.servers:
+        problems.append("servers: at least one server is required")
+    for name, server in config.servers.items():
+        where = f"servers.{name}"
+        if not SERVER_NAME.match(name):
+            problems.append(f"{where}: name must be 1-64 letters, digits, '_', '.' or '-' (it is part of the URL)")
+        if not server.command.strip():
+            problems.append(f"{where}.command: must not be empty")
+        if server.restart.backoff_initial > server.restart.backoff_max:
+            problems.append(f"{where}.restart.backoff_initial: larger than backoff_max")
+        for i, root in enumerate(server.roots or ()):
+            if not root.startswith("file://"):
+                problems.append(f"{where}.roots[{i}]: roots must be file:// URIs, got {root!r}")
+    seen: set[str] = set()
+    for i, token in enumerate(config.security.tokens):
+        where = f"security.tokens[{i}]"
+        if token.name in seen:
+            problems.append(f"{where}.name: duplicate token name {token.name!r}")
+        seen.add(token.name)
+        if (token.token is None) == (token.sha256 is None):
+            problems.append(f"{where}: give exactly one of 'token' and 'sha256'")
+        elif token.token is not None and len(token.token) < 16:
+            problems.append(f"{where}.token: too short (at least 16 characters)")
+        elif token.sha256 is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", token.sha256):
+            problems.append(f"{where}.sha256: expected 64 hex digits")
+        for j, server_name in enumerate(token.servers):
+            if server_name != "*" and server_name not in config.servers:
+                problems.append(f"{where}.servers[{j}]: no server named {server_name!r}")
+    if not config.metrics.path.startswith("/") or config.metrics.path.startswith("/servers/"):
+        problems.append("metrics.path: must start with '/' and not be under /servers/")
+    problems += listen_problems(config)
+    return problems
+
+
+def listen_problems(config: Config, host: str | None = None) -> list[str]:
+    """Refuse to serve off loopback with no auth unless the config says so."""
+    host = config.listen.host if host is None else host
+    if config.security.tokens or config.security.allow_unauthenticated or is_loopback(host):
+        return []
+    return [
+        f"listen.host: {host!r} is not loopback and security.tokens is empty; "
+        "add tokens or set security.allow_unauthenticated: true"
+    ]

@@ -1,0 +1,261 @@
+"""One gateway per configured server: its process(es), mux(es) and sessions.
+
+This is the only place that carries out what a mux decides. Shells hand it
+client messages; upstream processes hand it lines; it turns both into mux
+calls and applies the returned actions: bytes to a process, bytes to
+sessions, log lines for what was dropped, restarts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import sys
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from . import __version__, jsonrpc, logs
+from .child import Child
+from .config import Limits, Server
+from .jsonrpc import ProtocolError
+from .mux import Action, Broadcast, Discard, Mux, RestartServer, State, ToServer, ToSession
+from .sessions import Session
+from .supervisor import Status, Supervisor
+
+encode = jsonrpc.encode
+
+
+class SessionLimitError(Exception):
+    """The server already has as many sessions as it may."""
+
+
+class Upstream:
+    """One server process and the mux in front of it; receives the supervisor's events."""
+
+    def __init__(self, gateway: Gateway, label: str) -> None:
+        self.gateway = gateway
+        cfg = gateway.server
+        self.mux = Mux(
+            shared=cfg.mode == "shared",
+            roots=cfg.roots,
+            max_inflight=gateway.limits.max_inflight,
+            client_info=("mcp-bridge", __version__),
+        )
+        self.child: Child | None = None
+        self.supervisor = Supervisor(
+            server=label,
+            make_child=self._make_child,
+            restart=cfg.restart,
+            shutdown_timeout=cfg.shutdown_timeout,
+            events=self,
+        )
+        self._log = gateway.log
+
+    def _make_child(self) -> Child:
+        cfg = self.gateway.server
+        return Child(
+            server=self.gateway.name,
+            command=cfg.command,
+            args=cfg.args,
+            env=self.gateway.child_env,
+            cwd=cfg.cwd,
+            max_line=self.gateway.limits.max_message_bytes,
+            on_line=self.on_line,
+            on_oversize=self.on_oversize,
+        )
+
+    def send(self, data: bytes) -> None:
+        child = self.child
+        if child is None or not child.send(data):
+            self._log.warning("server_write_failed", size=len(data))
+
+    # Supervisor events.
+
+    def on_started(self, child: Child) -> None:
+        self.child = child
+        self.gateway.apply(self, self.mux.server_started())
+
+    def on_exited(self, code: int | None, delay: float) -> None:
+        self.child = None
+        reason = "server process could not be started" if code is None else f"server process exited with code {code}"
+        self.gateway.apply(self, self.mux.server_exited(reason))
+
+    def on_failed(self, reason: str) -> None:
+        self.gateway.apply(self, self.mux.server_failed(reason))
+
+    # Child output.
+
+    def on_line(self, line: bytes) -> None:
+        try:
+            payload = jsonrpc.decode(line)
+        except ProtocolError as exc:
+            self._log.warning("server_line_skipped", reason=exc.message, size=len(line), pid=self._pid())
+            return
+        self.gateway.apply(self, self.mux.from_server(payload))
+
+    def on_oversize(self, size: int) -> None:
+        self._log.warning(
+            "server_line_skipped", reason="line over limits.max_message_bytes", size=size, pid=self._pid()
+        )
+
+    def _pid(self) -> int | None:
+        return self.child.pid if self.child is not None else None
+
+    def ready(self) -> bool:
+        return self.supervisor.status is Status.RUNNING and self.mux.state is State.READY
+
+
+class Gateway:
+    def __init__(self, name: str, server: Server, limits: Limits) -> None:
+        self.name = name
+        self.server = server
+        self.limits = limits
+        self.max_sessions = server.max_sessions or limits.max_sessions
+        self.sessions: dict[str, Session] = {}
+        self.log = logs.get(server=name)
+        self.child_env = _child_env(server.env)
+        self._shared: Upstream | None = None
+        self._upstreams: dict[str, Upstream] = {}  # session id -> its upstream
+        self._stopping: set[asyncio.Task[None]] = set()
+        self._ticker: asyncio.Task[None] | None = None
+
+    @property
+    def shared(self) -> bool:
+        return self.server.mode == "shared"
+
+    def upstreams(self) -> Iterable[Upstream]:
+        if self._shared is not None:
+            return (self._shared,)
+        return self._upstreams.values()
+
+    async def start(self) -> None:
+        if self.shared:
+            self._shared = Upstream(self, self.name)
+            self._shared.supervisor.start()
+        self._ticker = asyncio.get_running_loop().create_task(self._tick(), name=f"tick:{self.name}")
+
+    async def stop(self) -> None:
+        for session in list(self.sessions.values()):
+            self.close_session(session, "shutdown")
+        if self._ticker is not None:
+            self._ticker.cancel()
+        await asyncio.gather(*(u.supervisor.stop() for u in self.upstreams()), *self._stopping)
+
+    # ----------------------------------------------------------------- sessions
+
+    def open_session(self, session: Session) -> None:
+        if len(self.sessions) >= self.max_sessions:
+            raise SessionLimitError(f"server {self.name!r} has {len(self.sessions)} sessions (limit {self.max_sessions})")
+        self.sessions[session.id] = session
+        if self.shared:
+            assert self._shared is not None
+            upstream = self._shared
+        else:
+            upstream = Upstream(self, f"{self.name}[{session.id[:8]}]")
+            upstream.supervisor.start()
+        self._upstreams[session.id] = upstream
+        upstream.mux.open_session(session.id)
+        self.log.info("session_opened", session=session.id, transport=session.transport, owner=session.owner)
+
+    def session(self, session_id: str | None, owner: str | None) -> Session | None:
+        """The live session with this id, if `owner` opened it; anyone else gets None."""
+        session = self.sessions.get(session_id) if session_id else None
+        if session is None or session.owner != owner:
+            return None
+        return session
+
+    def close_session(self, session: Session, reason: str) -> None:
+        if self.sessions.pop(session.id, None) is None:
+            return
+        upstream = self._upstreams.pop(session.id)
+        self.apply(upstream, upstream.mux.close_session(session.id))
+        session.end(reason)
+        if not self.shared:
+            task = asyncio.get_running_loop().create_task(upstream.supervisor.stop())
+            self._stopping.add(task)
+            task.add_done_callback(self._stopping.discard)
+        self.log.info(
+            "session_closed",
+            session=session.id,
+            transport=session.transport,
+            reason=reason,
+            duration_s=round(time.monotonic() - session.created, 3),
+        )
+
+    def from_client(self, session: Session, payload: Any) -> None:
+        """Route one decoded client message (or batch); raises ProtocolError if invalid."""
+        session.last_seen = time.monotonic()
+        upstream = self._upstreams[session.id]
+        self.apply(upstream, upstream.mux.from_client(session.id, payload))
+
+    # ------------------------------------------------------------------ actions
+
+    def apply(self, upstream: Upstream, actions: list[Action]) -> None:
+        slow: list[Session] = []
+        for action in actions:
+            cls = action.__class__
+            if cls is ToServer:
+                upstream.send(encode(action.message) + b"\n")  # type: ignore[union-attr]
+            elif cls is ToSession:
+                session = self.sessions.get(action.session)  # type: ignore[union-attr]
+                if session is not None and not session.deliver(encode(action.message), action.related, action.final):  # type: ignore[union-attr]
+                    slow.append(session)
+            elif cls is Broadcast:
+                data = encode(action.message)  # type: ignore[union-attr]
+                for sid in action.sessions:  # type: ignore[union-attr]
+                    session = self.sessions.get(sid)
+                    if session is not None and not session.deliver(data, None, False):
+                        slow.append(session)
+            elif cls is Discard:
+                self.log.warning("message_dropped", reason=action.reason, **action.detail)  # type: ignore[union-attr]
+            elif cls is RestartServer:
+                upstream.supervisor.restart(action.reason)  # type: ignore[union-attr]
+        for session in slow:
+            self.log.warning("session_too_slow", session=session.id, queue_limit=self.limits.session_queue)
+            self.close_session(session, "slow")
+
+    # -------------------------------------------------------------------- time
+
+    async def _tick(self) -> None:
+        """Once a second: time out requests and initializes, reap idle sessions."""
+        limits = self.limits
+        while True:
+            await asyncio.sleep(1.0)
+            for upstream in list(self.upstreams()):
+                self.apply(upstream, upstream.mux.expire(limits.request_timeout, limits.initialize_timeout))
+            idle_before = time.monotonic() - limits.session_idle_timeout
+            for session in [s for s in self.sessions.values() if s.last_seen < idle_before and not s.attached()]:
+                self.close_session(session, "idle")
+
+    # ------------------------------------------------------------------ health
+
+    def readiness(self) -> str | None:
+        """None when ready, else the reason this server cannot serve now."""
+        if self.shared:
+            assert self._shared is not None
+            if self._shared.ready():
+                return None
+            sup = self._shared.supervisor
+            if sup.status is Status.FAILED:
+                return sup.failure or "crash loop"
+            return f"server is {sup.status.value}, protocol {self._shared.mux.state.value}"
+        if shutil.which(self.server.command, path=self.child_env.get("PATH")) is None:
+            return f"command {self.server.command!r} not found"
+        failed = [u for u in self._upstreams.values() if u.supervisor.status is Status.FAILED]
+        if failed and len(failed) == len(self._upstreams):
+            return failed[0].supervisor.failure or "crash loop"
+        return None
+
+
+def _child_env(overrides: dict[str, str]) -> dict[str, str]:
+    # Commands installed beside the bridge (its own venv's bin/) should resolve
+    # even when that directory is not on PATH; appended, so it shadows nothing.
+    env = {**os.environ, **overrides}
+    own_bin = os.path.dirname(sys.executable)
+    path = env.get("PATH", "")
+    if own_bin not in path.split(os.pathsep):
+        env["PATH"] = f"{path}{os.pathsep}{own_bin}" if path else own_bin
+    return env
+

@@ -1,0 +1,121 @@
+"""JSON-RPC 2.0 as MCP uses it: decode once, classify, build replies.
+
+Every message is decoded exactly once into plain dicts and lists, classified
+here, routed by the mux (which rewrites ids in place), and encoded exactly
+once per destination. Faults in what a peer sent are raised as the one
+`ProtocolError`, which knows the JSON-RPC error it should become.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any, Final
+
+import msgspec
+
+Message = dict[str, Any]
+RequestId = str | int
+
+PARSE_ERROR: Final = -32700
+INVALID_REQUEST: Final = -32600
+METHOD_NOT_FOUND: Final = -32601
+INVALID_PARAMS: Final = -32602
+INTERNAL_ERROR: Final = -32603
+# Implementation-defined codes (-32000..-32099), documented in the README.
+SERVER_EXITED: Final = -32000
+REQUEST_TIMEOUT: Final = -32001
+SERVER_UNAVAILABLE: Final = -32003
+TOO_MANY_REQUESTS: Final = -32004
+SESSION_CLOSED: Final = -32005
+
+_decoder = msgspec.json.Decoder()
+encode = msgspec.json.Encoder().encode
+
+
+class Kind(enum.Enum):
+    REQUEST = "request"
+    NOTIFICATION = "notification"
+    RESPONSE = "response"
+
+
+class ProtocolError(Exception):
+    """A peer sent something that is not valid JSON-RPC (or not valid here)."""
+
+    def __init__(self, code: int, message: str, request_id: RequestId | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.request_id = request_id
+
+    def response(self) -> Message:
+        return error(self.request_id, self.code, self.message)
+
+
+def decode(data: bytes | str) -> Any:
+    """Parse one JSON document; any failure is a PARSE_ERROR with a one-line reason."""
+    try:
+        return _decoder.decode(data)
+    except msgspec.MsgspecError as exc:
+        raise ProtocolError(PARSE_ERROR, f"parse error: {exc}") from None
+    except RecursionError:
+        raise ProtocolError(PARSE_ERROR, "parse error: JSON nested too deeply") from None
+
+
+def is_id(value: object) -> bool:
+    # bool is an int subclass and floats are not MCP ids: compare exact types.
+    cls = value.__class__
+    return cls is int or cls is str
+
+
+def classify(msg: Any) -> Kind:
+    """Return the kind of a decoded message, or raise INVALID_REQUEST saying why."""
+    if msg.__class__ is not dict:
+        raise ProtocolError(INVALID_REQUEST, "invalid request: message must be a JSON object")
+    rid = msg.get("id")
+    if msg.get("jsonrpc") != "2.0":
+        raise ProtocolError(INVALID_REQUEST, 'invalid request: "jsonrpc" must be "2.0"', _safe_id(rid))
+    if "method" in msg:
+        if msg["method"].__class__ is not str:
+            raise ProtocolError(INVALID_REQUEST, 'invalid request: "method" must be a string', _safe_id(rid))
+        params = msg.get("params")
+        if params is not None and params.__class__ is not dict:
+            raise ProtocolError(INVALID_REQUEST, 'invalid request: "params" must be an object', _safe_id(rid))
+        if "id" not in msg:
+            return Kind.NOTIFICATION
+        if not is_id(rid):
+            raise ProtocolError(INVALID_REQUEST, 'invalid request: "id" must be a string or an integer')
+        return Kind.REQUEST
+    if not is_id(rid):
+        raise ProtocolError(INVALID_REQUEST, 'invalid response: "id" must be a string or an integer')
+    if ("result" in msg) == ("error" in msg):
+        raise ProtocolError(INVALID_REQUEST, 'invalid response: needs exactly one of "result" and "error"', rid)
+    return Kind.RESPONSE
+
+
+def _safe_id(rid: object) -> RequestId | None:
+    return rid if is_id(rid) else None  # type: ignore[return-value]
+
+
+def error(request_id: RequestId | None, code: int, message: str, data: Any = None) -> Message:
+    err: dict[str, Any] = {"code": code, "message": message}
+    if data is not None:
+        err["data"] = data
+    return {"jsonrpc": "2.0", "id": request_id, "error": err}
+
+
+def result(request_id: RequestId, value: Any) -> Message:
+    return {"jsonrpc": "2.0", "id": request_id, "result": value}
+
+
+def request(request_id: RequestId, method: str, params: dict[str, Any] | None = None) -> Message:
+    msg: Message = {"jsonrpc": "2.0", "id": request_id, "method": method}
+    if params is not None:
+        msg["params"] = params
+    return msg
+
+
+def notification(method: str, params: dict[str, Any] | None = None) -> Message:
+    msg: Message = {"jsonrpc": "2.0", "method": method}
+    if params is not None:
+        msg["params"] = params
+    return msg

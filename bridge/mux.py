@@ -1,0 +1,903 @@
+"""The multiplexer: everything that affects routing lives in this file.
+
+A `Mux` sits between one upstream MCP server process and the client sessions
+that share it. It does no IO and keeps no clock of its own: the gateway feeds
+it what it read and carries out the `Action`s it returns, in order.
+
+Rules
+-----
+1. Ids. Every client request gets a fresh upstream id (a counter); the table
+   `_calls` maps it back to (session, client id). Two sessions may use the
+   same ids; one session may not reuse an id while it is in flight.
+2. Tokens. A request's `_meta.progressToken` is replaced by its upstream id;
+   `notifications/progress` goes only to the owner, with its own token back.
+3. Cancellation. A client's `notifications/cancelled` is rewritten to the
+   upstream id and the call is forgotten at once, so no late result reaches
+   the client. A session that goes away cancels all of its calls upstream.
+4. Server requests. Requests from the server get a fresh downstream id and go
+   to one session able to answer: the owner of a related task, else one that
+   declared the needed capability, preferring the most recent caller with a
+   request in flight, else the most recently active. With no such session,
+   or when that session leaves, the server gets an error at once. `ping` and,
+   with configured roots, `roots/list` are answered here.
+5. Shared state. In shared mode the bridge initializes the server itself,
+   answers each client's `initialize` from the cached result and absorbs
+   `notifications/initialized`; `ping` is answered here. Subscriptions are
+   reference-counted per uri; the server's log level is the most verbose any
+   session asked for, and each session only sees messages at its level.
+   Tasks belong to the session that created them.
+6. Notifications from the server go to the sessions they concern: progress
+   to the caller, `resources/updated` to subscribers, task and elicitation
+   notices to their owner, log messages by level, anything else to every
+   initialized session.
+7. Restarts. When the process exits every call sent to it fails at once;
+   calls that arrive while it is down wait in the backlog. A new process is
+   initialized (with the bridge's or the client's own `initialize`) and gets
+   the live subscriptions and log level replayed before anything else.
+
+Theory of operation
+-------------------
+Sessions are opened and closed by the shells. Each client message passes
+through `from_client`, each server message through `from_server`; process
+lifecycle events through `server_started`, `server_exited`, `server_failed`;
+time through `expire`. Each returns a list of actions. Only `from_client`
+raises, and only `ProtocolError` for a message that is not valid JSON-RPC,
+before any state changes. Everything else the peers get wrong becomes an
+error reply or a `Discard` to log. In per-session mode the same code runs
+with one session and passes `initialize` and `ping` through.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from . import jsonrpc
+from .jsonrpc import Kind, Message, ProtocolError, RequestId
+
+PROTOCOL_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
+LATEST_PROTOCOL_VERSION = PROTOCOL_VERSIONS[-1]
+LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
+_LEVEL_INDEX = {name: i for i, name in enumerate(LOG_LEVELS)}
+RELATED_TASK = "io.modelcontextprotocol/related-task"
+# Late replies to cancelled calls are expected; remember this many to drop them quietly.
+_CANCELLED_MEMORY = 4096
+
+
+class State(enum.Enum):
+    DOWN = "down"  # no process; calls wait in the backlog
+    STARTING = "starting"  # process up, our initialize in flight
+    READY = "ready"
+    FAILED = "failed"  # crash loop; calls fail at once
+
+
+class ToServer(NamedTuple):
+    message: Message
+
+
+class ToSession(NamedTuple):
+    session: str
+    message: Message
+    # The client request this message belongs to (its own id), if any: the
+    # Streamable HTTP shell picks the stream by it. `final` marks its response.
+    related: RequestId | None = None
+    final: bool = False
+    call: Call | None = None
+
+
+class Broadcast(NamedTuple):
+    sessions: tuple[str, ...]
+    message: Message
+
+
+class Discard(NamedTuple):
+    """Something a peer sent was dropped; the gateway logs it once."""
+
+    reason: str
+    detail: dict[str, Any]
+
+
+class RestartServer(NamedTuple):
+    reason: str
+
+
+Action = ToServer | ToSession | Broadcast | Discard | RestartServer
+
+
+@dataclass(slots=True, eq=False)
+class Call:
+    """A request in flight upstream: a client's, or the bridge's own (session None)."""
+
+    session: str | None
+    client_id: RequestId | None
+    upstream_id: int
+    method: str
+    started: float
+    token: Any = None  # the client's progress token, when it asked for progress
+    sent: bool = False
+    task: bool = False  # task-augmented: the result names a task the session will own
+    subscribe_uri: str | None = None
+
+
+@dataclass(slots=True, eq=False)
+class ServerRequest:
+    session: str
+    server_id: RequestId
+    downstream_id: int
+    method: str
+    related: RequestId | None
+    task: bool
+
+
+@dataclass(slots=True, eq=False)
+class Peer:
+    """What the mux knows of one client session."""
+
+    id: str
+    calls: dict[RequestId, Call] = field(default_factory=dict)
+    server_requests: dict[int, ServerRequest] = field(default_factory=dict)
+    capabilities: dict[str, Any] = field(default_factory=dict)
+    initialized: bool = False
+    protocol_version: str | None = None
+    level: int | None = None
+    subscriptions: set[str] = field(default_factory=set)
+    tasks: set[str] = field(default_factory=set)  # server-side tasks it created
+    client_tasks: set[str] = field(default_factory=set)  # its own tasks, polled by the server
+    elicitations: set[str] = field(default_factory=set)
+    last_active: int = 0
+    last_call: int = 0
+    waiting_init: RequestId | None = None
+
+
+_CAPABILITY_FOR = {
+    "sampling/createMessage": "sampling",
+    "roots/list": "roots",
+    "elicitation/create": "elicitation",
+}
+
+
+def negotiate(client_version: object, server_version: str) -> str:
+    """The version to tell a client: its own when we know it and the server speaks it."""
+    if client_version not in PROTOCOL_VERSIONS:
+        return server_version
+    if server_version in PROTOCOL_VERSIONS and PROTOCOL_VERSIONS.index(client_version) > PROTOCOL_VERSIONS.index(  # type: ignore[arg-type]
+        server_version
+    ):
+        return server_version
+    return client_version  # type: ignore[return-value]
+
+
+def bridge_initialize_params(client_name: str, version: str) -> dict[str, Any]:
+    # Declare what we can route so servers enable the matching tools.
+    return {
+        "protocolVersion": LATEST_PROTOCOL_VERSION,
+        "capabilities": {
+            "roots": {"listChanged": True},
+            "sampling": {"context": {}, "tools": {}},
+            "elicitation": {"form": {}, "url": {}},
+        },
+        "clientInfo": {"name": client_name, "version": version},
+    }
+
+
+class Mux:
+    def __init__(
+        self,
+        *,
+        shared: bool = True,
+        roots: Iterable[str] | None = None,
+        max_inflight: int = 0,
+        client_info: tuple[str, str] = ("mcp-bridge", "0"),
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.shared = shared
+        self.roots = None if roots is None else tuple(roots)
+        self.max_inflight = max_inflight
+        self.state = State.DOWN
+        self.init_result: dict[str, Any] | None = None
+        self._client_info = client_info
+        self._clock = clock
+        self._ids = itertools.count(1)
+        self._seq = itertools.count(1)
+        self._peers: dict[str, Peer] = {}
+        self._calls: dict[int, Call] = {}
+        self._server_requests: dict[int, ServerRequest] = {}
+        self._server_request_ids: dict[RequestId, int] = {}
+        self._subscribers: dict[str, set[str]] = {}
+        self._task_owner: dict[str, str] = {}
+        self._client_task_owner: dict[str, str] = {}
+        self._elicitation_owner: dict[str, str] = {}
+        self._upstream_level: int | None = None
+        self._backlog: list[Message] = []
+        self._cancelled: OrderedDict[int, None] = OrderedDict()
+        # Per-session mode replays the client's own initialize after a restart.
+        self._client_init: dict[str, Any] | None = None
+        self._failure = "server unavailable"
+
+    # ----------------------------------------------------------------- sessions
+
+    def open_session(self, session: str) -> None:
+        if session in self._peers:
+            raise ValueError(f"session {session!r} already open")
+        self._peers[session] = Peer(session, last_active=next(self._seq))
+
+    def close_session(self, session: str) -> list[Action]:
+        peer = self._peers.pop(session, None)
+        if peer is None:
+            return []
+        out: list[Action] = []
+        for call in list(peer.calls.values()):
+            self._forget_call(call)
+            if call.sent:
+                out.append(ToServer(_cancelled(call.upstream_id, "client session closed")))
+            else:
+                self._unqueue(call)
+        for req in list(peer.server_requests.values()):
+            self._forget_server_request(req)
+            out.append(ToServer(jsonrpc.error(req.server_id, jsonrpc.SESSION_CLOSED, "client session closed")))
+        for uri in peer.subscriptions:
+            out += self._drop_subscriber(uri, session)
+        for owner, names in (
+            (self._task_owner, peer.tasks),
+            (self._client_task_owner, peer.client_tasks),
+            (self._elicitation_owner, peer.elicitations),
+        ):
+            for name in names:
+                owner.pop(name, None)
+        if peer.level is not None:
+            out += self._sync_level()
+        return out
+
+    def sessions(self) -> list[str]:
+        return list(self._peers)
+
+    def peer(self, session: str) -> Peer:
+        return self._peers[session]
+
+    def inflight(self, session: str | None = None) -> int:
+        if session is None:
+            return sum(1 for c in self._calls.values() if c.session is not None)
+        return len(self._peers[session].calls)
+
+    def is_idle(self) -> bool:
+        """True when no table holds anything: what every closed session must leave behind."""
+        return not (
+            self._peers
+            or self._calls
+            or self._server_requests
+            or self._server_request_ids
+            or self._subscribers
+            or self._task_owner
+            or self._client_task_owner
+            or self._elicitation_owner
+            or any("method" in m and "id" in m for m in self._backlog)
+        )
+
+    # ------------------------------------------------------------ from clients
+
+    def from_client(self, session: str, payload: Any) -> list[Action]:
+        peer = self._peers[session]
+        if payload.__class__ is list:
+            if not payload:
+                raise ProtocolError(jsonrpc.INVALID_REQUEST, "invalid request: empty batch")
+            kinds = []
+            for i, msg in enumerate(payload):
+                try:
+                    kinds.append(jsonrpc.classify(msg))
+                except ProtocolError as exc:
+                    raise ProtocolError(exc.code, f"batch[{i}]: {exc.message}", exc.request_id) from None
+            out: list[Action] = []
+            for msg, kind in zip(payload, kinds, strict=True):
+                out += self._from_client(peer, msg, kind)
+            return out
+        return self._from_client(peer, payload, jsonrpc.classify(payload))
+
+    def _from_client(self, peer: Peer, msg: Message, kind: Kind) -> list[Action]:
+        peer.last_active = next(self._seq)
+        if kind is Kind.REQUEST:
+            handler = _CLIENT_REQUESTS.get(msg["method"]) if self.shared else _PASSTHROUGH_REQUESTS.get(msg["method"])
+            if handler is None:
+                return self._forward_call(peer, msg)
+            return handler(self, peer, msg)
+        if kind is Kind.NOTIFICATION:
+            handler = _CLIENT_NOTIFICATIONS.get(msg["method"])
+            if handler is None:
+                return self._to_server(msg)
+            return handler(self, peer, msg)
+        return self._client_response(peer, msg)
+
+    def _forward_call(self, peer: Peer, msg: Message, *, task: bool | None = None) -> list[Action]:
+        client_id = msg["id"]
+        if client_id in peer.calls:
+            return [self._reply_error(peer, client_id, jsonrpc.INVALID_REQUEST, f"request id {client_id!r} is already in flight")]
+        if self.state is State.FAILED:
+            return [self._reply_error(peer, client_id, jsonrpc.SERVER_UNAVAILABLE, self._failure)]
+        if self.max_inflight and len(peer.calls) >= self.max_inflight:
+            return [
+                self._reply_error(
+                    peer, client_id, jsonrpc.TOO_MANY_REQUESTS, f"too many requests in flight (limit {self.max_inflight})"
+                )
+            ]
+        upstream_id = next(self._ids)
+        params = msg.get("params")
+        call = Call(peer.id, client_id, upstream_id, msg["method"], self._clock())
+        if params is not None:
+            meta = params.get("_meta")
+            if meta.__class__ is dict and "progressToken" in meta:
+                call.token = meta["progressToken"]
+                meta["progressToken"] = upstream_id
+            call.task = params.get("task").__class__ is dict if task is None else task
+        peer.calls[client_id] = call
+        peer.last_call = upstream_id
+        self._calls[upstream_id] = call
+        msg["id"] = upstream_id
+        return self._send_call(call, msg)
+
+    def _send_call(self, call: Call, msg: Message) -> list[Action]:
+        if self.state is State.READY:
+            call.sent = True
+            return [ToServer(msg)]
+        self._backlog.append(msg)
+        return []
+
+    def _to_server(self, msg: Message) -> list[Action]:
+        if self.state is State.READY:
+            return [ToServer(msg)]
+        if self.state is not State.FAILED:
+            self._backlog.append(msg)
+        return []
+
+    def _reply(self, peer: Peer, client_id: RequestId, value: Any) -> ToSession:
+        return ToSession(peer.id, jsonrpc.result(client_id, value), client_id, True)
+
+    def _reply_error(self, peer: Peer, client_id: RequestId, code: int, message: str) -> ToSession:
+        return ToSession(peer.id, jsonrpc.error(client_id, code, message), client_id, True)
+
+    # Requests the shared mux answers or rewrites; everything else is forwarded.
+
+    def _initialize(self, peer: Peer, msg: Message) -> list[Action]:
+        params = msg.get("params") or {}
+        caps = params.get("capabilities")
+        peer.capabilities = caps if caps.__class__ is dict else {}
+        peer.protocol_version = params.get("protocolVersion")  # provisional until answered
+        if self.state is State.FAILED:
+            return [self._reply_error(peer, msg["id"], jsonrpc.SERVER_UNAVAILABLE, self._failure)]
+        if self.state is not State.READY or self.init_result is None:
+            peer.waiting_init = msg["id"]
+            return []
+        return self._answer_initialize(peer, msg["id"])
+
+    def _answer_initialize(self, peer: Peer, client_id: RequestId) -> list[Action]:
+        assert self.init_result is not None
+        version = negotiate(peer.protocol_version, self.init_result.get("protocolVersion", LATEST_PROTOCOL_VERSION))
+        peer.protocol_version = version
+        peer.initialized = True
+        out: list[Action] = [self._reply(peer, client_id, {**self.init_result, "protocolVersion": version})]
+        if self.roots is None and "roots" in peer.capabilities:
+            # The server may have asked for roots before anyone could answer.
+            out += self._to_server(jsonrpc.notification("notifications/roots/list_changed"))
+        return out
+
+    def _passthrough_initialize(self, peer: Peer, msg: Message) -> list[Action]:
+        params = msg.get("params")
+        if params.__class__ is dict:
+            self._client_init = params
+            caps = params.get("capabilities")
+            peer.capabilities = caps if caps.__class__ is dict else {}
+        return self._forward_call(peer, msg)
+
+    def _ping(self, peer: Peer, msg: Message) -> list[Action]:
+        return [self._reply(peer, msg["id"], {})]
+
+    def _subscribe(self, peer: Peer, msg: Message) -> list[Action]:
+        uri = _param(msg, "uri")
+        if uri.__class__ is not str:
+            return [self._reply_error(peer, msg["id"], jsonrpc.INVALID_PARAMS, "resources/subscribe needs a string uri")]
+        subscribers = self._subscribers.get(uri)
+        if subscribers:
+            subscribers.add(peer.id)
+            peer.subscriptions.add(uri)
+            return [self._reply(peer, msg["id"], {})]
+        out = self._forward_call(peer, msg)
+        call = peer.calls.get(msg["id"])
+        if call is not None and call.method == "resources/subscribe":
+            call.subscribe_uri = uri
+            self._subscribers[uri] = {peer.id}
+            peer.subscriptions.add(uri)
+        return out
+
+    def _unsubscribe(self, peer: Peer, msg: Message) -> list[Action]:
+        uri = _param(msg, "uri")
+        if uri.__class__ is not str:
+            return [self._reply_error(peer, msg["id"], jsonrpc.INVALID_PARAMS, "resources/unsubscribe needs a string uri")]
+        subscribers = self._subscribers.get(uri)
+        if uri not in peer.subscriptions or subscribers is None or len(subscribers) > 1:
+            if subscribers is not None:
+                subscribers.discard(peer.id)
+            peer.subscriptions.discard(uri)
+            return [self._reply(peer, msg["id"], {})]
+        del self._subscribers[uri]
+        peer.subscriptions.discard(uri)
+        return self._forward_call(peer, msg)
+
+    def _set_level(self, peer: Peer, msg: Message) -> list[Action]:
+        level = _LEVEL_INDEX.get(_param(msg, "level"))  # type: ignore[arg-type]
+        if level is None:
+            return [self._reply_error(peer, msg["id"], jsonrpc.INVALID_PARAMS, f"level must be one of {', '.join(LOG_LEVELS)}")]
+        peer.level = level
+        wanted = self._wanted_level()
+        if wanted == self._upstream_level:
+            return [self._reply(peer, msg["id"], {})]
+        self._upstream_level = wanted
+        msg["params"]["level"] = LOG_LEVELS[wanted]  # type: ignore[index]
+        return self._forward_call(peer, msg)
+
+    def _owned_task(self, peer: Peer, msg: Message) -> list[Action]:
+        task_id = _param(msg, "taskId")
+        if task_id not in peer.tasks:
+            return [self._reply_error(peer, msg["id"], jsonrpc.INVALID_PARAMS, f"unknown task {task_id!r}")]
+        return self._forward_call(peer, msg)
+
+    # Client notifications.
+
+    def _initialized(self, peer: Peer, msg: Message) -> list[Action]:
+        return [] if self.shared else self._to_server(msg)
+
+    def _client_cancelled(self, peer: Peer, msg: Message) -> list[Action]:
+        call = peer.calls.get(_param(msg, "requestId"))  # type: ignore[arg-type]
+        if call is None:
+            return []
+        self._forget_call(call)
+        if not call.sent:
+            self._unqueue(call)
+            return []
+        self._remember_cancelled(call.upstream_id)
+        msg["params"]["requestId"] = call.upstream_id  # type: ignore[index]
+        return self._to_server(msg)
+
+    def _roots_changed(self, peer: Peer, msg: Message) -> list[Action]:
+        if self.roots is not None:
+            return []
+        return self._to_server(msg)
+
+    # Client responses to server requests.
+
+    def _client_response(self, peer: Peer, msg: Message) -> list[Action]:
+        req = peer.server_requests.get(msg["id"])
+        if req is None:
+            return [Discard("response to an unknown server request", {"session": peer.id, "id": msg["id"]})]
+        self._forget_server_request(req)
+        if req.task and "result" in msg:
+            task_id = _task_id(msg["result"])
+            if task_id is not None:
+                peer.client_tasks.add(task_id)
+                self._client_task_owner[task_id] = peer.id
+        msg["id"] = req.server_id
+        return self._to_server(msg)
+
+    # ------------------------------------------------------------- from server
+
+    def from_server(self, payload: Any) -> list[Action]:
+        if payload.__class__ is not list:
+            return self._from_server(payload)
+        if not payload:
+            return [Discard("empty batch from server", {})]
+        out: list[Action] = []
+        for msg in payload:
+            out += self._from_server(msg)
+        return out
+
+    def _from_server(self, msg: Any) -> list[Action]:
+        try:
+            kind = jsonrpc.classify(msg)
+        except ProtocolError as exc:
+            return [Discard(exc.message, {})]
+        if kind is Kind.RESPONSE:
+            return self._server_response(msg)
+        if kind is Kind.NOTIFICATION:
+            handler = _SERVER_NOTIFICATIONS.get(msg["method"])
+            return (handler or Mux._broadcast)(self, msg)
+        return self._server_request(msg)
+
+    def _server_response(self, msg: Message) -> list[Action]:
+        upstream_id = msg["id"]
+        call = self._calls.get(upstream_id)  # type: ignore[arg-type]
+        if call is None:
+            if upstream_id in self._cancelled:
+                return []
+            return [Discard("response with an id the bridge never issued", {"id": upstream_id})]
+        self._forget_call(call)
+        if call.session is None:
+            return self._internal_response(call, msg)
+        peer = self._peers[call.session]
+        out: list[Action] = []
+        after = _AFTER_RESPONSE.get(call.method)
+        if after is not None:
+            out += after(self, peer, call, msg)
+        msg["id"] = call.client_id
+        out.append(ToSession(peer.id, msg, call.client_id, True, call))
+        return out
+
+    def _after_initialize(self, peer: Peer, call: Call, msg: Message) -> list[Action]:
+        result = msg.get("result")
+        if result.__class__ is dict:
+            peer.initialized = True
+            peer.protocol_version = result.get("protocolVersion")
+            self.init_result = result
+        return []
+
+    def _after_subscribe(self, peer: Peer, call: Call, msg: Message) -> list[Action]:
+        uri = call.subscribe_uri
+        if "error" in msg and uri is not None:
+            for sid in self._subscribers.pop(uri, ()):
+                self._peers[sid].subscriptions.discard(uri)
+        return []
+
+    def _after_task_call(self, peer: Peer, call: Call, msg: Message) -> list[Action]:
+        if call.task and "result" in msg:
+            task_id = _task_id(msg["result"])
+            if task_id is not None:
+                peer.tasks.add(task_id)
+                self._task_owner[task_id] = peer.id
+        return []
+
+    def _after_task_list(self, peer: Peer, call: Call, msg: Message) -> list[Action]:
+        result = msg.get("result")
+        if self.shared and result.__class__ is dict and result.get("tasks").__class__ is list:
+            result["tasks"] = [t for t in result["tasks"] if t.__class__ is dict and t.get("taskId") in peer.tasks]
+        return []
+
+    def _internal_response(self, call: Call, msg: Message) -> list[Action]:
+        if call.method != "initialize":
+            if "error" in msg:
+                return [Discard(f"server refused the bridge's {call.method}", {"error": msg["error"]})]
+            return []
+        result = msg.get("result")
+        if result.__class__ is not dict:
+            return [RestartServer(f"initialize failed: {msg.get('error')}")]
+        if self.shared:
+            self.init_result = result
+        out: list[Action] = [ToServer(jsonrpc.notification("notifications/initialized"))]
+        out += self._replay()
+        self.state = State.READY
+        out += self._flush_backlog()
+        for peer in self._peers.values():
+            if peer.waiting_init is not None:
+                client_id, peer.waiting_init = peer.waiting_init, None
+                out += self._answer_initialize(peer, client_id)
+        return out
+
+    def _server_request(self, msg: Message) -> list[Action]:
+        method = msg["method"]
+        server_id = msg["id"]
+        if method == "ping":
+            return [ToServer(jsonrpc.result(server_id, {}))]
+        if method == "roots/list" and self.roots is not None:
+            return [ToServer(jsonrpc.result(server_id, {"roots": [{"uri": uri} for uri in self.roots]}))]
+        if server_id in self._server_request_ids:
+            return [Discard("server reused a request id still in flight", {"id": server_id, "method": method})]
+        peer, related = self._choose_session(msg)
+        if peer is None:
+            return [ToServer(jsonrpc.error(server_id, jsonrpc.METHOD_NOT_FOUND, f"no connected client can handle {method}"))]
+        downstream_id = next(self._ids)
+        params = msg.get("params")
+        req = ServerRequest(peer.id, server_id, downstream_id, method, related, params.__class__ is dict and "task" in params)
+        peer.server_requests[downstream_id] = req
+        self._server_requests[downstream_id] = req
+        self._server_request_ids[server_id] = downstream_id
+        if method == "elicitation/create" and params.__class__ is dict and params.get("elicitationId").__class__ is str:
+            peer.elicitations.add(params["elicitationId"])
+            self._elicitation_owner[params["elicitationId"]] = peer.id
+        msg["id"] = downstream_id
+        return [ToSession(peer.id, msg, related)]
+
+    def _choose_session(self, msg: Message) -> tuple[Peer | None, RequestId | None]:
+        owner = self._owner_of(msg)
+        if owner is not None:
+            return owner, _latest_call(owner)
+        method = msg["method"]
+        if method.startswith("tasks/"):
+            return None, None  # a task we do not know belongs to nobody here
+        wanted = _CAPABILITY_FOR.get(method)
+        best: Peer | None = None
+        best_key = (False, 0)
+        for peer in self._peers.values():
+            if not peer.initialized or (wanted is not None and not _can_handle(peer.capabilities, wanted, msg)):
+                continue
+            key = (True, peer.last_call) if peer.calls else (False, peer.last_active)
+            if best is None or key > best_key:
+                best, best_key = peer, key
+        if best is None:
+            return None, None
+        return best, _latest_call(best)
+
+    def _owner_of(self, msg: Message) -> Peer | None:
+        params = msg.get("params")
+        if params.__class__ is not dict:
+            return None
+        sid = None
+        meta = params.get("_meta")
+        if meta.__class__ is dict and meta.get(RELATED_TASK).__class__ is dict:
+            sid = self._task_owner.get(meta[RELATED_TASK].get("taskId"))
+        if sid is None and msg["method"].startswith("tasks/"):
+            sid = self._client_task_owner.get(params.get("taskId"))  # type: ignore[arg-type]
+        return self._peers.get(sid) if sid is not None else None
+
+    # Server notifications.
+
+    def _broadcast(self, msg: Message) -> list[Action]:
+        targets = tuple(p.id for p in self._peers.values() if p.initialized)
+        return [Broadcast(targets, msg)] if targets else []
+
+    def _server_progress(self, msg: Message) -> list[Action]:
+        token = _param(msg, "progressToken")
+        call = self._calls.get(token) if token.__class__ is int else None  # type: ignore[arg-type]
+        if call is None or call.session is None or call.token is None:
+            return [Discard("progress for an unknown token", {"token": token})] if token not in self._cancelled else []
+        msg["params"]["progressToken"] = call.token  # type: ignore[index]
+        return [ToSession(call.session, msg, call.client_id)]
+
+    def _server_cancelled(self, msg: Message) -> list[Action]:
+        downstream_id = self._server_request_ids.get(_param(msg, "requestId"))  # type: ignore[arg-type]
+        if downstream_id is None:
+            return []
+        req = self._server_requests[downstream_id]
+        self._forget_server_request(req)
+        msg["params"]["requestId"] = downstream_id  # type: ignore[index]
+        return [ToSession(req.session, msg, req.related)]
+
+    def _resource_updated(self, msg: Message) -> list[Action]:
+        uri = _param(msg, "uri")
+        if uri.__class__ is not str:
+            return [Discard("resources/updated without a uri", {})]
+        targets: set[str] = set()
+        for sub, sessions in self._subscribers.items():
+            if uri == sub or uri.startswith(sub if sub.endswith("/") else sub + "/"):
+                targets |= sessions
+        return [Broadcast(tuple(targets), msg)] if targets else []
+
+    def _log_message(self, msg: Message) -> list[Action]:
+        level = _LEVEL_INDEX.get(_param(msg, "level"), len(LOG_LEVELS))  # type: ignore[arg-type]
+        targets = tuple(p.id for p in self._peers.values() if p.initialized and (p.level is None or level >= p.level))
+        return [Broadcast(targets, msg)] if targets else []
+
+    def _task_status(self, msg: Message) -> list[Action]:
+        return self._owned_notification(msg, self._task_owner.get(_param(msg, "taskId")))  # type: ignore[arg-type]
+
+    def _elicitation_complete(self, msg: Message) -> list[Action]:
+        return self._owned_notification(msg, self._elicitation_owner.get(_param(msg, "elicitationId")))  # type: ignore[arg-type]
+
+    def _owned_notification(self, msg: Message, owner: str | None) -> list[Action]:
+        if owner is None:
+            owner_peer = self._owner_of(msg)
+            owner = owner_peer.id if owner_peer is not None else None
+        if owner is None:
+            return [Discard(f"{msg['method']} for nothing a session owns", {})]
+        return [ToSession(owner, msg)]
+
+    # ----------------------------------------------------------- process events
+
+    def server_started(self) -> list[Action]:
+        """A new process is running: initialize it (shared, or a per-session replay)."""
+        self._cancelled.clear()
+        if self.shared:
+            params = bridge_initialize_params(*self._client_info)
+        elif self._client_init is not None:
+            params = self._client_init
+        else:
+            self.state = State.READY
+            return self._flush_backlog()
+        self.state = State.STARTING
+        call = Call(None, None, next(self._ids), "initialize", self._clock(), sent=True)
+        self._calls[call.upstream_id] = call
+        return [ToServer(jsonrpc.request(call.upstream_id, "initialize", params))]
+
+    def server_exited(self, reason: str = "server process exited") -> list[Action]:
+        """The process is gone: everything sent to it fails now; the backlog waits."""
+        out: list[Action] = []
+        for call in [c for c in self._calls.values() if c.sent]:
+            self._forget_call(call)
+            if call.session is not None:
+                peer = self._peers[call.session]
+                out.append(self._reply_error(peer, call.client_id, jsonrpc.SERVER_EXITED, reason))  # type: ignore[arg-type]
+        for req in list(self._server_requests.values()):
+            self._forget_server_request(req)
+            out.append(ToSession(req.session, _cancelled(req.downstream_id, reason), req.related))
+        if self.state is not State.FAILED:
+            self.state = State.DOWN
+        return out
+
+    def server_failed(self, reason: str) -> list[Action]:
+        """The supervisor gave up for now: fail what waits, refuse what comes."""
+        self.state = State.FAILED
+        self._failure = reason
+        out = self.server_exited(reason)
+        self._backlog.clear()
+        for call in [c for c in self._calls.values() if not c.sent]:
+            self._forget_call(call)
+            if call.session is not None:
+                out.append(self._reply_error(self._peers[call.session], call.client_id, jsonrpc.SERVER_UNAVAILABLE, reason))  # type: ignore[arg-type]
+        for peer in self._peers.values():
+            if peer.waiting_init is not None:
+                out.append(self._reply_error(peer, peer.waiting_init, jsonrpc.SERVER_UNAVAILABLE, reason))
+                peer.waiting_init = None
+        return out
+
+    def expire(self, timeout: float, initialize_timeout: float | None = None) -> list[Action]:
+        """Fail calls older than `timeout` seconds; an initialize unanswered for
+        `initialize_timeout` (default `timeout`) restarts the server."""
+        now = self._clock()
+        deadline = now - timeout
+        init_deadline = now - (timeout if initialize_timeout is None else initialize_timeout)
+        out: list[Action] = []
+        for call in list(self._calls.values()):
+            if call.session is None:
+                if call.method == "initialize" and call.started < init_deadline:
+                    self._forget_call(call)
+                    out.append(RestartServer(f"no answer to initialize within {now - call.started:.0f}s"))
+                elif call.started < deadline:
+                    self._forget_call(call)
+                continue
+            if call.started >= deadline:
+                continue
+            self._forget_call(call)
+            if call.sent:
+                self._remember_cancelled(call.upstream_id)
+                out.append(ToServer(_cancelled(call.upstream_id, "request timed out")))
+            else:
+                self._unqueue(call)
+            peer = self._peers[call.session]
+            out.append(self._reply_error(peer, call.client_id, jsonrpc.REQUEST_TIMEOUT, f"request timed out after {timeout:g}s"))  # type: ignore[arg-type]
+        return out
+
+    # ------------------------------------------------------------------ helpers
+
+    def _replay(self) -> list[Action]:
+        out: list[Action] = []
+        queued = {c.subscribe_uri for c in self._calls.values() if not c.sent}
+        for uri in self._subscribers:
+            if uri not in queued:
+                out.append(self._internal_call("resources/subscribe", {"uri": uri}))
+        if self._upstream_level is not None:
+            out.append(self._internal_call("logging/setLevel", {"level": LOG_LEVELS[self._upstream_level]}))
+        return out
+
+    def _internal_call(self, method: str, params: dict[str, Any]) -> ToServer:
+        call = Call(None, None, next(self._ids), method, self._clock(), sent=True)
+        self._calls[call.upstream_id] = call
+        return ToServer(jsonrpc.request(call.upstream_id, method, params))
+
+    def _flush_backlog(self) -> list[Action]:
+        backlog, self._backlog = self._backlog, []
+        for msg in backlog:
+            call = self._calls.get(msg.get("id")) if "method" in msg and "id" in msg else None  # type: ignore[arg-type]
+            if call is not None:
+                call.sent = True
+        return [ToServer(m) for m in backlog]
+
+    def _unqueue(self, call: Call) -> None:
+        for i, msg in enumerate(self._backlog):
+            if msg.get("id") == call.upstream_id and "method" in msg:
+                del self._backlog[i]
+                return
+
+    def _forget_call(self, call: Call) -> None:
+        self._calls.pop(call.upstream_id, None)
+        if call.session is not None:
+            peer = self._peers.get(call.session)
+            if peer is not None:
+                peer.calls.pop(call.client_id, None)  # type: ignore[arg-type]
+
+    def _forget_server_request(self, req: ServerRequest) -> None:
+        self._server_requests.pop(req.downstream_id, None)
+        self._server_request_ids.pop(req.server_id, None)
+        peer = self._peers.get(req.session)
+        if peer is not None:
+            peer.server_requests.pop(req.downstream_id, None)
+
+    def _remember_cancelled(self, upstream_id: int) -> None:
+        self._cancelled[upstream_id] = None
+        if len(self._cancelled) > _CANCELLED_MEMORY:
+            self._cancelled.popitem(last=False)
+
+    def _drop_subscriber(self, uri: str, session: str) -> list[Action]:
+        subscribers = self._subscribers.get(uri)
+        if subscribers is None:
+            return []
+        subscribers.discard(session)
+        if subscribers:
+            return []
+        del self._subscribers[uri]
+        if self.state is not State.READY:
+            return []
+        return [self._internal_call("resources/unsubscribe", {"uri": uri})]
+
+    def _wanted_level(self) -> int | None:
+        levels = [p.level for p in self._peers.values() if p.level is not None]
+        return min(levels) if levels else None
+
+    def _sync_level(self) -> list[Action]:
+        wanted = self._wanted_level()
+        if wanted is None or wanted == self._upstream_level:
+            return []
+        self._upstream_level = wanted
+        if self.state is not State.READY:
+            return []
+        return [self._internal_call("logging/setLevel", {"level": LOG_LEVELS[wanted]})]
+
+
+def _param(msg: Message, name: str) -> object:
+    params = msg.get("params")
+    return params.get(name) if params.__class__ is dict else None
+
+
+def _task_id(result: object) -> str | None:
+    if result.__class__ is dict:
+        task = result.get("task")  # type: ignore[union-attr]
+        if task.__class__ is dict and task.get("taskId").__class__ is str:
+            return task["taskId"]
+    return None
+
+
+def _cancelled(request_id: RequestId, reason: str) -> Message:
+    return jsonrpc.notification("notifications/cancelled", {"requestId": request_id, "reason": reason})
+
+
+def _latest_call(peer: Peer) -> RequestId | None:
+    latest = max(peer.calls.values(), key=lambda c: c.upstream_id, default=None)
+    return latest.client_id if latest is not None else None
+
+
+def _can_handle(capabilities: dict[str, Any], wanted: str, msg: Message) -> bool:
+    cap = capabilities.get(wanted)
+    if cap.__class__ is not dict:
+        return False
+    params = msg.get("params")
+    if params.__class__ is not dict:
+        return True
+    if wanted == "sampling":
+        if ("tools" in params or "toolChoice" in params) and "tools" not in cap:
+            return False
+        return params.get("includeContext", "none") == "none" or "context" in cap
+    if wanted == "elicitation" and params.get("mode") == "url":
+        return "url" in cap
+    return True
+
+
+_CLIENT_REQUESTS: dict[str, Callable[[Mux, Peer, Message], list[Action]]] = {
+    "initialize": Mux._initialize,
+    "ping": Mux._ping,
+    "resources/subscribe": Mux._subscribe,
+    "resources/unsubscribe": Mux._unsubscribe,
+    "logging/setLevel": Mux._set_level,
+    "tasks/get": Mux._owned_task,
+    "tasks/result": Mux._owned_task,
+    "tasks/cancel": Mux._owned_task,
+}
+_PASSTHROUGH_REQUESTS: dict[str, Callable[[Mux, Peer, Message], list[Action]]] = {
+    "initialize": Mux._passthrough_initialize,
+}
+_CLIENT_NOTIFICATIONS: dict[str, Callable[[Mux, Peer, Message], list[Action]]] = {
+    "notifications/initialized": Mux._initialized,
+    "notifications/cancelled": Mux._client_cancelled,
+    "notifications/roots/list_changed": Mux._roots_changed,
+}
+_AFTER_RESPONSE: dict[str, Callable[[Mux, Peer, Call, Message], list[Action]]] = {
+    "initialize": Mux._after_initialize,
+    "resources/subscribe": Mux._after_subscribe,
+    "tools/call": Mux._after_task_call,
+    "tasks/list": Mux._after_task_list,
+}
+_SERVER_NOTIFICATIONS: dict[str, Callable[[Mux, Message], list[Action]]] = {
+    "notifications/progress": Mux._server_progress,
+    "notifications/cancelled": Mux._server_cancelled,
+    "notifications/resources/updated": Mux._resource_updated,
+    "notifications/message": Mux._log_message,
+    "notifications/tasks/status": Mux._task_status,
+    "notifications/elicitation/complete": Mux._elicitation_complete,
+}

@@ -1,0 +1,1 @@
+"""HTTP shells over the gateway: they move bytes and map faults to statuses."""

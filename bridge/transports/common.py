@@ -1,0 +1,53 @@
+"""What both HTTP transports share: app state keys, error replies, body reading."""
+
+from __future__ import annotations
+
+from typing import Any, NoReturn
+
+from aiohttp import web
+
+from .. import jsonrpc
+from ..config import Config
+from ..gateway import Gateway
+from ..jsonrpc import ProtocolError
+
+CONFIG = web.AppKey("config", Config)
+GATEWAYS = web.AppKey("gateways", dict[str, Gateway])
+# Set by the auth middleware: the name of the token that made the request.
+PRINCIPAL = "mcp_bridge.principal"
+
+
+def principal(request: web.Request) -> str | None:
+    return request.get(PRINCIPAL)
+
+
+def error_text(code: int, message: str, request_id: jsonrpc.RequestId | None = None) -> str:
+    return jsonrpc.encode(jsonrpc.error(request_id, code, message)).decode()
+
+
+def fail(status: int, message: str, code: int = jsonrpc.INVALID_REQUEST, headers: dict[str, str] | None = None) -> NoReturn:
+    """Answer with an HTTP error whose body is a JSON-RPC error naming the reason."""
+    exc = web.HTTPException(text=error_text(code, message), content_type="application/json", headers=headers)
+    exc.set_status(status)
+    raise exc
+
+
+def gateway_for(request: web.Request) -> Gateway:
+    gateway = request.app[GATEWAYS].get(request.match_info["name"])
+    if gateway is None:
+        fail(404, f"unknown server {request.match_info['name']!r}")
+    return gateway
+
+
+async def read_message(request: web.Request, limit: int) -> Any:
+    """The decoded JSON body, or 413 / 400 with a one-line reason."""
+    if request.content_length is not None and request.content_length > limit:
+        fail(413, f"body of {request.content_length} bytes is over the limit of {limit}")
+    try:
+        body = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        fail(413, f"body is over the limit of {limit} bytes")
+    try:
+        return jsonrpc.decode(body)
+    except ProtocolError as exc:
+        fail(400, exc.message, exc.code)

@@ -1,0 +1,84 @@
+"""The 2024-11-05 HTTP+SSE transport.
+
+`GET /servers/{name}/sse` opens a session: the first event, `endpoint`, names
+the URL to POST to; every message for the session follows as a `message`
+event. `POST /servers/{name}/messages?session_id=...` takes one JSON-RPC
+message or a batch and answers 202; replies come on the stream. The stream
+is the session: when it closes, the session ends.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+from aiohttp_sse import EventSourceResponse
+
+from ..gateway import SessionLimitError
+from ..jsonrpc import ProtocolError, RequestId
+from ..sessions import Outbox, Session
+from . import common
+
+_EVENT = b"event: message\ndata: "
+_END = b"\n\n"
+RETRY_AFTER_S = "5"
+
+
+class SseSession(Session):
+    transport = "sse"
+
+    def __init__(self, server: str, owner: str | None, queue_limit: int) -> None:
+        super().__init__(server, owner)
+        self.outbox: Outbox[bytes] = Outbox(queue_limit)
+        self._request: web.Request | None = None
+
+    def deliver(self, data: bytes, related: RequestId | None, final: bool) -> bool:
+        return self.outbox.put(data)
+
+    def attached(self) -> bool:
+        return not self.ended
+
+    def end(self, reason: str) -> None:
+        super().end(reason)
+        self.outbox.close()
+        if reason == "slow" and self._request is not None and self._request.transport is not None:
+            # Its writer may be blocked on a full socket; only an abort frees it.
+            self._request.transport.abort()
+
+
+async def stream(request: web.Request) -> web.StreamResponse:
+    gateway = common.gateway_for(request)
+    session = SseSession(gateway.name, common.principal(request), gateway.limits.session_queue)
+    try:
+        gateway.open_session(session)
+    except SessionLimitError as exc:
+        common.fail(503, str(exc), headers={"Retry-After": RETRY_AFTER_S})
+    session._request = request
+    response = EventSourceResponse(ping_interval=request.app[common.CONFIG].sse.keepalive, sep="\n")
+    reason = "client disconnected"
+    try:
+        await response.prepare(request)
+        endpoint = f"/servers/{gateway.name}/messages?session_id={session.id}"
+        await response.write(b"event: endpoint\ndata: " + endpoint.encode() + _END)
+        while (batch := await session.outbox.get_batch()) is not None:
+            await response.write(b"".join([_EVENT + data + _END for data in batch]))
+        reason = session.end_reason or "ended"
+    except ConnectionResetError:
+        pass  # the client went away mid-write; the session ends below
+    finally:
+        gateway.close_session(session, reason)
+        if response.prepared:
+            response.stop_streaming()
+    return response
+
+
+async def post_message(request: web.Request) -> web.Response:
+    gateway = common.gateway_for(request)
+    session_id = request.query.get("session_id") or request.query.get("sessionId")
+    session = gateway.session(session_id, common.principal(request))
+    if session is None or session.transport != SseSession.transport:
+        common.fail(404, "unknown session")
+    payload = await common.read_message(request, gateway.limits.max_message_bytes)
+    try:
+        gateway.from_client(session, payload)
+    except ProtocolError as exc:
+        common.fail(400, exc.message, exc.code)
+    return web.Response(status=202, text="Accepted")

@@ -1,0 +1,157 @@
+"""A misbehaving stdio MCP server for fault-injection tests.
+
+Run as ``python tests/servers/faulty.py``. Each tool triggers one failure mode
+the bridge must survive: crashes, hangs, stderr floods, junk on stdout, huge
+replies and slow replies. Stdlib-only and self-contained so it runs from any cwd.
+
+Environment switches:
+  FAULTY_CRASH_ON_START=1  exit with code 4 before reading anything (crash loops)
+  FAULTY_NO_INIT=1         never answer initialize (init timeouts)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from typing import Any, TypeAlias
+
+JSON: TypeAlias = dict[str, Any]
+
+SUPPORTED_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
+DEFAULT_BIG_BYTES = 5 * 1024 * 1024
+
+_out = sys.stdout.buffer
+_out_lock = threading.Lock()
+
+
+def write_lines(*lines: str) -> None:
+    # Hold the lock across all lines so a multi-line burst (garbage) stays contiguous
+    # and concurrent replies never interleave mid-line.
+    with _out_lock:
+        for line in lines:
+            _out.write(line.encode("utf-8") + b"\n")
+        _out.flush()
+
+
+def send(message: JSON) -> None:
+    write_lines(json.dumps(message, separators=(",", ":")))
+
+
+def reply(request_id: Any, result: JSON) -> None:
+    send({"jsonrpc": "2.0", "id": request_id, "result": result})
+
+
+def reply_error(request_id: Any, code: int, message: str) -> None:
+    send({"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": message}})
+
+
+def text(value: str) -> JSON:
+    return {"content": [{"type": "text", "text": value}]}
+
+
+def _schema(**props: str) -> JSON:
+    return {"type": "object", "properties": {k: {"type": v} for k, v in props.items()}}
+
+
+TOOLS = [
+    {"name": "echo", "description": "Return text.", "inputSchema": _schema(text="string")},
+    {"name": "crash", "description": "Exit with code 3 without replying.", "inputSchema": _schema()},
+    {"name": "hang", "description": "Never reply.", "inputSchema": _schema()},
+    {"name": "noise", "description": "Write N junk lines to stderr.", "inputSchema": _schema(lines="integer")},
+    {"name": "garbage", "description": "Write junk to stdout, then reply.", "inputSchema": _schema()},
+    {"name": "big", "description": "Reply with N 'x' characters.", "inputSchema": _schema(bytes="integer")},
+    {"name": "slow", "description": "Reply after N ms.", "inputSchema": _schema(ms="integer")},
+    {"name": "pid", "description": "Return the process id.", "inputSchema": _schema()},
+    {"name": "env", "description": "Return an environment variable.", "inputSchema": _schema(name="string")},
+    {"name": "cwd", "description": "Return the working directory.", "inputSchema": _schema()},
+]
+
+
+def call_tool(request_id: Any, name: str, args: JSON) -> None:
+    if name == "echo":
+        reply(request_id, text(str(args.get("text", ""))))
+    elif name == "crash":
+        sys.stderr.flush()
+        os._exit(3)
+    elif name == "hang":
+        pass  # deliberately never answered
+    elif name == "noise":
+        for i in range(int(args.get("lines", 1000))):
+            sys.stderr.write(f"noise {i}: lorem ipsum dolor sit amet, consectetur adipiscing elit\n")
+        sys.stderr.flush()
+        reply(request_id, text("ok"))
+    elif name == "garbage":
+        write_lines(
+            "this is not json",
+            '{"jsonrpc": "2.0", "id": 1, "result": {',
+            "",
+            json.dumps({"jsonrpc": "2.0", "id": 999999999, "result": {}}),
+        )
+        reply(request_id, text("ok"))
+    elif name == "big":
+        reply(request_id, text("x" * int(args.get("bytes", DEFAULT_BIG_BYTES))))
+    elif name == "slow":
+        # A timer keeps the reader loop free, so other requests are served meanwhile.
+        delay = int(args.get("ms", 1000)) / 1000
+        threading.Timer(delay, reply, args=(request_id, text("slept"))).start()
+    elif name == "pid":
+        reply(request_id, text(str(os.getpid())))
+    elif name == "env":
+        reply(request_id, text(os.environ.get(str(args.get("name", "")), "")))
+    elif name == "cwd":
+        reply(request_id, text(os.getcwd()))
+    else:
+        reply_error(request_id, -32602, f"Unknown tool: {name}")
+
+
+def handle(message: JSON) -> None:
+    method, request_id = message.get("method"), message.get("id")
+    if method is None or request_id is None:
+        return  # notifications and responses are ignored
+    params = message.get("params") or {}
+    if method == "initialize":
+        if os.environ.get("FAULTY_NO_INIT") == "1":
+            return
+        requested = params.get("protocolVersion")
+        reply(
+            request_id,
+            {
+                "protocolVersion": requested if requested in SUPPORTED_VERSIONS else SUPPORTED_VERSIONS[-1],
+                "capabilities": {"tools": {}},
+                "serverInfo": {"name": "faulty", "version": "1.0.0"},
+            },
+        )
+    elif method == "ping":
+        reply(request_id, {})
+    elif method == "tools/list":
+        reply(request_id, {"tools": TOOLS})
+    elif method == "tools/call":
+        try:
+            call_tool(request_id, str(params.get("name")), params.get("arguments") or {})
+        except (TypeError, ValueError) as exc:
+            reply_error(request_id, -32602, f"Invalid arguments: {exc}")
+    else:
+        reply_error(request_id, -32601, f"Method not found: {method}")
+
+
+def main() -> None:
+    if os.environ.get("FAULTY_CRASH_ON_START") == "1":
+        sys.stderr.write("faulty: crashing on start as requested\n")
+        sys.stderr.flush()
+        os._exit(4)
+    for line in sys.stdin.buffer:
+        try:
+            message = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(message, dict):
+            handle(message)
+    # os._exit so pending slow-reply timers can't delay exit on EOF.
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
