@@ -18,29 +18,34 @@ from typing import Any
 from . import logs
 
 STDERR_LINE_LIMIT = 16 * 1024
+EDGE = 256  # bytes kept from each end of a dropped line
 
 
 class LineFramer:
     """Splits a byte stream into lines of at most `limit` bytes.
 
-    A longer line is dropped whole (reported once through `on_oversize`), and
-    reading resumes after its newline, so one bad line costs nothing else.
+    A longer line is dropped whole and reported once through `on_oversize`
+    with its size and its first and last bytes (enough to find a top-level
+    id); reading resumes after its newline, so one bad line costs nothing else.
     """
 
-    __slots__ = ("_buf", "_dropping", "_limit", "_on_line", "_on_oversize")
+    __slots__ = ("_buf", "_dropping", "_head", "_limit", "_on_line", "_on_oversize", "_tail")
 
-    def __init__(self, limit: int, on_line: Callable[[bytes], None], on_oversize: Callable[[int], None]) -> None:
+    def __init__(self, limit: int, on_line: Callable[[bytes], None], on_oversize: Callable[[int, bytes, bytes], None]) -> None:
         self._limit = limit
         self._on_line = on_line
         self._on_oversize = on_oversize
         self._buf = bytearray()
         self._dropping = 0  # bytes of an oversized line dropped so far, 0 if none
+        self._head = b""
+        self._tail = b""
 
     def feed(self, data: bytes) -> None:
         start = 0
         while (end := data.find(b"\n", start)) >= 0:
             if self._dropping:
-                self._on_oversize(self._dropping + end - start)
+                tail = (self._tail + data[start:end])[-EDGE:]
+                self._on_oversize(self._dropping + end - start, self._head, tail)
                 self._dropping = 0
             elif self._buf:
                 self._buf += data[start:end]
@@ -52,15 +57,17 @@ class LineFramer:
         if start < len(data):
             if self._dropping:
                 self._dropping += len(data) - start
+                self._tail = (self._tail + data[start:])[-EDGE:]
             else:
                 self._buf += data[start:] if start else data
                 if len(self._buf) > self._limit:
                     self._dropping = len(self._buf)
+                    self._head, self._tail = bytes(self._buf[:EDGE]), bytes(self._buf[-EDGE:])
                     self._buf = bytearray()
 
     def _emit(self, line: bytes) -> None:
         if len(line) > self._limit:
-            self._on_oversize(len(line))
+            self._on_oversize(len(line), line[:EDGE], line[-EDGE:])
         elif line.strip():
             self._on_line(line)
 
@@ -81,7 +88,7 @@ class Child:
         cwd: str | None = None,
         max_line: int,
         on_line: Callable[[bytes], None],
-        on_oversize: Callable[[int], None],
+        on_oversize: Callable[[int, bytes, bytes], None],
     ) -> None:
         self.server = server
         self.command = command
@@ -160,7 +167,7 @@ class Child:
     def _stderr_line(self, line: bytes) -> None:
         self._log.info("server_stderr", line=line.decode("utf-8", "replace").rstrip())
 
-    def _stderr_oversize(self, size: int) -> None:
+    def _stderr_oversize(self, size: int, head: bytes, tail: bytes) -> None:
         self._log.warning("server_stderr_line_dropped", size=size, limit=STDERR_LINE_LIMIT)
 
     def _process_exited(self) -> None:

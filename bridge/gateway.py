@@ -95,10 +95,8 @@ class Upstream:
             return
         self.gateway.apply(self, self.mux.from_server(payload))
 
-    def on_oversize(self, size: int) -> None:
-        self._log.warning(
-            "server_line_skipped", reason="line over limits.max_message_bytes", size=size, pid=self._pid()
-        )
+    def on_oversize(self, size: int, head: bytes, tail: bytes) -> None:
+        self.gateway.apply(self, self.mux.response_too_large(jsonrpc.sniff_id(head, tail), size))
 
     def _pid(self) -> int | None:
         return self.child.pid if self.child is not None else None

@@ -9,6 +9,7 @@ once per destination. Faults in what a peer sent are raised as the one
 from __future__ import annotations
 
 import enum
+import re
 from typing import Any, Final
 
 import msgspec
@@ -27,6 +28,7 @@ REQUEST_TIMEOUT: Final = -32001
 SERVER_UNAVAILABLE: Final = -32003
 TOO_MANY_REQUESTS: Final = -32004
 SESSION_CLOSED: Final = -32005
+RESPONSE_TOO_LARGE: Final = -32006
 
 _decoder = msgspec.json.Decoder()
 encode = msgspec.json.Encoder().encode
@@ -90,6 +92,21 @@ def classify(msg: Any) -> Kind:
     if ("result" in msg) == ("error" in msg):
         raise ProtocolError(INVALID_REQUEST, 'invalid response: needs exactly one of "result" and "error"', rid)
     return Kind.RESPONSE
+
+
+# A top-level id at the very start or very end of an object's text: how the
+# bridge names the request whose oversized response it had to drop.
+_LEADING_ID = re.compile(rb'^\s*\{\s*(?:"jsonrpc"\s*:\s*"2\.0"\s*,\s*)?"id"\s*:\s*(-?\d+|"[^"\\]*")')
+_TRAILING_ID = re.compile(rb',\s*"id"\s*:\s*(-?\d+|"[^"\\]*")\s*\}\s*$')
+
+
+def sniff_id(head: bytes, tail: bytes) -> RequestId | None:
+    """The id of a message too large to parse, from its first and last bytes, if it shows."""
+    match = _LEADING_ID.match(head) or _TRAILING_ID.search(tail)
+    if match is None:
+        return None
+    raw = match.group(1)
+    return raw[1:-1].decode("utf-8", "replace") if raw.startswith(b'"') else int(raw)
 
 
 def _safe_id(rid: object) -> RequestId | None:

@@ -403,8 +403,9 @@ class Mux:
             subscribers.add(peer.id)
             peer.subscriptions.add(uri)
             return [self._reply(peer, msg["id"], {})]
+        client_id = msg["id"]
         out = self._forward_call(peer, msg)
-        call = peer.calls.get(msg["id"])
+        call = peer.calls.get(client_id)
         if call is not None and call.method == "resources/subscribe":
             call.subscribe_uri = uri
             self._subscribers[uri] = {peer.id}
@@ -423,6 +424,15 @@ class Mux:
             return [self._reply(peer, msg["id"], {})]
         del self._subscribers[uri]
         peer.subscriptions.discard(uri)
+        if self.state is not State.READY:
+            # The next process is only told of live subscriptions: nothing to undo
+            # upstream, but a subscribe still queued must not reach it either.
+            out: list[Action] = []
+            for call in [c for c in peer.calls.values() if c.subscribe_uri == uri and not c.sent]:
+                self._forget_call(call)
+                self._unqueue(call)
+                out.append(self._reply(peer, call.client_id, {}))  # type: ignore[arg-type]
+            return [*out, self._reply(peer, msg["id"], {})]
         return self._forward_call(peer, msg)
 
     def _set_level(self, peer: Peer, msg: Message) -> list[Action]:
@@ -523,6 +533,17 @@ class Mux:
         out.append(ToSession(peer.id, msg, call.client_id, True, call))
         return out
 
+    def response_too_large(self, upstream_id: RequestId | None, size: int) -> list[Action]:
+        """The server answered a call with a line too long to carry: fail that call."""
+        call = self._calls.get(upstream_id) if upstream_id.__class__ is int else None  # type: ignore[arg-type]
+        if call is None or call.session is None:
+            return [Discard("server line over limits.max_message_bytes", {"size": size, "id": upstream_id})]
+        message = f"response of {size} bytes is over the limit (limits.max_message_bytes)"
+        return [
+            Discard("server line over limits.max_message_bytes", {"size": size, "id": upstream_id}),
+            self._fail(call, jsonrpc.RESPONSE_TOO_LARGE, message),
+        ]
+
     def _after_initialize(self, peer: Peer, call: Call, msg: Message) -> list[Action]:
         result = msg.get("result")
         if result.__class__ is dict:
@@ -532,10 +553,8 @@ class Mux:
         return []
 
     def _after_subscribe(self, peer: Peer, call: Call, msg: Message) -> list[Action]:
-        uri = call.subscribe_uri
-        if "error" in msg and uri is not None:
-            for sid in self._subscribers.pop(uri, ()):
-                self._peers[sid].subscriptions.discard(uri)
+        if "error" in msg:
+            self._undo_subscribe(call)
         return []
 
     def _after_task_call(self, peer: Peer, call: Call, msg: Message) -> list[Action]:
@@ -701,10 +720,10 @@ class Mux:
         """The process is gone: everything sent to it fails now; the backlog waits."""
         out: list[Action] = []
         for call in [c for c in self._calls.values() if c.sent]:
-            self._forget_call(call)
-            if call.session is not None:
-                peer = self._peers[call.session]
-                out.append(self._reply_error(peer, call.client_id, jsonrpc.SERVER_EXITED, reason))  # type: ignore[arg-type]
+            if call.session is None:
+                self._forget_call(call)
+            else:
+                out.append(self._fail(call, jsonrpc.SERVER_EXITED, reason))
         for req in list(self._server_requests.values()):
             self._forget_server_request(req)
             out.append(ToSession(req.session, _cancelled(req.downstream_id, reason), req.related))
@@ -719,9 +738,7 @@ class Mux:
         out = self.server_exited(reason)
         self._backlog.clear()
         for call in [c for c in self._calls.values() if not c.sent]:
-            self._forget_call(call)
-            if call.session is not None:
-                out.append(self._reply_error(self._peers[call.session], call.client_id, jsonrpc.SERVER_UNAVAILABLE, reason))  # type: ignore[arg-type]
+            out.append(self._fail(call, jsonrpc.SERVER_UNAVAILABLE, reason))
         for peer in self._peers.values():
             if peer.waiting_init is not None:
                 out.append(self._reply_error(peer, peer.waiting_init, jsonrpc.SERVER_UNAVAILABLE, reason))
@@ -745,14 +762,12 @@ class Mux:
                 continue
             if call.started >= deadline:
                 continue
-            self._forget_call(call)
             if call.sent:
                 self._remember_cancelled(call.upstream_id)
                 out.append(ToServer(_cancelled(call.upstream_id, "request timed out")))
             else:
                 self._unqueue(call)
-            peer = self._peers[call.session]
-            out.append(self._reply_error(peer, call.client_id, jsonrpc.REQUEST_TIMEOUT, f"request timed out after {timeout:g}s"))  # type: ignore[arg-type]
+            out.append(self._fail(call, jsonrpc.REQUEST_TIMEOUT, f"request timed out after {timeout:g}s"))
         return out
 
     # ------------------------------------------------------------------ helpers
@@ -785,6 +800,24 @@ class Mux:
             if msg.get("id") == call.upstream_id and "method" in msg:
                 del self._backlog[i]
                 return
+
+    def _fail(self, call: Call, code: int, message: str) -> ToSession:
+        """End a client's call with an error from the bridge, undoing what it would have done."""
+        self._forget_call(call)
+        if call.subscribe_uri is not None:
+            self._undo_subscribe(call)
+        return ToSession(call.session, jsonrpc.error(call.client_id, code, message), call.client_id, True, call)  # type: ignore[arg-type]
+
+    def _undo_subscribe(self, call: Call) -> None:
+        uri, session = call.subscribe_uri, call.session
+        subscribers = self._subscribers.get(uri)  # type: ignore[arg-type]
+        if subscribers is not None:
+            subscribers.discard(session)  # type: ignore[arg-type]
+            if not subscribers:
+                del self._subscribers[uri]  # type: ignore[arg-type]
+        peer = self._peers.get(session)  # type: ignore[arg-type]
+        if peer is not None:
+            peer.subscriptions.discard(uri)  # type: ignore[arg-type]
 
     def _forget_call(self, call: Call) -> None:
         self._calls.pop(call.upstream_id, None)

@@ -4,6 +4,13 @@ Run as ``python tests/servers/faulty.py``. Each tool triggers one failure mode
 the bridge must survive: crashes, hangs, stderr floods, junk on stdout, huge
 replies and slow replies. Stdlib-only and self-contained so it runs from any cwd.
 
+Everything the bridge sends that a test may need to observe is also noted on
+stderr (which the bridge logs as `server_stderr` events), one line each:
+  faulty: notification <method> <params as JSON>   every notification received
+  faulty: initialize <{"client", "requested", "answered"} as JSON>
+  faulty: hang <id> / faulty: slow <id>            the upstream id of such a call
+  faulty: ping <id>                                a ping that reached the process
+
 Environment switches:
   FAULTY_CRASH_ON_START=1  exit with code 4 before reading anything (crash loops)
   FAULTY_NO_INIT=1         never answer initialize (init timeouts)
@@ -48,6 +55,12 @@ def reply_error(request_id: Any, code: int, message: str) -> None:
     send({"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": message}})
 
 
+def note(line: str) -> None:
+    """One line on stderr, for tests that watch the bridge's server_stderr events."""
+    sys.stderr.write(f"faulty: {line}\n")
+    sys.stderr.flush()
+
+
 def text(value: str) -> JSON:
     return {"content": [{"type": "text", "text": value}]}
 
@@ -77,7 +90,7 @@ def call_tool(request_id: Any, name: str, args: JSON) -> None:
         sys.stderr.flush()
         os._exit(3)
     elif name == "hang":
-        pass  # deliberately never answered
+        note(f"hang {json.dumps(request_id)}")  # deliberately never answered
     elif name == "noise":
         for i in range(int(args.get("lines", 1000))):
             sys.stderr.write(f"noise {i}: lorem ipsum dolor sit amet, consectetur adipiscing elit\n")
@@ -96,6 +109,7 @@ def call_tool(request_id: Any, name: str, args: JSON) -> None:
     elif name == "slow":
         # A timer keeps the reader loop free, so other requests are served meanwhile.
         delay = int(args.get("ms", 1000)) / 1000
+        note(f"slow {json.dumps(request_id)}")
         threading.Timer(delay, reply, args=(request_id, text("slept"))).start()
     elif name == "pid":
         reply(request_id, text(str(os.getpid())))
@@ -109,22 +123,30 @@ def call_tool(request_id: Any, name: str, args: JSON) -> None:
 
 def handle(message: JSON) -> None:
     method, request_id = message.get("method"), message.get("id")
-    if method is None or request_id is None:
-        return  # notifications and responses are ignored
+    if method is None:
+        return  # responses are ignored
     params = message.get("params") or {}
+    if "id" not in message:
+        note(f"notification {method} {json.dumps(params, separators=(',', ':'))}")
+        return
     if method == "initialize":
-        if os.environ.get("FAULTY_NO_INIT") == "1":
-            return
         requested = params.get("protocolVersion")
+        answered = requested if requested in SUPPORTED_VERSIONS else SUPPORTED_VERSIONS[-1]
+        client = (params.get("clientInfo") or {}).get("name")
+        if os.environ.get("FAULTY_NO_INIT") == "1":
+            note(f"initialize {json.dumps({'client': client, 'requested': requested, 'answered': None})}")
+            return
+        note(f"initialize {json.dumps({'client': client, 'requested': requested, 'answered': answered})}")
         reply(
             request_id,
             {
-                "protocolVersion": requested if requested in SUPPORTED_VERSIONS else SUPPORTED_VERSIONS[-1],
+                "protocolVersion": answered,
                 "capabilities": {"tools": {}},
                 "serverInfo": {"name": "faulty", "version": "1.0.0"},
             },
         )
     elif method == "ping":
+        note(f"ping {json.dumps(request_id)}")
         reply(request_id, {})
     elif method == "tools/list":
         reply(request_id, {"tools": TOOLS})

@@ -1,0 +1,531 @@
+"""The mux rule by rule, with no IO: each test drives it and reads its actions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from bridge import jsonrpc
+from bridge.jsonrpc import ProtocolError
+from bridge.mux import Broadcast, Discard, Mux, RestartServer, State, ToServer, ToSession
+
+INIT_RESULT = {"protocolVersion": "2025-06-18", "capabilities": {"tools": {}}, "serverInfo": {"name": "s", "version": "1"}}
+
+
+def req(rid: Any, method: str, **params: Any) -> dict[str, Any]:
+    return jsonrpc.request(rid, method, params or None)
+
+
+def note(method: str, **params: Any) -> dict[str, Any]:
+    return jsonrpc.notification(method, params or None)
+
+
+def to_server(actions: list[Any]) -> list[dict[str, Any]]:
+    return [a.message for a in actions if isinstance(a, ToServer)]
+
+
+def to_session(actions: list[Any], sid: str | None = None) -> list[dict[str, Any]]:
+    out = []
+    for a in actions:
+        if isinstance(a, ToSession) and (sid is None or a.session == sid):
+            out.append(a.message)
+        elif isinstance(a, Broadcast) and (sid is None or sid in a.sessions):
+            out.append(a.message)
+    return out
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def ready_mux(*sessions: str, capabilities: dict[str, dict[str, Any]] | None = None, **kwargs: Any) -> Mux:
+    """A shared mux whose server is initialized, with these sessions initialized."""
+    mux = Mux(**kwargs)
+    (init,) = to_server(mux.server_started())
+    mux.from_server(jsonrpc.result(init["id"], INIT_RESULT))
+    for sid in sessions:
+        mux.open_session(sid)
+        caps = (capabilities or {}).get(sid, {})
+        mux.from_client(sid, req(0, "initialize", protocolVersion="2025-06-18", capabilities=caps, clientInfo={}))
+    return mux
+
+
+# ------------------------------------------------------------------ lifecycle
+
+
+def test_bridge_initializes_the_server_itself_declaring_what_it_routes() -> None:
+    mux = Mux(client_info=("mcp-bridge", "9"))
+    (init,) = to_server(mux.server_started())
+    assert init["method"] == "initialize"
+    assert set(init["params"]["capabilities"]) == {"roots", "sampling", "elicitation"}
+    assert mux.state is State.STARTING
+    actions = mux.from_server(jsonrpc.result(init["id"], INIT_RESULT))
+    assert to_server(actions) == [note("notifications/initialized")]
+    assert mux.state is State.READY
+
+
+@pytest.mark.parametrize(
+    ("asked", "told"),
+    [("2024-11-05", "2024-11-05"), ("2025-06-18", "2025-06-18"), ("2025-11-25", "2025-06-18"), ("1999-01-01", "2025-06-18")],
+)
+def test_client_initialize_is_answered_from_cache_with_a_version_both_speak(asked: str, told: str) -> None:
+    mux = ready_mux()
+    mux.open_session("a")
+    actions = mux.from_client("a", req(7, "initialize", protocolVersion=asked, capabilities={}, clientInfo={}))
+    assert to_server(actions) == []
+    (reply,) = to_session(actions, "a")
+    assert reply["id"] == 7
+    assert reply["result"]["serverInfo"] == INIT_RESULT["serverInfo"]
+    assert reply["result"]["protocolVersion"] == told
+    assert mux.peer("a").protocol_version == told
+
+
+def test_initialize_waits_for_the_server_then_is_answered() -> None:
+    mux = Mux()
+    mux.open_session("a")
+    assert mux.from_client("a", req(1, "initialize", protocolVersion="2025-06-18", capabilities={}, clientInfo={})) == []
+    (init,) = to_server(mux.server_started())
+    actions = mux.from_server(jsonrpc.result(init["id"], INIT_RESULT))
+    assert [m["id"] for m in to_session(actions, "a")] == [1]
+
+
+def test_initialized_notification_is_absorbed_and_ping_answered() -> None:
+    mux = ready_mux("a")
+    assert mux.from_client("a", note("notifications/initialized")) == []
+    actions = mux.from_client("a", req("p", "ping"))
+    assert to_session(actions, "a") == [jsonrpc.result("p", {})]
+    assert to_server(actions) == []
+
+
+def test_per_session_mode_passes_initialize_and_ping_through_and_replays_after_restart() -> None:
+    mux = Mux(shared=False)
+    mux.open_session("a")
+    assert mux.server_started() == []  # the client's own initialize comes next
+    params = {"protocolVersion": "2025-03-26", "capabilities": {"sampling": {}}, "clientInfo": {"name": "c"}}
+    (fwd,) = to_server(mux.from_client("a", req(1, "initialize", **params)))
+    assert fwd["params"] == params
+    (reply,) = to_session(mux.from_server(jsonrpc.result(fwd["id"], {**INIT_RESULT, "protocolVersion": "2025-03-26"})))
+    assert reply["id"] == 1
+    assert to_server(mux.from_client("a", note("notifications/initialized"))) == [note("notifications/initialized")]
+    (ping,) = to_server(mux.from_client("a", req(2, "ping")))
+    assert ping["method"] == "ping"
+    mux.from_server(jsonrpc.result(ping["id"], {}))
+    mux.server_exited()
+    (again,) = to_server(mux.server_started())
+    assert again["method"] == "initialize" and again["params"] == params
+    assert mux.state is State.STARTING
+    actions = mux.from_server(jsonrpc.result(again["id"], INIT_RESULT))
+    assert to_session(actions) == []  # the replay is the bridge's own business
+    assert to_server(actions) == [note("notifications/initialized")]
+
+
+# --------------------------------------------------------------- id rewriting
+
+
+def test_two_sessions_with_the_same_id_get_their_own_results() -> None:
+    mux = ready_mux("a", "b")
+    (fa,) = to_server(mux.from_client("a", req(1, "tools/call", name="x")))
+    (fb,) = to_server(mux.from_client("b", req(1, "tools/call", name="y")))
+    assert fa["id"] != fb["id"]
+    actions = mux.from_server(jsonrpc.result(fb["id"], {"for": "b"}))
+    assert to_session(actions, "b") == [jsonrpc.result(1, {"for": "b"})]
+    assert to_session(actions, "a") == []
+    actions = mux.from_server(jsonrpc.result(fa["id"], {"for": "a"}))
+    assert to_session(actions, "a") == [jsonrpc.result(1, {"for": "a"})]
+
+
+def test_string_and_integer_ids_are_distinct_and_kept_exactly() -> None:
+    mux = ready_mux("a")
+    (f1,) = to_server(mux.from_client("a", req(1, "tools/call")))
+    (f2,) = to_server(mux.from_client("a", req("1", "tools/call")))
+    assert to_session(mux.from_server(jsonrpc.result(f2["id"], {})))[0]["id"] == "1"
+    assert to_session(mux.from_server(jsonrpc.result(f1["id"], {})))[0]["id"] == 1
+
+
+def test_an_id_reused_while_in_flight_gets_an_error_and_the_first_call_survives() -> None:
+    mux = ready_mux("a")
+    (first,) = to_server(mux.from_client("a", req(5, "tools/call")))
+    actions = mux.from_client("a", req(5, "tools/call"))
+    assert to_server(actions) == []
+    (err,) = to_session(actions, "a")
+    assert err["id"] == 5 and err["error"]["code"] == jsonrpc.INVALID_REQUEST
+    assert to_session(mux.from_server(jsonrpc.result(first["id"], {"ok": 1})))[0]["result"] == {"ok": 1}
+
+
+def test_a_response_with_an_unknown_id_is_discarded() -> None:
+    mux = ready_mux("a")
+    (action,) = mux.from_server(jsonrpc.result(999, {}))
+    assert isinstance(action, Discard)
+
+
+def test_too_many_requests_in_flight_get_an_error_not_a_queue() -> None:
+    mux = ready_mux("a", max_inflight=2)
+    mux.from_client("a", req(1, "tools/call"))
+    mux.from_client("a", req(2, "tools/call"))
+    (err,) = to_session(mux.from_client("a", req(3, "tools/call")))
+    assert err["error"]["code"] == jsonrpc.TOO_MANY_REQUESTS
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        [],
+        "x",
+        {"id": 1, "method": "m"},
+        {"jsonrpc": "2.0", "id": 1, "method": 3},
+        {"jsonrpc": "2.0", "id": True, "method": "m"},
+        {"jsonrpc": "2.0", "id": 1.5, "method": "m"},
+        {"jsonrpc": "2.0", "id": None, "method": "m"},
+        {"jsonrpc": "2.0", "id": 1, "method": "m", "params": [1]},
+        {"jsonrpc": "2.0", "id": 1},
+        [{"jsonrpc": "2.0", "method": "ok"}, {"jsonrpc": "1.0", "method": "m"}],
+    ],
+)
+def test_invalid_client_messages_raise_before_changing_anything(bad: Any) -> None:
+    mux = ready_mux("a")
+    with pytest.raises(ProtocolError) as info:
+        mux.from_client("a", bad)
+    assert info.value.code == jsonrpc.INVALID_REQUEST
+    assert mux.inflight("a") == 0
+
+
+def test_a_batch_is_split_and_every_reply_goes_to_its_sender() -> None:
+    mux = ready_mux("a", "b")
+    forwarded = to_server(mux.from_client("a", [req(1, "tools/call"), req(2, "tools/list"), req(3, "ping")]))
+    assert [m["method"] for m in forwarded] == ["tools/call", "tools/list"]
+    replies = [m for f in forwarded for m in to_session(mux.from_server(jsonrpc.result(f["id"], {})), "a")]
+    assert sorted(r["id"] for r in replies) == [1, 2]
+
+
+def test_a_server_batch_is_split() -> None:
+    mux = ready_mux("a")
+    (f1,) = to_server(mux.from_client("a", req(1, "tools/call")))
+    (f2,) = to_server(mux.from_client("a", req(2, "tools/call")))
+    actions = mux.from_server([jsonrpc.result(f1["id"], {}), jsonrpc.result(f2["id"], {}), "junk"])
+    assert sorted(m["id"] for m in to_session(actions, "a")) == [1, 2]
+    assert any(isinstance(a, Discard) for a in actions)
+
+
+# ------------------------------------------------------ progress and cancelling
+
+
+def test_progress_goes_to_its_caller_with_its_own_token() -> None:
+    mux = ready_mux("a", "b")
+    (fa,) = to_server(mux.from_client("a", req(1, "tools/call", _meta={"progressToken": "t"})))
+    (fb,) = to_server(mux.from_client("b", req(1, "tools/call", _meta={"progressToken": "t"})))
+    ta, tb = fa["params"]["_meta"]["progressToken"], fb["params"]["_meta"]["progressToken"]
+    assert ta != tb
+    actions = mux.from_server(note("notifications/progress", progressToken=tb, progress=3))
+    assert to_session(actions, "a") == []
+    assert to_session(actions, "b") == [note("notifications/progress", progressToken="t", progress=3)]
+    assert actions[0].related == 1  # type: ignore[union-attr]
+    mux.from_server(jsonrpc.result(fb["id"], {}))
+    (late,) = mux.from_server(note("notifications/progress", progressToken=tb, progress=4))
+    assert isinstance(late, Discard)
+
+
+def test_a_call_without_a_token_gets_no_progress_even_if_the_server_guesses_its_id() -> None:
+    mux = ready_mux("a")
+    (fa,) = to_server(mux.from_client("a", req(1, "tools/call")))
+    actions = mux.from_server(note("notifications/progress", progressToken=fa["id"], progress=1))
+    assert to_session(actions) == []
+
+
+def test_cancel_is_rewritten_upstream_and_no_late_result_reaches_the_client() -> None:
+    mux = ready_mux("a")
+    (fwd,) = to_server(mux.from_client("a", req(4, "tools/call")))
+    (cancel,) = to_server(mux.from_client("a", note("notifications/cancelled", requestId=4, reason="user")))
+    assert cancel["params"] == {"requestId": fwd["id"], "reason": "user"}
+    assert mux.from_server(jsonrpc.result(fwd["id"], {})) == []  # dropped quietly
+    assert mux.inflight("a") == 0
+
+
+def test_closing_a_session_cancels_its_calls_upstream() -> None:
+    mux = ready_mux("a", "b")
+    (fa,) = to_server(mux.from_client("a", req(1, "tools/call")))
+    mux.from_client("b", req(1, "tools/call"))
+    (cancel,) = to_server(mux.close_session("a"))
+    assert cancel["method"] == "notifications/cancelled" and cancel["params"]["requestId"] == fa["id"]
+    assert mux.inflight() == 1
+
+
+def test_request_timeout_answers_the_client_and_cancels_upstream() -> None:
+    clock = Clock()
+    mux = ready_mux("a", clock=clock)
+    (fwd,) = to_server(mux.from_client("a", req(1, "tools/call")))
+    clock.now += 5
+    assert mux.expire(10) == []
+    clock.now += 6
+    actions = mux.expire(10)
+    assert to_server(actions)[0]["params"]["requestId"] == fwd["id"]
+    (err,) = to_session(actions, "a")
+    assert err["error"]["code"] == jsonrpc.REQUEST_TIMEOUT
+    assert mux.from_server(jsonrpc.result(fwd["id"], {})) == []
+
+
+def test_an_unanswered_initialize_restarts_the_server() -> None:
+    clock = Clock()
+    mux = Mux(clock=clock)
+    mux.server_started()
+    clock.now += 31
+    (restart,) = mux.expire(300, initialize_timeout=30)
+    assert isinstance(restart, RestartServer)
+
+
+# ----------------------------------------------------------- server requests
+
+
+def test_server_request_goes_to_the_most_recent_caller_with_the_capability() -> None:
+    caps = {"a": {"sampling": {}}, "b": {"sampling": {}}, "c": {}}
+    mux = ready_mux("a", "b", "c", capabilities=caps)
+    mux.from_client("a", req(1, "tools/call"))
+    mux.from_client("b", req(9, "tools/call"))
+    mux.from_client("c", req(1, "tools/call"))  # newest, but cannot sample
+    actions = mux.from_server(req("s1", "sampling/createMessage", messages=[], maxTokens=5))
+    (action,) = actions
+    assert isinstance(action, ToSession) and action.session == "b" and action.related == 9
+    downstream = action.message["id"]
+    (answer,) = to_server(mux.from_client("b", jsonrpc.result(downstream, {"model": "m"})))
+    assert answer == jsonrpc.result("s1", {"model": "m"})
+
+
+def test_server_request_with_no_capable_session_is_refused_at_once() -> None:
+    mux = ready_mux("a")
+    (err,) = to_server(mux.from_server(req(3, "elicitation/create", message="?", requestedSchema={})))
+    assert err["id"] == 3 and err["error"]["code"] == jsonrpc.METHOD_NOT_FOUND
+
+
+def test_url_elicitation_only_goes_to_sessions_that_support_urls() -> None:
+    caps = {"form": {"elicitation": {}}, "url": {"elicitation": {"form": {}, "url": {}}}}
+    mux = ready_mux("form", "url", capabilities=caps)
+    mux.from_client("form", req(1, "tools/call"))
+    (action,) = mux.from_server(req(1, "elicitation/create", mode="url", message="m", url="https://x", elicitationId="e1"))
+    assert isinstance(action, ToSession) and action.session == "url"
+    mux.from_client("url", jsonrpc.result(action.message["id"], {"action": "accept"}))
+    (done,) = mux.from_server(note("notifications/elicitation/complete", elicitationId="e1"))
+    assert isinstance(done, ToSession) and done.session == "url"
+
+
+def test_a_session_that_leaves_before_answering_gives_the_server_an_error() -> None:
+    mux = ready_mux("a", capabilities={"a": {"roots": {}}})
+    (action,) = mux.from_server(req(8, "roots/list"))
+    assert isinstance(action, ToSession)
+    (err,) = to_server(mux.close_session("a"))
+    assert err["id"] == 8 and "error" in err
+
+
+def test_server_cancel_of_a_server_request_reaches_its_holder() -> None:
+    mux = ready_mux("a", "b", capabilities={"a": {"sampling": {}}})
+    (action,) = mux.from_server(req(8, "sampling/createMessage"))
+    (cancel,) = mux.from_server(note("notifications/cancelled", requestId=8))
+    assert isinstance(cancel, ToSession) and cancel.session == "a"
+    assert cancel.message["params"]["requestId"] == action.message["id"]  # type: ignore[union-attr]
+
+
+def test_configured_roots_and_server_pings_are_answered_by_the_bridge() -> None:
+    mux = ready_mux("a", roots=["file:///srv"], capabilities={"a": {"roots": {}}})
+    assert to_server(mux.from_server(req(1, "roots/list"))) == [jsonrpc.result(1, {"roots": [{"uri": "file:///srv"}]})]
+    assert to_server(mux.from_server(req(2, "ping"))) == [jsonrpc.result(2, {})]
+    assert mux.from_client("a", note("notifications/roots/list_changed")) == []
+
+
+def test_a_client_with_roots_joining_prompts_the_server_to_ask_again() -> None:
+    mux = ready_mux()
+    mux.open_session("a")
+    actions = mux.from_client("a", req(1, "initialize", protocolVersion="2025-06-18", capabilities={"roots": {}}, clientInfo={}))
+    assert note("notifications/roots/list_changed") in to_server(actions)
+
+
+def test_a_response_from_the_wrong_session_does_not_answer_the_server() -> None:
+    mux = ready_mux("a", "b", capabilities={"a": {"sampling": {}}})
+    (action,) = mux.from_server(req(8, "sampling/createMessage"))
+    (dropped,) = mux.from_client("b", jsonrpc.result(action.message["id"], {}))  # type: ignore[union-attr]
+    assert isinstance(dropped, Discard)
+
+
+# --------------------------------------------------------------- shared state
+
+
+def test_subscriptions_are_counted_so_the_server_sees_one_of_each() -> None:
+    mux = ready_mux("a", "b")
+    (sub,) = to_server(mux.from_client("a", req(1, "resources/subscribe", uri="u")))
+    assert to_session(mux.from_server(jsonrpc.result(sub["id"], {})), "a")[0]["id"] == 1
+    actions = mux.from_client("b", req(1, "resources/subscribe", uri="u"))
+    assert to_server(actions) == [] and to_session(actions, "b")[0]["id"] == 1
+    updated = note("notifications/resources/updated", uri="u")
+    (b,) = mux.from_server(updated)
+    assert isinstance(b, Broadcast) and set(b.sessions) == {"a", "b"}
+    assert to_server(mux.from_client("a", req(2, "resources/unsubscribe", uri="u"))) == []
+    (b,) = mux.from_server(updated)
+    assert b.sessions == ("b",)  # type: ignore[union-attr]
+    (unsub,) = to_server(mux.from_client("b", req(2, "resources/unsubscribe", uri="u")))
+    assert unsub["method"] == "resources/unsubscribe"
+    assert mux.from_server(updated) == []
+
+
+def test_updates_for_sub_resources_reach_subscribers_of_the_parent() -> None:
+    mux = ready_mux("a", "b")
+    mux.from_client("a", req(1, "resources/subscribe", uri="file:///dir"))
+    mux.from_client("b", req(1, "resources/subscribe", uri="file:///dirt"))
+    (b,) = mux.from_server(note("notifications/resources/updated", uri="file:///dir/x.txt"))
+    assert b.sessions == ("a",)  # type: ignore[union-attr]
+
+
+def test_the_last_subscriber_leaving_unsubscribes_upstream() -> None:
+    mux = ready_mux("a")
+    (sub,) = to_server(mux.from_client("a", req(1, "resources/subscribe", uri="u")))
+    mux.from_server(jsonrpc.result(sub["id"], {}))
+    (unsub,) = to_server(mux.close_session("a"))
+    assert unsub["method"] == "resources/unsubscribe" and unsub["params"] == {"uri": "u"}
+
+
+def test_the_server_log_level_is_the_most_verbose_any_session_wants() -> None:
+    mux = ready_mux("a", "b")
+    (fwd,) = to_server(mux.from_client("a", req(1, "logging/setLevel", level="warning")))
+    assert fwd["params"]["level"] == "warning"
+    mux.from_server(jsonrpc.result(fwd["id"], {}))
+    (fwd,) = to_server(mux.from_client("b", req(1, "logging/setLevel", level="debug")))
+    assert fwd["params"]["level"] == "debug"
+    mux.from_server(jsonrpc.result(fwd["id"], {}))
+    (b,) = mux.from_server(note("notifications/message", level="info", data="x"))
+    assert b.sessions == ("b",)  # type: ignore[union-attr]
+    (b,) = mux.from_server(note("notifications/message", level="error", data="x"))
+    assert set(b.sessions) == {"a", "b"}  # type: ignore[union-attr]
+    (restore,) = to_server(mux.close_session("b"))
+    assert restore["method"] == "logging/setLevel" and restore["params"] == {"level": "warning"}
+
+
+def test_sessions_that_never_set_a_level_get_every_log_message() -> None:
+    mux = ready_mux("a", "b")
+    mux.from_client("a", req(1, "logging/setLevel", level="error"))
+    (b,) = mux.from_server(note("notifications/message", level="debug", data="x"))
+    assert b.sessions == ("b",)  # type: ignore[union-attr]
+
+
+def test_an_invalid_level_is_refused() -> None:
+    mux = ready_mux("a")
+    (err,) = to_session(mux.from_client("a", req(1, "logging/setLevel", level="loud")))
+    assert err["error"]["code"] == jsonrpc.INVALID_PARAMS
+
+
+def test_list_changed_and_unknown_notifications_reach_every_initialized_session() -> None:
+    mux = ready_mux("a", "b")
+    mux.open_session("c")  # never initialized
+    for method in ("notifications/tools/list_changed", "notifications/vendor/thing"):
+        (b,) = mux.from_server(note(method))
+        assert set(b.sessions) == {"a", "b"}  # type: ignore[union-attr]
+
+
+def test_unknown_methods_and_extra_fields_pass_through_untouched() -> None:
+    mux = ready_mux("a")
+    msg = req(1, "vendor/new", cursor="c1", _meta={"x": 1}, deep={"k": [1, 2]})
+    (fwd,) = to_server(mux.from_client("a", msg))
+    assert fwd["params"] == {"cursor": "c1", "_meta": {"x": 1}, "deep": {"k": [1, 2]}}
+    result = {"nextCursor": "c2", "_meta": {"y": 2}, "items": []}
+    (reply,) = to_session(mux.from_server(jsonrpc.result(fwd["id"], result)))
+    assert reply["result"] == result
+
+
+# --------------------------------------------------------------------- tasks
+
+
+def test_tasks_belong_to_the_session_that_created_them() -> None:
+    mux = ready_mux("a", "b")
+    (fwd,) = to_server(mux.from_client("a", req(1, "tools/call", name="x", task={"ttl": 1000})))
+    task = {"taskId": "T1", "status": "working", "createdAt": "", "lastUpdatedAt": "", "ttl": 1000}
+    mux.from_server(jsonrpc.result(fwd["id"], {"task": task}))
+    (err,) = to_session(mux.from_client("b", req(2, "tasks/get", taskId="T1")))
+    assert err["error"]["code"] == jsonrpc.INVALID_PARAMS
+    assert to_server(mux.from_client("a", req(2, "tasks/get", taskId="T1")))[0]["params"] == {"taskId": "T1"}
+    (status,) = mux.from_server(note("notifications/tasks/status", **task))
+    assert isinstance(status, ToSession) and status.session == "a"
+    (listing,) = to_server(mux.from_client("b", req(3, "tasks/list")))
+    (reply,) = to_session(mux.from_server(jsonrpc.result(listing["id"], {"tasks": [task]})))
+    assert reply["result"]["tasks"] == []
+
+
+def test_messages_about_a_task_go_to_its_owner() -> None:
+    caps = {"a": {"elicitation": {}}, "b": {"elicitation": {}}}
+    mux = ready_mux("a", "b", capabilities=caps)
+    (fwd,) = to_server(mux.from_client("a", req(1, "tools/call", task={})))
+    mux.from_server(jsonrpc.result(fwd["id"], {"task": {"taskId": "T9"}}))
+    mux.from_client("b", req(5, "tools/call"))  # b is the most recent caller...
+    meta = {"io.modelcontextprotocol/related-task": {"taskId": "T9"}}
+    (action,) = mux.from_server(req(1, "elicitation/create", message="?", requestedSchema={}, _meta=meta))
+    assert isinstance(action, ToSession) and action.session == "a"  # ...but the task is a's
+
+
+# ----------------------------------------------------------- process failures
+
+
+def test_a_dead_server_fails_what_was_sent_and_keeps_what_waits() -> None:
+    mux = ready_mux("a")
+    (sent,) = to_server(mux.from_client("a", req(1, "tools/call")))
+    (err,) = to_session(mux.server_exited("boom"))
+    assert err["id"] == 1 and err["error"]["code"] == jsonrpc.SERVER_EXITED
+    assert to_server(mux.from_client("a", req(2, "tools/call"))) == []  # waits in the backlog
+    (init,) = to_server(mux.server_started())
+    actions = mux.from_server(jsonrpc.result(init["id"], INIT_RESULT))
+    assert [m.get("method") for m in to_server(actions)] == ["notifications/initialized", "tools/call"]
+
+
+def test_after_a_restart_subscriptions_and_level_are_replayed_before_anything_else() -> None:
+    mux = ready_mux("a")
+    for msg in (req(1, "resources/subscribe", uri="u"), req(2, "logging/setLevel", level="info")):
+        (fwd,) = to_server(mux.from_client("a", msg))
+        mux.from_server(jsonrpc.result(fwd["id"], {}))
+    mux.server_exited()
+    mux.from_client("a", req(3, "tools/call"))
+    (init,) = to_server(mux.server_started())
+    sent = to_server(mux.from_server(jsonrpc.result(init["id"], INIT_RESULT)))
+    assert [(m.get("method"), m.get("params")) for m in sent] == [
+        ("notifications/initialized", None),
+        ("resources/subscribe", {"uri": "u"}),
+        ("logging/setLevel", {"level": "info"}),
+        ("tools/call", None),
+    ]
+
+
+def test_a_failed_server_refuses_calls_at_once() -> None:
+    mux = ready_mux("a")
+    mux.server_exited()
+    mux.from_client("a", req(1, "tools/call"))
+    (err,) = to_session(mux.server_failed("crash loop"))
+    assert err["error"]["code"] == jsonrpc.SERVER_UNAVAILABLE and "crash loop" in err["error"]["message"]
+    (err,) = to_session(mux.from_client("a", req(2, "tools/call")))
+    assert err["error"]["code"] == jsonrpc.SERVER_UNAVAILABLE
+
+
+def test_server_requests_held_by_sessions_are_withdrawn_when_the_server_dies() -> None:
+    mux = ready_mux("a", capabilities={"a": {"sampling": {}}})
+    (action,) = mux.from_server(req(1, "sampling/createMessage"))
+    (cancel,) = to_session(mux.server_exited())
+    assert cancel["method"] == "notifications/cancelled"
+    assert cancel["params"]["requestId"] == action.message["id"]  # type: ignore[union-attr]
+
+
+def test_an_oversized_response_fails_its_call() -> None:
+    mux = ready_mux("a")
+    (fwd,) = to_server(mux.from_client("a", req(1, "tools/call")))
+    actions = mux.response_too_large(fwd["id"], 10_000_000)
+    (err,) = to_session(actions, "a")
+    assert err["id"] == 1 and err["error"]["code"] == jsonrpc.RESPONSE_TOO_LARGE
+    assert mux.inflight("a") == 0
+
+
+def test_closing_every_session_leaves_no_state() -> None:
+    mux = ready_mux("a", "b", capabilities={"a": {"sampling": {}}})
+    mux.from_client("a", req(1, "tools/call", _meta={"progressToken": 1}))
+    mux.from_client("b", req(1, "resources/subscribe", uri="u"))
+    mux.from_client("b", req(2, "logging/setLevel", level="debug"))
+    mux.from_server(req(5, "sampling/createMessage"))
+    mux.close_session("a")
+    for msg in to_server(mux.close_session("b")):
+        if "id" in msg and "method" in msg:  # the bridge's own unsubscribe
+            mux.from_server(jsonrpc.result(msg["id"], {}))
+    assert mux.is_idle()

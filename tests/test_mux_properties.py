@@ -1,0 +1,350 @@
+"""Hypothesis state machine over the mux: random interleavings of sessions and a server.
+
+A model server holds the tools/call requests it gets, answers them in any
+order (sometimes after they were cancelled), reports progress, asks the
+clients to sample, sends notifications, and dies and restarts. Model clients
+all number their requests from 1 and all use the same progress token, so
+every collision the mux must untangle happens. After every step:
+
+- nothing reaches a session it does not belong to (responses by the who/n
+  echo, progress by owner and token, log messages by level, updates by
+  subscription, server requests by capability);
+- no response arrives twice, nor after its request was cancelled;
+- every server request is answered exactly once (by a client or the bridge);
+- the server sees at most one subscription per uri, and no unsubscribe
+  without one.
+
+At the end the server answers everything, every client request has had
+exactly one response, and once all sessions close every mux table is empty.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from bridge.mux import LOG_LEVELS, Action, Broadcast, Discard, Mux, RestartServer, State, ToServer, ToSession
+
+URIS = ("res://a", "res://b", "res://b/child")
+LEVELS = list(LOG_LEVELS)
+
+
+class Client:
+    def __init__(self, sid: str, sampling: bool) -> None:
+        self.sid = sid
+        self.sampling = sampling
+        self.next_id = 1
+        self.outstanding: dict[Any, str] = {}  # id -> method
+        self.cancelled: set[Any] = set()
+        self.answered: set[Any] = set()
+        self.tokens: dict[Any, Any] = {}  # request id -> its progress token
+        self.server_requests: dict[Any, Any] = {}  # downstream id -> params
+        self.level: int | None = None
+        self.subscriptions: set[str] = set()
+        self.subscribing: dict[Any, str] = {}  # request id -> uri, until answered
+        self.initialized = False
+
+
+class MuxMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = 0.0
+        self.mux = Mux(shared=True, clock=lambda: self.now, max_inflight=50)
+        self.clients: dict[str, Client] = {}
+        self.closed: set[str] = set()
+        self.server_pending: dict[int, dict[str, Any]] = {}  # upstream id -> tools/call message
+        self.server_asked: dict[str, int] = {}  # server request id -> answers received
+        self.next_server_request = 0
+        self.server_alive = False
+        self.server_subscribed: set[str] = set()
+        self.counter = 0
+
+    # ------------------------------------------------------------------ engine
+
+    def run(self, actions: list[Action]) -> None:
+        work = deque(actions)
+        while work:
+            action = work.popleft()
+            if isinstance(action, ToServer):
+                work.extend(self.server_receives(action.message))
+            elif isinstance(action, ToSession):
+                self.client_receives(action.session, action.message)
+            elif isinstance(action, Broadcast):
+                assert len(set(action.sessions)) == len(action.sessions)
+                for sid in action.sessions:
+                    self.client_receives(sid, action.message)
+            elif isinstance(action, RestartServer):
+                raise AssertionError(f"unexpected restart: {action.reason}")
+            else:
+                assert isinstance(action, Discard)
+
+    def server_receives(self, msg: dict[str, Any]) -> list[Action]:
+        assert self.server_alive, f"message to a dead server: {msg}"
+        method = msg.get("method")
+        if "method" not in msg:  # an answer to one of our server requests
+            sid = msg["id"]
+            assert sid in self.server_asked, f"answer to a request never made: {msg}"
+            self.server_asked[sid] += 1
+            assert self.server_asked[sid] == 1, f"server request {sid} answered twice"
+            return []
+        if "id" not in msg:
+            if method == "notifications/cancelled":
+                self.server_pending.pop(msg["params"]["requestId"], None)
+            return []
+        if method == "tools/call":
+            assert msg["id"] not in self.server_pending
+            self.server_pending[msg["id"]] = msg
+            return []
+        result: dict[str, Any] = {}
+        uri = msg.get("params", {}).get("uri")
+        if method == "resources/subscribe":
+            assert uri not in self.server_subscribed, f"server subscribed twice to {uri}"
+            self.server_subscribed.add(uri)
+        elif method == "resources/unsubscribe":
+            assert uri in self.server_subscribed, f"server unsubscribed from {uri} it never subscribed to"
+            self.server_subscribed.discard(uri)
+        elif method == "initialize":
+            self.server_subscribed.clear()  # a new process starts with none
+            result = {"protocolVersion": "2025-06-18", "capabilities": {"logging": {}}, "serverInfo": {"name": "m", "version": "1"}}
+        return self.mux.from_server({"jsonrpc": "2.0", "id": msg["id"], "result": result})
+
+    def client_receives(self, sid: str, msg: dict[str, Any]) -> None:
+        assert sid in self.clients, f"message for closed/unknown session {sid}: {msg}"
+        client = self.clients[sid]
+        method = msg.get("method")
+        if method is None:
+            rid = msg["id"]
+            assert rid not in client.cancelled, f"{sid} got a result for cancelled request {rid}"
+            assert rid not in client.answered, f"{sid} got two responses for {rid}"
+            assert rid in client.outstanding, f"{sid} got a response to {rid} it never sent: {msg}"
+            if "result" in msg and client.outstanding[rid] == "tools/call":
+                echo = msg["result"]
+                assert echo == {"who": sid, "n": rid}, f"{sid}/{rid} got someone else's result {echo}"
+            if rid == "init" and "result" in msg:
+                client.initialized = True
+            if "error" in msg and rid in client.subscribing:
+                client.subscriptions.discard(client.subscribing[rid])
+            client.subscribing.pop(rid, None)
+            del client.outstanding[rid]
+            client.tokens.pop(rid, None)
+            client.answered.add(rid)
+        elif "id" in msg:
+            assert method == "sampling/createMessage"
+            assert client.sampling, f"{sid} got sampling without the capability"
+            client.server_requests[msg["id"]] = msg["params"]
+        elif method == "notifications/progress":
+            token = msg["params"]["progressToken"]
+            owners = [rid for rid, tok in client.tokens.items() if tok == token and rid in client.outstanding]
+            assert owners, f"{sid} got progress for token {token} it has no call for"
+        elif method == "notifications/message":
+            level = LEVELS.index(msg["params"]["level"])
+            assert client.level is None or level >= client.level, f"{sid} got a {level} message below its level"
+        elif method == "notifications/resources/updated":
+            uri = msg["params"]["uri"]
+            assert any(uri == s or uri.startswith(s + "/") for s in client.subscriptions), f"{sid} not subscribed to {uri}"
+        elif method == "notifications/cancelled":
+            client.server_requests.pop(msg["params"]["requestId"], None)
+        else:
+            assert method == "notifications/tools/list_changed"
+            assert client.initialized
+
+    # ------------------------------------------------------------------- rules
+
+    @initialize()
+    def start(self) -> None:
+        self.server_alive = True
+        self.run(self.mux.server_started())
+
+    @precondition(lambda self: len(self.clients) < 4)
+    @rule(sampling=st.booleans())
+    def open_session(self, sampling: bool) -> None:
+        self.counter += 1
+        sid = f"s{self.counter}"
+        client = self.clients[sid] = Client(sid, sampling)
+        self.mux.open_session(sid)
+        caps = {"sampling": {}} if sampling else {}
+        client.outstanding["init"] = "initialize"
+        self.send(client, {"jsonrpc": "2.0", "id": "init", "method": "initialize", "params": {"protocolVersion": "2025-06-18", "capabilities": caps, "clientInfo": {}}})
+
+    def send(self, client: Client, msg: dict[str, Any]) -> None:
+        self.run(self.mux.from_client(client.sid, msg))
+
+    def pick(self, data: st.DataObject, items: Any) -> Any:
+        return data.draw(st.sampled_from(sorted(items, key=str)))
+
+    @precondition(lambda self: self.clients)
+    @rule(data=st.data(), progress=st.booleans())
+    def call(self, data: st.DataObject, progress: bool) -> None:
+        client = self.clients[self.pick(data, self.clients)]
+        rid = client.next_id
+        client.next_id += 1
+        params: dict[str, Any] = {"name": "echo", "who": client.sid, "n": rid}
+        if progress:
+            params["_meta"] = {"progressToken": "tok"}
+            client.tokens[rid] = "tok"
+        client.outstanding[rid] = "tools/call"
+        self.send(client, {"jsonrpc": "2.0", "id": rid, "method": "tools/call", "params": params})
+
+    @precondition(lambda self: any(any(m == "tools/call" for m in c.outstanding.values()) for c in self.clients.values()))
+    @rule(data=st.data())
+    def reuse_id_in_flight(self, data: st.DataObject) -> None:
+        client = self.clients[self.pick(data, [c.sid for c in self.clients.values() if "tools/call" in c.outstanding.values()])]
+        rid = self.pick(data, [r for r, m in client.outstanding.items() if m == "tools/call"])
+        actions = self.mux.from_client(client.sid, {"jsonrpc": "2.0", "id": rid, "method": "tools/call", "params": {}})
+        assert len(actions) == 1 and isinstance(actions[0], ToSession) and actions[0].message["error"]["code"] == -32600
+
+    @precondition(lambda self: any(any(m == "tools/call" for m in c.outstanding.values()) for c in self.clients.values()))
+    @rule(data=st.data())
+    def cancel(self, data: st.DataObject) -> None:
+        client = self.clients[self.pick(data, [c.sid for c in self.clients.values() if "tools/call" in c.outstanding.values()])]
+        rid = self.pick(data, [r for r, m in client.outstanding.items() if m == "tools/call"])
+        del client.outstanding[rid]
+        client.tokens.pop(rid, None)
+        client.cancelled.add(rid)
+        self.send(client, {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": rid}})
+
+    @precondition(lambda self: self.clients)
+    @rule(data=st.data(), uri=st.sampled_from(URIS), subscribe=st.booleans())
+    def subscription(self, data: st.DataObject, uri: str, subscribe: bool) -> None:
+        client = self.clients[self.pick(data, self.clients)]
+        rid = client.next_id
+        client.next_id += 1
+        client.outstanding[rid] = "resources/subscribe"
+        if subscribe:
+            client.subscriptions.add(uri)
+            client.subscribing[rid] = uri
+        else:
+            client.subscriptions.discard(uri)
+        method = "resources/subscribe" if subscribe else "resources/unsubscribe"
+        self.send(client, {"jsonrpc": "2.0", "id": rid, "method": method, "params": {"uri": uri}})
+
+    @precondition(lambda self: self.clients)
+    @rule(data=st.data(), level=st.sampled_from(LEVELS))
+    def set_level(self, data: st.DataObject, level: str) -> None:
+        client = self.clients[self.pick(data, self.clients)]
+        rid = client.next_id
+        client.next_id += 1
+        client.outstanding[rid] = "logging/setLevel"
+        client.level = LEVELS.index(level)
+        self.send(client, {"jsonrpc": "2.0", "id": rid, "method": "logging/setLevel", "params": {"level": level}})
+
+    @precondition(lambda self: self.clients)
+    @rule(data=st.data())
+    def close(self, data: st.DataObject) -> None:
+        sid = self.pick(data, self.clients)
+        del self.clients[sid]
+        self.closed.add(sid)
+        self.run(self.mux.close_session(sid))
+
+    @precondition(lambda self: self.server_pending and self.server_alive)
+    @rule(data=st.data())
+    def server_answers(self, data: st.DataObject) -> None:
+        upstream_id = self.pick(data, self.server_pending)
+        msg = self.server_pending.pop(upstream_id)
+        echo = {"who": msg["params"]["who"], "n": msg["params"]["n"]}
+        self.run(self.mux.from_server({"jsonrpc": "2.0", "id": upstream_id, "result": echo}))
+
+    @precondition(lambda self: self.server_alive)
+    @rule(upstream_id=st.integers(min_value=1, max_value=60))
+    def server_answers_late(self, upstream_id: int) -> None:
+        """A response for an id that is unknown or long cancelled must go nowhere."""
+        if upstream_id in self.server_pending:
+            return
+        self.run(self.mux.from_server({"jsonrpc": "2.0", "id": upstream_id, "result": {"who": "nobody", "n": 0}}))
+
+    @precondition(lambda self: self.server_alive and any("_meta" in m["params"] for m in self.server_pending.values()))
+    @rule(data=st.data())
+    def server_progress(self, data: st.DataObject) -> None:
+        msg = self.server_pending[self.pick(data, [i for i, m in self.server_pending.items() if "_meta" in m["params"]])]
+        token = msg["params"]["_meta"]["progressToken"]
+        self.run(self.mux.from_server({"jsonrpc": "2.0", "method": "notifications/progress", "params": {"progressToken": token, "progress": 1}}))
+
+    @precondition(lambda self: self.server_alive)
+    @rule()
+    def server_asks_sampling(self) -> None:
+        self.next_server_request += 1
+        sid = f"q{self.next_server_request}"
+        self.server_asked[sid] = 0
+        self.run(self.mux.from_server({"jsonrpc": "2.0", "id": sid, "method": "sampling/createMessage", "params": {"messages": [], "maxTokens": 1}}))
+
+    @precondition(lambda self: any(c.server_requests for c in self.clients.values()))
+    @rule(data=st.data())
+    def client_answers_sampling(self, data: st.DataObject) -> None:
+        client = self.clients[self.pick(data, [c.sid for c in self.clients.values() if c.server_requests])]
+        downstream_id = self.pick(data, client.server_requests)
+        del client.server_requests[downstream_id]
+        self.send(client, {"jsonrpc": "2.0", "id": downstream_id, "result": {"role": "assistant", "content": {"type": "text", "text": "x"}, "model": "m"}})
+
+    @precondition(lambda self: self.server_alive)
+    @rule(kind=st.sampled_from(["list_changed", "log", "updated"]), level=st.sampled_from(LEVELS), uri=st.sampled_from(URIS))
+    def server_notifies(self, kind: str, level: str, uri: str) -> None:
+        if kind == "list_changed":
+            msg = {"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}
+        elif kind == "log":
+            msg = {"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": level, "data": "x"}}
+        else:
+            msg = {"jsonrpc": "2.0", "method": "notifications/resources/updated", "params": {"uri": uri}}
+        self.run(self.mux.from_server(msg))
+
+    @precondition(lambda self: self.server_alive)
+    @rule()
+    def server_dies(self) -> None:
+        self.server_alive = False
+        self.server_pending.clear()
+        for sid in self.server_asked:
+            self.server_asked[sid] = max(self.server_asked[sid], 1)  # a dead server needs no answer
+        self.run(self.mux.server_exited("died"))
+
+    @precondition(lambda self: not self.server_alive)
+    @rule()
+    def server_restarts(self) -> None:
+        self.server_alive = True
+        self.run(self.mux.server_started())
+
+    @precondition(lambda self: not self.server_alive and self.mux.state is not State.FAILED)
+    @rule()
+    def server_crash_loops(self) -> None:
+        self.run(self.mux.server_failed("crash loop"))
+
+    @rule(seconds=st.sampled_from([0.5, 2.0]))
+    def time_passes(self, seconds: float) -> None:
+        self.now += seconds
+        # A timeout gives the call its one response and cancels it upstream.
+        self.run(self.mux.expire(timeout=10.0, initialize_timeout=1000.0))
+
+    # ----------------------------------------------------------- invariants
+
+    @invariant()
+    def tables_match_clients(self) -> None:
+        for sid, client in self.clients.items():
+            inflight = {r for r, m in client.outstanding.items() if m != "initialize"}
+            assert self.mux.inflight(sid) <= len(client.outstanding)
+            assert inflight >= set(self.mux.peer(sid).calls), f"mux holds calls {sid} no longer waits for"
+
+    def teardown(self) -> None:
+        if not self.server_alive:
+            self.server_restarts()
+        while self.server_pending:
+            upstream_id, msg = next(iter(self.server_pending.items()))
+            del self.server_pending[upstream_id]
+            self.run(self.mux.from_server({"jsonrpc": "2.0", "id": upstream_id, "result": {"who": msg["params"]["who"], "n": msg["params"]["n"]}}))
+        for client in list(self.clients.values()):
+            for downstream_id in list(client.server_requests):
+                del client.server_requests[downstream_id]
+                self.send(client, {"jsonrpc": "2.0", "id": downstream_id, "result": {}})
+            assert not client.outstanding, f"{client.sid} never got responses to {client.outstanding}"
+        for sid in list(self.clients):
+            del self.clients[sid]
+            self.run(self.mux.close_session(sid))
+        assert all(n == 1 for n in self.server_asked.values()), self.server_asked
+        assert self.mux.is_idle(), "mux tables not empty after every session closed"
+
+
+MuxMachine.TestCase.settings = settings(
+    max_examples=300, stateful_step_count=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+TestMux = MuxMachine.TestCase
