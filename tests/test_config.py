@@ -1,0 +1,181 @@
+"""Config loading: interpolation, every problem with its key path, frozen results."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from bridge.config import Config, ConfigError, Duration, Size, is_loopback, load, parse
+
+MINIMAL = "servers: {time: {command: uvx, args: [mcp-server-time]}}\n"
+
+
+def problems(text: str, env: dict[str, str] | None = None) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        parse(text, "t.yaml", env or {})
+    return info.value.problems
+
+
+def test_defaults_fill_everything_not_given() -> None:
+    config = parse(MINIMAL, environ={})
+    assert config.listen.host == "127.0.0.1" and config.listen.port == 8080
+    assert config.limits.max_message_bytes == 4 * 1024 * 1024
+    assert config.limits.request_timeout == 300
+    assert config.sse.keepalive == 15
+    server = config.servers["time"]
+    assert server.mode == "shared" and server.args == ("mcp-server-time",)
+    assert server.restart.max_restarts == 5 and server.restart.window == 60
+
+
+def test_the_result_is_frozen() -> None:
+    config = parse(MINIMAL, environ={})
+    with pytest.raises(AttributeError):
+        config.listen = None  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        config.servers["time"].command = "x"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("250ms", 0.25), ("30s", 30), ("5m", 300), ("1h", 3600), ("2.5s", 2.5), (7, 7), (0.5, 0.5)],
+)
+def test_durations(text: object, seconds: float) -> None:
+    config = parse(MINIMAL + f"limits: {{request_timeout: {text}}}\n", environ={})
+    assert config.limits.request_timeout == pytest.approx(seconds)
+    assert isinstance(config.limits.request_timeout, Duration)
+
+
+@pytest.mark.parametrize(
+    ("text", "size"), [("512", 512), ("64KiB", 65536), ("4MiB", 4 << 20), ("1GiB", 1 << 30), ("10MB", 10**7), (100, 100)]
+)
+def test_sizes(text: object, size: int) -> None:
+    config = parse(MINIMAL + f"limits: {{max_message_bytes: {text}}}\n", environ={})
+    assert config.limits.max_message_bytes == size and isinstance(config.limits.max_message_bytes, Size)
+
+
+def test_environment_interpolation_with_defaults_and_escapes() -> None:
+    text = """
+listen: {port: "${PORT:-9000}"}
+servers:
+  s:
+    command: "${CMD}"
+    env: {TOKEN: "${SECRET}", LITERAL: "$${NOT_A_VAR}", MIXED: "a-${CMD}-b"}
+"""
+    config = parse(text, environ={"CMD": "run", "SECRET": "s3"})
+    assert config.listen.port == 9000
+    server = config.servers["s"]
+    assert server.command == "run"
+    assert server.env == {"TOKEN": "s3", "LITERAL": "${NOT_A_VAR}", "MIXED": "a-run-b"}
+
+
+def test_a_missing_variable_names_itself_and_its_key() -> None:
+    assert problems("servers: {s: {command: '${NOPE}'}}") == ["servers.s.command: environment variable NOPE is not set"]
+
+
+def test_every_problem_is_reported_with_its_path() -> None:
+    text = """
+listen: {port: 70000}
+limits: {max_sesions: 3, request_timeout: soon, max_message_bytes: lots}
+logging: {level: loud}
+servers:
+  time:
+    command: uvx
+    args: [mcp-server-time, 3]
+    mode: shard
+    restart: {window: soon}
+    shutdown_timeout: -1
+  other: {}
+"""
+    found = problems(text)
+    expected = [
+        "listen.port:",
+        "limits.max_sesions: unknown key (did you mean 'max_sessions'?)",
+        "limits.request_timeout: expected a duration",
+        "limits.max_message_bytes: expected a size",
+        "logging.level: expected one of",
+        "servers.time.args[1]: expected `str`, got `int`",
+        "servers.time.mode: expected one of 'shared', 'per-session', got 'shard'",
+        "servers.time.restart.window: expected a duration (like 30s, 5m), got 'soon'",
+        "servers.time.shutdown_timeout: expected a duration",
+        "servers.other.command: required key is missing",
+    ]
+    for prefix in expected:
+        assert any(p.startswith(prefix) for p in found), (prefix, found)
+    assert len(found) == len(expected), found
+
+
+def test_semantic_problems_are_reported_together() -> None:
+    text = """
+servers:
+  "bad name": {command: x, roots: ["/not/a/uri"]}
+  ok: {command: y, restart: {backoff_initial: 1m, backoff_max: 1s}}
+security:
+  tokens:
+    - {name: a, servers: [nope]}
+    - {name: a, token: short}
+    - {name: b, sha256: xyz}
+metrics: {path: /servers/metrics}
+"""
+    found = problems(text)
+    for fragment in [
+        "servers.bad name: name must be",
+        "servers.bad name.roots[0]: roots must be file:// URIs",
+        "servers.ok.restart.backoff_initial: larger than backoff_max",
+        "security.tokens[0]: give exactly one of 'token' and 'sha256'",
+        "security.tokens[0].servers[0]: no server named 'nope'",
+        "security.tokens[1].name: duplicate token name 'a'",
+        "security.tokens[1].token: too short",
+        "security.tokens[2].sha256: expected 64 hex digits",
+        "metrics.path:",
+    ]:
+        assert any(fragment in p for p in found), (fragment, found)
+
+
+def test_no_servers_is_an_error() -> None:
+    assert problems("servers: {}") == ["servers: at least one server is required"]
+    assert problems("") == ["servers: required key is missing"]
+
+
+def test_off_loopback_without_tokens_is_refused_unless_allowed() -> None:
+    (problem,) = problems(MINIMAL + "listen: {host: 0.0.0.0}\n")
+    assert problem.startswith("listen.host: '0.0.0.0' is not loopback")
+    parse(MINIMAL + "listen: {host: 0.0.0.0}\nsecurity: {allow_unauthenticated: true}\n", environ={})
+    token = "t" * 32
+    parse(MINIMAL + f"listen: {{host: 0.0.0.0}}\nsecurity: {{tokens: [{{name: ops, token: {token}}}]}}\n", environ={})
+
+
+@pytest.mark.parametrize(("host", "loopback"), [("127.0.0.1", True), ("::1", True), ("localhost", True), ("127.1.2.3", True), ("0.0.0.0", False), ("10.0.0.1", False), ("example.com", False)])
+def test_loopback_detection(host: str, loopback: bool) -> None:
+    assert is_loopback(host) is loopback
+
+
+def test_yaml_syntax_errors_give_the_line() -> None:
+    (problem,) = problems("servers: [\n")
+    assert problem.startswith("not valid YAML at line 2")
+
+
+def test_top_level_must_be_a_mapping() -> None:
+    (problem,) = problems("- a\n- b\n")
+    assert problem == "<top level>: expected a mapping, got ['a', 'b']"
+
+
+def test_load_reads_files_and_reports_unreadable_ones(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(MINIMAL)
+    assert isinstance(load(path, {}), Config)
+    with pytest.raises(ConfigError) as info:
+        load(tmp_path / "missing.yaml", {})
+    assert info.value.problems[0].startswith("cannot read")
+
+
+def test_shipped_example_config_is_valid() -> None:
+    root = Path(__file__).resolve().parent.parent
+    config = load(root / "config" / "servers.yaml", {})
+    assert "demo" in config.servers
+
+
+def test_configs_compare_by_value() -> None:
+    assert parse(MINIMAL, environ={}) == parse(MINIMAL, environ={})
+    assert msgspec.structs.replace(parse(MINIMAL, environ={}).listen, port=1) != parse(MINIMAL, environ={}).listen
