@@ -7,14 +7,18 @@ import time
 
 from aiohttp import web
 
+from . import security
 from .config import Config
 from .gateway import Gateway
+from .security import Guard
 from .transports import sse
 from .transports.common import CONFIG, GATEWAYS
 
 
 def create_app(config: Config) -> web.Application:
-    app = web.Application(client_max_size=config.limits.max_message_bytes)
+    guard = Guard(config)
+    app = web.Application(client_max_size=config.limits.max_message_bytes, middlewares=security.middlewares(guard))
+    app.on_response_prepare.append(security.cors(guard))
     app[CONFIG] = config
     app[GATEWAYS] = {name: Gateway(name, server, config.limits) for name, server in config.servers.items()}
     app.router.add_get("/servers/{name}/sse", sse.stream)

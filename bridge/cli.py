@@ -10,6 +10,7 @@ import ssl
 import sys
 from collections.abc import Sequence
 
+import msgspec
 from aiohttp import web
 
 from . import __version__, logs
@@ -55,8 +56,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_OK
     logs.setup(args.log_format or config.logging.format, args.log_level or config.logging.level)
     log = logs.get()
+    config = msgspec.structs.replace(config, listen=msgspec.structs.replace(config.listen, host=host, port=port))
     try:
-        asyncio.run(serve(config, host, port))
+        asyncio.run(serve(config))
     except OSError as exc:
         log.error("startup_failed", error=str(exc))
         return EXIT_ERROR
@@ -66,12 +68,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     return EXIT_OK
 
 
-async def serve(config: Config, host: str, port: int) -> None:
+async def serve(config: Config) -> None:
     log = logs.get()
     raise_open_file_limit()
     runner = web.AppRunner(create_app(config), handler_cancellation=True, access_log=None)
     await runner.setup()
     try:
+        host, port = config.listen.host, config.listen.port
         site = web.TCPSite(runner, host, port, ssl_context=_tls(config))
         await site.start()
         bound = [s.getsockname() for s in site._server.sockets] if site._server else []  # type: ignore[union-attr]

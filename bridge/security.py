@@ -1,0 +1,163 @@
+"""Who may talk to the bridge: Host and Origin checks, bearer tokens, CORS.
+
+Order matters and is cheap-first: a request from a page that a DNS-rebinding
+attacker controls is refused on its Host or Origin before any token is
+looked at. Probes (`/healthz`, `/readyz`) are always open. Tokens are kept
+only as SHA-256 digests and compared in constant time; logs name a token by
+its configured `name`, never by its value.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from . import logs
+from .config import Config, is_loopback
+from .transports.common import PRINCIPAL, fail
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+OPEN_PATHS = frozenset({"/healthz", "/readyz"})
+CORS_METHODS = "GET, POST, DELETE, OPTIONS"
+CORS_HEADERS = "Authorization, Content-Type, Accept, Mcp-Session-Id, MCP-Protocol-Version, Last-Event-ID"
+CORS_EXPOSE = "Mcp-Session-Id, MCP-Protocol-Version, WWW-Authenticate"
+WWW_AUTHENTICATE = 'Bearer realm="mcp-bridge"'
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    name: str
+    digest: bytes
+    servers: frozenset[str] | None  # None: every server
+
+    def may_use(self, server: str) -> bool:
+        return self.servers is None or server in self.servers
+
+
+class Guard:
+    """The access rules of one config; pure, so they are tested without HTTP."""
+
+    def __init__(self, config: Config) -> None:
+        sec = config.security
+        self.principals = tuple(
+            Principal(
+                t.name,
+                bytes.fromhex(t.sha256) if t.sha256 else hashlib.sha256(t.token.encode()).digest(),  # type: ignore[union-attr]
+                None if "*" in t.servers else frozenset(t.servers),
+            )
+            for t in sec.tokens
+        )
+        self.allowed_origins = frozenset(sec.allowed_origins)
+        self.allowed_hosts = frozenset(h.lower() for h in sec.allowed_hosts)
+        self.loopback = is_loopback(config.listen.host)
+        self.metrics_path = config.metrics.path
+
+    @property
+    def auth_required(self) -> bool:
+        return bool(self.principals)
+
+    def authenticate(self, authorization: str | None) -> Principal | None:
+        """The principal whose token this header carries, checked against every token in constant time."""
+        if not authorization:
+            return None
+        scheme, _, token = authorization.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            return None
+        digest = hashlib.sha256(token.strip().encode()).digest()
+        found = None
+        for principal in self.principals:
+            if hmac.compare_digest(digest, principal.digest):
+                found = principal
+        return found
+
+    def host_allowed(self, host: str | None) -> bool:
+        """When bound to loopback, only loopback names (any port) or listed hosts: no DNS rebinding."""
+        if host is None:
+            return True
+        name = _strip_port(host.lower())
+        if host.lower() in self.allowed_hosts or name in self.allowed_hosts:
+            return True
+        if not self.loopback:
+            return not self.allowed_hosts
+        return _is_loopback_name(name)
+
+    def origin_allowed(self, origin: str | None) -> bool:
+        return origin is None or origin in self.allowed_origins
+
+
+def _strip_port(host: str) -> str:
+    if host.startswith("["):
+        return host[1 : host.find("]")] if "]" in host else host
+    name, sep, port = host.rpartition(":")
+    return name if sep and port.isdigit() and ":" not in name else host
+
+
+def _is_loopback_name(name: str) -> bool:
+    if name == "localhost" or name.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def middlewares(guard: Guard) -> list[Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]]:
+    log = logs.get()
+
+    def reject(request: web.Request, status: int, reason: str, headers: dict[str, str] | None = None, **fields: object) -> None:
+        log.warning("request_rejected", status=status, reason=reason, path=request.path, remote=request.remote, **fields)
+        fail(status, reason, headers=headers)
+
+    @web.middleware
+    async def check_host_and_origin(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path in OPEN_PATHS:
+            return await handler(request)
+        if not guard.host_allowed(request.headers.get("Host")):
+            reject(request, 403, "host not allowed", host=request.headers.get("Host"))
+        origin = request.headers.get("Origin")
+        if not guard.origin_allowed(origin):
+            reject(request, 403, "origin not allowed", origin=origin)
+        if request.method == "OPTIONS" and origin is not None:
+            return web.Response(
+                status=204,
+                headers={
+                    "Access-Control-Allow-Methods": CORS_METHODS,
+                    "Access-Control-Allow-Headers": CORS_HEADERS,
+                    "Access-Control-Max-Age": "600",
+                },
+            )
+        return await handler(request)
+
+    @web.middleware
+    async def check_token(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if not guard.auth_required or request.path in OPEN_PATHS:
+            return await handler(request)
+        principal = guard.authenticate(request.headers.get("Authorization"))
+        if principal is None:
+            missing = "Authorization" not in request.headers
+            reject(request, 401, "missing bearer token" if missing else "invalid bearer token", {"WWW-Authenticate": WWW_AUTHENTICATE})
+        server = request.match_info.get("name")
+        if server is not None and not principal.may_use(server):  # type: ignore[union-attr]
+            reject(request, 403, f"token not allowed for server {server!r}", token=principal.name)  # type: ignore[union-attr]
+        request[PRINCIPAL] = principal.name  # type: ignore[union-attr]
+        return await handler(request)
+
+    return [check_host_and_origin, check_token]
+
+
+def cors(guard: Guard) -> Callable[[web.Request, web.StreamResponse], Awaitable[None]]:
+    """A response-prepare hook, so that streams get CORS headers too."""
+
+    async def add_headers(request: web.Request, response: web.StreamResponse) -> None:
+        origin = request.headers.get("Origin")
+        if origin is not None and guard.origin_allowed(origin):
+            response.headers["Access-Control-Allow-Origin"] = origin
+            response.headers["Access-Control-Expose-Headers"] = CORS_EXPOSE
+            response.headers.add("Vary", "Origin")
+
+    return add_headers
