@@ -6,26 +6,40 @@ import asyncio
 import time
 
 from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from . import security
 from .config import Config
 from .gateway import Gateway
+from .metrics import Metrics
 from .security import Guard
 from .transports import sse
-from .transports.common import CONFIG, GATEWAYS
+from .transports.common import CONFIG, GATEWAYS, METRICS
 
 
 def create_app(config: Config) -> web.Application:
+    gateways: dict[str, Gateway] = {}
+    metrics = Metrics(gateways.values)
     guard = Guard(config)
-    app = web.Application(client_max_size=config.limits.max_message_bytes, middlewares=security.middlewares(guard))
+
+    def count_rejection(reason: str) -> None:
+        metrics.rejections.labels(reason).inc()
+
+    checks = security.middlewares(guard, count_rejection)
+    app = web.Application(client_max_size=config.limits.max_message_bytes, middlewares=checks)
     app.on_response_prepare.append(security.cors(guard))
     app[CONFIG] = config
-    app[GATEWAYS] = {name: Gateway(name, server, config.limits) for name, server in config.servers.items()}
+    app[METRICS] = metrics
+    app[GATEWAYS] = gateways
+    for name, server in config.servers.items():
+        gateways[name] = Gateway(name, server, config.limits, metrics.server(name))
     app.router.add_get("/servers/{name}/sse", sse.stream)
     app.router.add_post("/servers/{name}/messages", sse.post_message)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/status", status)
+    if config.metrics.enabled:
+        app.router.add_get(config.metrics.path, scrape)
     app.on_startup.append(_start_gateways)
     # Shutdown, not cleanup: open streams only end once their sessions close.
     app.on_shutdown.append(_stop_gateways)
@@ -39,6 +53,11 @@ async def _start_gateways(app: web.Application) -> None:
 
 async def _stop_gateways(app: web.Application) -> None:
     await asyncio.gather(*(g.stop() for g in app[GATEWAYS].values()))
+
+
+async def scrape(request: web.Request) -> web.Response:
+    body = generate_latest(request.app[METRICS].registry)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
 async def healthz(request: web.Request) -> web.Response:

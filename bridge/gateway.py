@@ -20,11 +20,16 @@ from . import __version__, jsonrpc, logs
 from .child import Child
 from .config import Limits, Server
 from .jsonrpc import ProtocolError
+from .metrics import ServerMetrics
 from .mux import Action, Broadcast, Discard, Mux, RestartServer, State, ToServer, ToSession
 from .sessions import Session
 from .supervisor import Status, Supervisor
 
 encode = jsonrpc.encode
+
+
+# Session ends the bridge chose, counted as drops (a client closing its stream is not one).
+DROP_REASONS = frozenset({"slow", "idle", "server_gone", "shutdown"})
 
 
 class SessionLimitError(Exception):
@@ -79,6 +84,7 @@ class Upstream:
 
     def on_exited(self, code: int | None, delay: float) -> None:
         self.child = None
+        self.gateway.metrics.restarts.inc()
         reason = "server process could not be started" if code is None else f"server process exited with code {code}"
         self.gateway.apply(self, self.mux.server_exited(reason))
 
@@ -93,6 +99,12 @@ class Upstream:
         except ProtocolError as exc:
             self._log.warning("server_line_skipped", reason=exc.message, size=len(line), pid=self._pid())
             return
+        count = self.gateway.metrics.message
+        if payload.__class__ is dict:
+            count("from_server", payload.get("method", "response"))
+        elif payload.__class__ is list:
+            for msg in payload:
+                count("from_server", msg.get("method", "response") if msg.__class__ is dict else None)
         self.gateway.apply(self, self.mux.from_server(payload))
 
     def on_oversize(self, size: int, head: bytes, tail: bytes) -> None:
@@ -106,8 +118,9 @@ class Upstream:
 
 
 class Gateway:
-    def __init__(self, name: str, server: Server, limits: Limits) -> None:
+    def __init__(self, name: str, server: Server, limits: Limits, metrics: ServerMetrics) -> None:
         self.name = name
+        self.metrics = metrics
         self.server = server
         self.limits = limits
         self.max_sessions = server.max_sessions or limits.max_sessions
@@ -145,6 +158,7 @@ class Gateway:
 
     def open_session(self, session: Session) -> None:
         if len(self.sessions) >= self.max_sessions:
+            self.metrics.session_dropped("limit")
             raise SessionLimitError(f"server {self.name!r} has {len(self.sessions)} sessions (limit {self.max_sessions})")
         self.sessions[session.id] = session
         if self.shared:
@@ -155,6 +169,7 @@ class Gateway:
             upstream.supervisor.start()
         self._upstreams[session.id] = upstream
         upstream.mux.open_session(session.id)
+        self.metrics.session_opened(session.transport)
         self.log.info("session_opened", session=session.id, transport=session.transport, owner=session.owner)
 
     def session(self, session_id: str | None, owner: str | None) -> Session | None:
@@ -170,6 +185,8 @@ class Gateway:
         upstream = self._upstreams.pop(session.id)
         self.apply(upstream, upstream.mux.close_session(session.id))
         session.end(reason)
+        if reason in DROP_REASONS:
+            self.metrics.session_dropped(reason)
         if not self.shared:
             task = asyncio.get_running_loop().create_task(upstream.supervisor.stop())
             self._stopping.add(task)
@@ -186,27 +203,42 @@ class Gateway:
         """Route one decoded client message (or batch); raises ProtocolError if invalid."""
         session.last_seen = time.monotonic()
         upstream = self._upstreams[session.id]
-        self.apply(upstream, upstream.mux.from_client(session.id, payload))
+        actions = upstream.mux.from_client(session.id, payload)
+        count = self.metrics.message
+        for msg in payload if payload.__class__ is list else (payload,):
+            count("from_client", msg.get("method", "response"))
+        self.apply(upstream, actions)
 
     # ------------------------------------------------------------------ actions
 
     def apply(self, upstream: Upstream, actions: list[Action]) -> None:
         slow: list[Session] = []
+        metrics = self.metrics
         for action in actions:
             cls = action.__class__
             if cls is ToServer:
                 upstream.send(encode(action.message) + b"\n")  # type: ignore[union-attr]
             elif cls is ToSession:
                 session = self.sessions.get(action.session)  # type: ignore[union-attr]
-                if session is not None and not session.deliver(encode(action.message), action.related, action.final):  # type: ignore[union-attr]
+                if session is None:
+                    continue
+                data = encode(action.message)  # type: ignore[union-attr]
+                metrics.bytes_out.inc(len(data))
+                if not session.deliver(data, action.related, action.final):  # type: ignore[union-attr]
                     slow.append(session)
+                call = action.call  # type: ignore[union-attr]
+                if call is not None:
+                    metrics.request_done(call.method, time.monotonic() - call.started)
             elif cls is Broadcast:
                 data = encode(action.message)  # type: ignore[union-attr]
                 for sid in action.sessions:  # type: ignore[union-attr]
                     session = self.sessions.get(sid)
-                    if session is not None and not session.deliver(data, None, False):
-                        slow.append(session)
+                    if session is not None:
+                        metrics.bytes_out.inc(len(data))
+                        if not session.deliver(data, None, False):
+                            slow.append(session)
             elif cls is Discard:
+                metrics.dropped_messages.inc()
                 self.log.warning("message_dropped", reason=action.reason, **action.detail)  # type: ignore[union-attr]
             elif cls is RestartServer:
                 upstream.supervisor.restart(action.reason)  # type: ignore[union-attr]
@@ -228,6 +260,21 @@ class Gateway:
                 self.close_session(session, "idle")
 
     # ------------------------------------------------------------------ health
+
+    def session_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for session in self.sessions.values():
+            counts[session.transport] = counts.get(session.transport, 0) + 1
+        return counts
+
+    def inflight(self) -> int:
+        return sum(u.mux.inflight() for u in self.upstreams())
+
+    def processes_up(self) -> int:
+        return sum(1 for u in self.upstreams() if u.child is not None)
+
+    def crash_looping(self) -> bool:
+        return any(u.supervisor.status is Status.FAILED for u in self.upstreams())
 
     def readiness(self) -> str | None:
         """None when ready, else the reason this server cannot serve now."""

@@ -106,10 +106,16 @@ def _is_loopback_name(name: str) -> bool:
         return False
 
 
-def middlewares(guard: Guard) -> list[Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]]:
+def middlewares(
+    guard: Guard, count: Callable[[str], None]
+) -> list[Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]]:
+    """The access checks; `count` is told the reason (a fixed word) of each rejection."""
     log = logs.get()
 
-    def reject(request: web.Request, status: int, reason: str, headers: dict[str, str] | None = None, **fields: object) -> None:
+    def reject(
+        request: web.Request, status: int, kind: str, reason: str, headers: dict[str, str] | None = None, **fields: object
+    ) -> None:
+        count(kind)
         log.warning("request_rejected", status=status, reason=reason, path=request.path, remote=request.remote, **fields)
         fail(status, reason, headers=headers)
 
@@ -118,10 +124,10 @@ def middlewares(guard: Guard) -> list[Callable[[web.Request, Handler], Awaitable
         if request.path in OPEN_PATHS:
             return await handler(request)
         if not guard.host_allowed(request.headers.get("Host")):
-            reject(request, 403, "host not allowed", host=request.headers.get("Host"))
+            reject(request, 403, "host", "host not allowed", host=request.headers.get("Host"))
         origin = request.headers.get("Origin")
         if not guard.origin_allowed(origin):
-            reject(request, 403, "origin not allowed", origin=origin)
+            reject(request, 403, "origin", "origin not allowed", origin=origin)
         if request.method == "OPTIONS" and origin is not None:
             return web.Response(
                 status=204,
@@ -139,11 +145,11 @@ def middlewares(guard: Guard) -> list[Callable[[web.Request, Handler], Awaitable
             return await handler(request)
         principal = guard.authenticate(request.headers.get("Authorization"))
         if principal is None:
-            missing = "Authorization" not in request.headers
-            reject(request, 401, "missing bearer token" if missing else "invalid bearer token", {"WWW-Authenticate": WWW_AUTHENTICATE})
+            kind = "invalid_token" if "Authorization" in request.headers else "missing_token"
+            reject(request, 401, kind, kind.replace("_", " "), {"WWW-Authenticate": WWW_AUTHENTICATE})
         server = request.match_info.get("name")
         if server is not None and not principal.may_use(server):  # type: ignore[union-attr]
-            reject(request, 403, f"token not allowed for server {server!r}", token=principal.name)  # type: ignore[union-attr]
+            reject(request, 403, "forbidden_server", f"token not allowed for server {server!r}", token=principal.name)  # type: ignore[union-attr]
         request[PRINCIPAL] = principal.name  # type: ignore[union-attr]
         return await handler(request)
 

@@ -10,9 +10,11 @@ from .. import jsonrpc
 from ..config import Config
 from ..gateway import Gateway
 from ..jsonrpc import ProtocolError
+from ..metrics import Metrics
 
 CONFIG = web.AppKey("config", Config)
 GATEWAYS = web.AppKey("gateways", dict[str, Gateway])
+METRICS = web.AppKey("metrics", Metrics)
 # Set by the auth middleware: the name of the token that made the request.
 PRINCIPAL = "mcp_bridge.principal"
 
@@ -39,14 +41,16 @@ def gateway_for(request: web.Request) -> Gateway:
     return gateway
 
 
-async def read_message(request: web.Request, limit: int) -> Any:
+async def read_message(request: web.Request, gateway: Gateway) -> Any:
     """The decoded JSON body, or 413 / 400 with a one-line reason."""
+    limit = gateway.limits.max_message_bytes
     if request.content_length is not None and request.content_length > limit:
         fail(413, f"body of {request.content_length} bytes is over the limit of {limit}")
     try:
         body = await request.read()
     except web.HTTPRequestEntityTooLarge:
         fail(413, f"body is over the limit of {limit} bytes")
+    gateway.metrics.bytes_in.inc(len(body))
     try:
         return jsonrpc.decode(body)
     except ProtocolError as exc:

@@ -76,7 +76,7 @@ async def post_message(request: web.Request) -> web.Response:
     session = gateway.session(session_id, common.principal(request))
     if session is None or session.transport != SseSession.transport:
         common.fail(404, "unknown session")
-    payload = await common.read_message(request, gateway.limits.max_message_bytes)
+    payload = await common.read_message(request, gateway)
     try:
         gateway.from_client(session, payload)
     except ProtocolError as exc:
