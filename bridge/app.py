@@ -1,4 +1,4 @@
-"""The aiohttp application: routes, startup and shutdown, health and status."""
+"""The aiohttp application: routes, startup, reload, drain and shutdown, health and status."""
 
 from __future__ import annotations
 
@@ -8,27 +8,29 @@ import time
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from . import security
+from . import logs, security
 from .config import Config
 from .gateway import Gateway
 from .metrics import Metrics
 from .security import Guard
 from .transports import sse
-from .transports.common import CONFIG, GATEWAYS, METRICS
+from .transports.common import GATEWAYS, LIVE, METRICS, Live
+
+DRAIN_POLL_S = 0.05
 
 
 def create_app(config: Config) -> web.Application:
     gateways: dict[str, Gateway] = {}
     metrics = Metrics(gateways.values)
-    guard = Guard(config)
 
     def count_rejection(reason: str) -> None:
         metrics.rejections.labels(reason).inc()
 
-    checks = security.middlewares(guard, count_rejection)
-    app = web.Application(client_max_size=config.limits.max_message_bytes, middlewares=checks)
-    app.on_response_prepare.append(security.cors(guard))
-    app[CONFIG] = config
+    app = web.Application(
+        client_max_size=config.limits.max_message_bytes, middlewares=security.middlewares(count_rejection)
+    )
+    app.on_response_prepare.append(security.add_cors_headers)
+    app[LIVE] = Live(config, Guard(config))
     app[METRICS] = metrics
     app[GATEWAYS] = gateways
     for name, server in config.servers.items():
@@ -53,6 +55,48 @@ async def _start_gateways(app: web.Application) -> None:
 
 async def _stop_gateways(app: web.Application) -> None:
     await asyncio.gather(*(g.stop() for g in app[GATEWAYS].values()))
+
+
+async def drain(app: web.Application, timeout: float) -> None:
+    """Refuse new sessions and give requests in flight up to `timeout` seconds to finish."""
+    gateways = list(app[GATEWAYS].values())
+    for gateway in gateways:
+        gateway.accepting = False
+    log = logs.get()
+    inflight = sum(g.inflight() for g in gateways)
+    log.info("draining", in_flight=inflight, timeout_s=timeout)
+    deadline = time.monotonic() + timeout
+    while inflight and time.monotonic() < deadline:
+        await asyncio.sleep(DRAIN_POLL_S)
+        inflight = sum(g.inflight() for g in gateways)
+    if inflight:
+        log.warning("drain_timeout", in_flight=inflight)
+
+
+async def apply_config(app: web.Application, new: Config) -> None:
+    """Move the running app to `new`: start added servers, stop removed ones,
+    restart changed ones; unchanged servers and their sessions are untouched."""
+    log = logs.get()
+    live = app[LIVE]
+    old = live.config
+    for key in ("listen", "metrics", "logging"):
+        if getattr(new, key) != getattr(old, key):
+            log.warning("reload_needs_restart", key=key)
+    gateways = app[GATEWAYS]
+    metrics = app[METRICS]
+    removed = [name for name in old.servers if name not in new.servers]
+    changed = [name for name in new.servers if name in old.servers and new.servers[name] != old.servers[name]]
+    added = [name for name in new.servers if name not in old.servers]
+    await asyncio.gather(*(gateways.pop(name).stop("server_gone") for name in removed + changed))
+    for name in changed + added:
+        gateways[name] = Gateway(name, new.servers[name], new.limits, metrics.server(name))
+        await gateways[name].start()
+    if new.limits != old.limits:
+        for name, gateway in gateways.items():
+            if name not in changed and name not in added:
+                gateway.update_limits(new.limits)
+    live.config, live.guard = new, Guard(new)
+    log.info("config_reloaded", added=added, removed=removed, restarted=changed, unchanged=len(gateways) - len(added) - len(changed))
 
 
 async def scrape(request: web.Request) -> web.Response:

@@ -8,14 +8,15 @@ import resource
 import signal
 import ssl
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import msgspec
 from aiohttp import web
 
 from . import __version__, logs
-from .app import create_app
+from .app import apply_config, create_app, drain
 from .config import Config, ConfigError, listen_problems, load
+from .transports.common import LIVE
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 
@@ -37,28 +38,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        config = load(args.config)
+        config = _load(args)
     except ConfigError as exc:
         for problem in exc.problems:
             print(f"{exc.source}: {problem}", file=sys.stderr)
-        return EXIT_USAGE
-    host = args.host or config.listen.host
-    port = config.listen.port if args.port is None else args.port
-    problems = listen_problems(config, host)
-    if not 0 <= port <= 65535:
-        problems.append(f"--port: {port} is not a port number")
-    if problems:
-        for problem in problems:
-            print(f"{args.config}: {problem}", file=sys.stderr)
         return EXIT_USAGE
     if args.check:
         print(f"{args.config}: ok ({len(config.servers)} servers: {', '.join(config.servers)})")
         return EXIT_OK
     logs.setup(args.log_format or config.logging.format, args.log_level or config.logging.level)
     log = logs.get()
-    config = msgspec.structs.replace(config, listen=msgspec.structs.replace(config.listen, host=host, port=port))
     try:
-        asyncio.run(serve(config))
+        asyncio.run(serve(config, lambda: _load(args)))
     except OSError as exc:
         log.error("startup_failed", error=str(exc))
         return EXIT_ERROR
@@ -68,33 +59,67 @@ def main(argv: Sequence[str] | None = None) -> int:
     return EXIT_OK
 
 
-async def serve(config: Config) -> None:
+def _load(args: argparse.Namespace) -> Config:
+    """The config file with the command line's overrides applied; ConfigError lists every problem."""
+    config = load(args.config)
+    host = args.host or config.listen.host
+    port = config.listen.port if args.port is None else args.port
+    problems = listen_problems(config, host)
+    if not 0 <= port <= 65535:
+        problems.append(f"--port: {port} is not a port number")
+    if problems:
+        raise ConfigError(args.config, problems)
+    return msgspec.structs.replace(config, listen=msgspec.structs.replace(config.listen, host=host, port=port))
+
+
+async def serve(config: Config, reload_config: Callable[[], Config]) -> None:
+    """Serve until SIGTERM or SIGINT, then drain and stop; SIGHUP reloads the config."""
     log = logs.get()
     raise_open_file_limit()
-    runner = web.AppRunner(create_app(config), handler_cancellation=True, access_log=None)
+    app = create_app(config)
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
     try:
-        host, port = config.listen.host, config.listen.port
-        site = web.TCPSite(runner, host, port, ssl_context=_tls(config))
+        site = web.TCPSite(runner, config.listen.host, config.listen.port, ssl_context=_tls(config))
         await site.start()
         bound = [s.getsockname() for s in site._server.sockets] if site._server else []  # type: ignore[union-attr]
         log.info(
             "listening",
-            host=host,
-            port=bound[0][1] if bound else port,
+            host=config.listen.host,
+            port=bound[0][1] if bound else config.listen.port,
             tls=config.listen.tls is not None,
             servers=list(config.servers),
             version=__version__,
         )
         stop = asyncio.Event()
+        reloads: set[asyncio.Task[None]] = set()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+
+        def on_hup() -> None:
+            task = loop.create_task(_reload(app, reload_config))
+            reloads.add(task)
+            task.add_done_callback(reloads.discard)
+
+        loop.add_signal_handler(signal.SIGHUP, on_hup)
         await stop.wait()
         log.info("stopping")
+        await asyncio.gather(*reloads)
+        await drain(app, app[LIVE].config.limits.drain_timeout)
     finally:
         await runner.cleanup()
     log.info("stopped")
+
+
+async def _reload(app: web.Application, reload_config: Callable[[], Config]) -> None:
+    log = logs.get()
+    try:
+        new = reload_config()
+    except ConfigError as exc:
+        log.error("reload_rejected", config=exc.source, problems=exc.problems)
+        return
+    await apply_config(app, new)
 
 
 def _tls(config: Config) -> ssl.SSLContext | None:

@@ -131,6 +131,7 @@ class Gateway:
         self._upstreams: dict[str, Upstream] = {}  # session id -> its upstream
         self._stopping: set[asyncio.Task[None]] = set()
         self._ticker: asyncio.Task[None] | None = None
+        self.accepting = True
 
     @property
     def shared(self) -> bool:
@@ -147,16 +148,31 @@ class Gateway:
             self._shared.supervisor.start()
         self._ticker = asyncio.get_running_loop().create_task(self._tick(), name=f"tick:{self.name}")
 
-    async def stop(self) -> None:
+    async def stop(self, reason: str = "shutdown") -> None:
+        """Refuse new sessions, answer every call still in flight with an error, end
+        every session (their streams flush what is queued), then stop the processes."""
+        self.accepting = False
+        message = "bridge shutting down" if reason == "shutdown" else "server removed or reconfigured"
+        for upstream in list(self.upstreams()):
+            self.apply(upstream, upstream.mux.shutdown(message))
         for session in list(self.sessions.values()):
-            self.close_session(session, "shutdown")
+            self.close_session(session, reason)
         if self._ticker is not None:
             self._ticker.cancel()
         await asyncio.gather(*(u.supervisor.stop() for u in self.upstreams()), *self._stopping)
 
+    def update_limits(self, limits: Limits) -> None:
+        """Take new limits without touching sessions: they apply to what comes next."""
+        self.limits = limits
+        self.max_sessions = self.server.max_sessions or limits.max_sessions
+        for upstream in self.upstreams():
+            upstream.mux.max_inflight = limits.max_inflight
+
     # ----------------------------------------------------------------- sessions
 
     def open_session(self, session: Session) -> None:
+        if not self.accepting:
+            raise SessionLimitError(f"server {self.name!r} is shutting down")
         if len(self.sessions) >= self.max_sessions:
             self.metrics.session_dropped("limit")
             raise SessionLimitError(f"server {self.name!r} has {len(self.sessions)} sessions (limit {self.max_sessions})")

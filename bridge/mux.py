@@ -745,6 +745,21 @@ class Mux:
                 peer.waiting_init = None
         return out
 
+    def shutdown(self, reason: str) -> list[Action]:
+        """The bridge is stopping: every client call gets an error now and is cancelled upstream."""
+        out: list[Action] = []
+        for call in [c for c in self._calls.values() if c.session is not None]:
+            if call.sent:
+                out.append(ToServer(_cancelled(call.upstream_id, reason)))
+            else:
+                self._unqueue(call)
+            out.append(self._fail(call, jsonrpc.SERVER_UNAVAILABLE, reason))
+        for peer in self._peers.values():
+            if peer.waiting_init is not None:
+                out.append(self._reply_error(peer, peer.waiting_init, jsonrpc.SERVER_UNAVAILABLE, reason))
+                peer.waiting_init = None
+        return out
+
     def expire(self, timeout: float, initialize_timeout: float | None = None) -> list[Action]:
         """Fail calls older than `timeout` seconds; an initialize unanswered for
         `initialize_timeout` (default `timeout`) restarts the server."""

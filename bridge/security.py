@@ -19,7 +19,7 @@ from aiohttp import web
 
 from . import logs
 from .config import Config, is_loopback
-from .transports.common import PRINCIPAL, fail
+from .transports.common import LIVE, PRINCIPAL, fail
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})
@@ -106,10 +106,8 @@ def _is_loopback_name(name: str) -> bool:
         return False
 
 
-def middlewares(
-    guard: Guard, count: Callable[[str], None]
-) -> list[Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]]:
-    """The access checks; `count` is told the reason (a fixed word) of each rejection."""
+def middlewares(count: Callable[[str], None]) -> list[Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]]:
+    """The access checks of the app's live guard; `count` is told the reason (a fixed word) of each rejection."""
     log = logs.get()
 
     def reject(
@@ -123,6 +121,7 @@ def middlewares(
     async def check_host_and_origin(request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.path in OPEN_PATHS:
             return await handler(request)
+        guard = request.app[LIVE].guard
         if not guard.host_allowed(request.headers.get("Host")):
             reject(request, 403, "host", "host not allowed", host=request.headers.get("Host"))
         origin = request.headers.get("Origin")
@@ -141,6 +140,7 @@ def middlewares(
 
     @web.middleware
     async def check_token(request: web.Request, handler: Handler) -> web.StreamResponse:
+        guard = request.app[LIVE].guard
         if not guard.auth_required or request.path in OPEN_PATHS:
             return await handler(request)
         principal = guard.authenticate(request.headers.get("Authorization"))
@@ -156,14 +156,10 @@ def middlewares(
     return [check_host_and_origin, check_token]
 
 
-def cors(guard: Guard) -> Callable[[web.Request, web.StreamResponse], Awaitable[None]]:
+async def add_cors_headers(request: web.Request, response: web.StreamResponse) -> None:
     """A response-prepare hook, so that streams get CORS headers too."""
-
-    async def add_headers(request: web.Request, response: web.StreamResponse) -> None:
-        origin = request.headers.get("Origin")
-        if origin is not None and guard.origin_allowed(origin):
-            response.headers["Access-Control-Allow-Origin"] = origin
-            response.headers["Access-Control-Expose-Headers"] = CORS_EXPOSE
-            response.headers.add("Vary", "Origin")
-
-    return add_headers
+    origin = request.headers.get("Origin")
+    if origin is not None and request.app[LIVE].guard.origin_allowed(origin):
+        response.headers["Access-Control-Allow-Origin"] = origin
+        response.headers["Access-Control-Expose-Headers"] = CORS_EXPOSE
+        response.headers.add("Vary", "Origin")

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, NoReturn
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from aiohttp import web
 
@@ -12,7 +13,20 @@ from ..gateway import Gateway
 from ..jsonrpc import ProtocolError
 from ..metrics import Metrics
 
-CONFIG = web.AppKey("config", Config)
+if TYPE_CHECKING:
+    from ..security import Guard
+
+
+
+@dataclass(slots=True)
+class Live:
+    """What a reload replaces: read through this on every request, never cached."""
+
+    config: Config
+    guard: Guard
+
+
+LIVE = web.AppKey("live", Live)
 GATEWAYS = web.AppKey("gateways", dict[str, Gateway])
 METRICS = web.AppKey("metrics", Metrics)
 # Set by the auth middleware: the name of the token that made the request.

@@ -52,7 +52,7 @@ async def stream(request: web.Request) -> web.StreamResponse:
     except SessionLimitError as exc:
         common.fail(503, str(exc), headers={"Retry-After": RETRY_AFTER_S})
     session._request = request
-    response = EventSourceResponse(ping_interval=request.app[common.CONFIG].sse.keepalive, sep="\n")
+    response = EventSourceResponse(ping_interval=request.app[common.LIVE].config.sse.keepalive, sep="\n")
     reason = "client disconnected"
     try:
         await response.prepare(request)
