@@ -13,7 +13,7 @@ from .config import Config
 from .gateway import Gateway
 from .metrics import Metrics
 from .security import Guard
-from .transports import sse
+from .transports import sse, streamable
 from .transports.common import GATEWAYS, LIVE, METRICS, Live
 
 DRAIN_POLL_S = 0.05
@@ -37,6 +37,9 @@ def create_app(config: Config) -> web.Application:
         gateways[name] = Gateway(name, server, config.limits, metrics.server(name))
     app.router.add_get("/servers/{name}/sse", sse.stream)
     app.router.add_post("/servers/{name}/messages", sse.post_message)
+    app.router.add_post("/servers/{name}/mcp", streamable.post)
+    app.router.add_get("/servers/{name}/mcp", streamable.get)
+    app.router.add_delete("/servers/{name}/mcp", streamable.delete)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/status", status)

@@ -101,6 +101,10 @@ class SSE(Struct):
     keepalive: Duration = Duration(15)
 
 
+class Streamable(Struct):
+    resume_buffer: Size = Size(1024 * 1024)
+
+
 class Metrics(Struct):
     enabled: bool = True
     path: str = "/metrics"
@@ -136,6 +140,7 @@ class Config(Struct):
     security: Security = Security()
     limits: Limits = Limits()
     sse: SSE = SSE()
+    streamable: Streamable = Streamable()
     metrics: Metrics = Metrics()
     logging: Logging = Logging()
 

@@ -215,6 +215,14 @@ class Gateway:
             duration_s=round(time.monotonic() - session.created, 3),
         )
 
+    def negotiated_version(self, session: Session) -> str | None:
+        """The protocol version this session's initialize settled on; None before (or after a failed) one."""
+        upstream = self._upstreams.get(session.id)
+        if upstream is None:
+            return None
+        peer = upstream.mux.peer(session.id)
+        return peer.protocol_version if peer.initialized else None
+
     def from_client(self, session: Session, payload: Any) -> None:
         """Route one decoded client message (or batch); raises ProtocolError if invalid."""
         session.last_seen = time.monotonic()

@@ -1,0 +1,332 @@
+"""The Streamable HTTP transport (2025-03-26, 2025-06-18, 2025-11-25) at `/servers/{name}/mcp`.
+
+A POST carrying requests is answered on its own stream: the responses and
+the messages the mux says belong to those requests (progress, server
+requests made while they run) go there, as SSE when the client accepts it,
+else as one JSON body. Everything else for the session (list_changed,
+resources/updated, log messages, server requests with no call in flight)
+goes to the session's standalone stream, which one GET at a time may read;
+a second GET takes it over and the first ends. Every event has an id
+`<stream>_<n>`, and a GET with `Last-Event-ID` replays, from a bounded
+per-session buffer, what that stream sent after it, then continues it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from typing import Any
+
+from aiohttp import web
+from aiohttp_sse import EventSourceResponse
+
+from .. import jsonrpc
+from ..gateway import Gateway, SessionLimitError
+from ..jsonrpc import ProtocolError, RequestId
+from ..mux import PROTOCOL_VERSIONS
+from ..sessions import Session
+from . import common
+
+SESSION_HEADER = "Mcp-Session-Id"
+VERSION_HEADER = "MCP-Protocol-Version"
+DEFAULT_VERSION = "2025-03-26"  # what a request without the header speaks, per the spec
+PRIMING_SINCE = "2025-11-25"  # clients from this version on resume from an empty priming event
+STANDALONE = "g"
+RETRY_AFTER_S = "5"
+
+
+class Stream:
+    """One SSE stream of a session: events waiting for a writer, and the requests it still owes."""
+
+    __slots__ = ("generation", "key", "owed", "pending", "writers", "_waiter")
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        # (sequence number, message, is the response to a request this stream owes)
+        self.pending: deque[tuple[int, bytes, bool]] = deque()
+        self.owed: set[RequestId] = set()
+        self.generation = 0  # bumped when a writer attaches: older writers stop
+        self.writers = 0
+        self._waiter: asyncio.Future[None] | None = None
+
+    def wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def wait(self) -> None:
+        self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+
+
+class StreamableSession(Session):
+    transport = "streamable"
+
+    def __init__(self, server: str, owner: str | None, queue_limit: int, replay_bytes: int) -> None:
+        super().__init__(server, owner)
+        self.protocol_version = DEFAULT_VERSION
+        self.streams: dict[str, Stream] = {STANDALONE: Stream(STANDALONE)}
+        self.by_request: dict[RequestId, Stream] = {}
+        self._queue_limit = queue_limit
+        self._seq = 0
+        self._posts = 0
+        self._replay: deque[tuple[int, str, bytes]] = deque()
+        self._replay_size = 0
+        self._replay_limit = replay_bytes
+
+    # Called by the gateway.
+
+    def deliver(self, data: bytes, related: RequestId | None, final: bool) -> bool:
+        stream = self.by_request.get(related) if related is not None else None
+        response = stream is not None and final
+        if stream is None:
+            stream = self.streams[STANDALONE]
+        elif final:
+            del self.by_request[related]  # type: ignore[arg-type]
+            stream.owed.discard(related)  # type: ignore[arg-type]
+            if not stream.owed and not stream.writers and stream.key != STANDALONE:
+                self.streams.pop(stream.key, None)  # its POST is gone; a resume replays from the buffer
+        self._seq += 1
+        self._remember(self._seq, stream.key, data)
+        if len(stream.pending) >= self._queue_limit:
+            if stream.writers:
+                return False  # a reader is attached and not keeping up
+            stream.pending.popleft()  # nobody listening: keep the newest, the rest is in the replay buffer
+        stream.pending.append((self._seq, data, response))
+        stream.wake()
+        return True
+
+    def attached(self) -> bool:
+        return any(stream.writers for stream in self.streams.values())
+
+    def end(self, reason: str) -> None:
+        super().end(reason)
+        for stream in self.streams.values():
+            stream.wake()
+
+    # Called by the handlers.
+
+    def open_post_stream(self, request_ids: list[RequestId]) -> Stream:
+        self._posts += 1
+        stream = Stream(f"p{self._posts}")
+        stream.owed.update(request_ids)
+        self.streams[stream.key] = stream
+        for rid in request_ids:
+            self.by_request[rid] = stream
+        return stream
+
+    def close_post_stream(self, stream: Stream) -> None:
+        """The POST handler is done; a stream that still owes responses stays for a resuming GET."""
+        if not stream.owed and self.streams.get(stream.key) is stream:
+            del self.streams[stream.key]
+
+    def owes(self, request_id: RequestId) -> bool:
+        return request_id in self.by_request
+
+    def event_id(self, stream: Stream, seq: int) -> str:
+        return f"{stream.key}_{seq}"  # what `_event` writes, and `_parse_event_id` reads back
+
+    def mark(self) -> int:
+        return self._seq
+
+    def replay(self, key: str, after: int) -> list[tuple[int, bytes, bool]]:
+        return [(seq, data, False) for seq, k, data in self._replay if k == key and seq > after]
+
+    def _remember(self, seq: int, key: str, data: bytes) -> None:
+        if len(data) > self._replay_limit:
+            return
+        self._replay.append((seq, key, data))
+        self._replay_size += len(data)
+        while self._replay_size > self._replay_limit:
+            self._replay_size -= len(self._replay.popleft()[2])
+
+
+# ------------------------------------------------------------------ handlers
+
+
+async def post(request: web.Request) -> web.StreamResponse:
+    gateway = common.gateway_for(request)
+    payload = await common.read_message(request, gateway)
+    messages = payload if payload.__class__ is list else [payload]
+    if not messages:
+        common.fail(400, "invalid request: empty batch")
+    session_id = request.headers.get(SESSION_HEADER)
+    if session_id is None:
+        if not any(m.__class__ is dict and m.get("method") == "initialize" for m in messages):
+            common.fail(400, f"missing {SESSION_HEADER} header (only initialize may come without one)")
+        session = _open(request, gateway)
+    else:
+        session = _session(request, gateway, session_id)
+        _check_version(request)
+    request_ids = [m["id"] for m in messages if m.__class__ is dict and "method" in m and jsonrpc.is_id(m.get("id"))]
+    if any(session.owes(rid) for rid in request_ids):
+        common.fail(400, "invalid request: a request id in this body is already in flight", jsonrpc.INVALID_REQUEST)
+    if not request_ids:
+        _route(gateway, session, payload, session_id is None)
+        return web.Response(status=202, headers={SESSION_HEADER: session.id})
+    stream = session.open_post_stream(request_ids)
+    try:
+        _route(gateway, session, payload, session_id is None)
+        if _accepts_sse(request):
+            return await _stream_response(request, session, stream, replay_after=None, prime=session_id is not None)
+        return await _json_response(session, stream, payload.__class__ is list)
+    finally:
+        session.close_post_stream(stream)
+        if session_id is None:
+            _after_initialize(gateway, session)
+
+
+async def get(request: web.Request) -> web.StreamResponse:
+    gateway = common.gateway_for(request)
+    accept = request.headers.get("Accept")
+    if accept and "text/event-stream" not in accept and "*/*" not in accept:
+        common.fail(406, "GET needs Accept: text/event-stream")
+    session_id = request.headers.get(SESSION_HEADER)
+    if session_id is None:
+        common.fail(400, f"missing {SESSION_HEADER} header")
+    session = _session(request, gateway, session_id)
+    _check_version(request)
+    resume = request.headers.get("Last-Event-ID")
+    key, last = _parse_event_id(resume)
+    stream = session.streams.get(key)
+    if stream is None:
+        stream = Stream(key)  # it has ended: replay what it sent after `last`, then end
+    return await _stream_response(request, session, stream, replay_after=last if resume else None, prime=False)
+
+
+async def delete(request: web.Request) -> web.Response:
+    gateway = common.gateway_for(request)
+    session_id = request.headers.get(SESSION_HEADER)
+    if session_id is None:
+        common.fail(400, f"missing {SESSION_HEADER} header")
+    session = _session(request, gateway, session_id)
+    gateway.close_session(session, "client ended session")
+    return web.Response(status=204)
+
+
+# ------------------------------------------------------------------- helpers
+
+
+def _open(request: web.Request, gateway: Gateway) -> StreamableSession:
+    config = request.app[common.LIVE].config
+    session = StreamableSession(
+        gateway.name, common.principal(request), gateway.limits.session_queue, config.streamable.resume_buffer
+    )
+    try:
+        gateway.open_session(session)
+    except SessionLimitError as exc:
+        common.fail(503, str(exc), headers={"Retry-After": RETRY_AFTER_S})
+    return session
+
+
+def _session(request: web.Request, gateway: Gateway, session_id: str) -> StreamableSession:
+    session = gateway.session(session_id, common.principal(request))
+    if session is None or not isinstance(session, StreamableSession):
+        common.fail(404, "unknown session")
+    return session
+
+
+def _check_version(request: web.Request) -> None:
+    version = request.headers.get(VERSION_HEADER)
+    if version is not None and version not in PROTOCOL_VERSIONS:
+        common.fail(400, f"unsupported {VERSION_HEADER}: {version!r} (supported: {', '.join(PROTOCOL_VERSIONS)})")
+
+
+def _route(gateway: Gateway, session: StreamableSession, payload: Any, initializing: bool) -> None:
+    try:
+        gateway.from_client(session, payload)
+    except ProtocolError as exc:
+        if initializing:
+            gateway.close_session(session, "invalid initialize")
+        common.fail(400, exc.message, exc.code)
+
+
+def _after_initialize(gateway: Gateway, session: StreamableSession) -> None:
+    """Keep the session only if its initialize succeeded; remember the version it speaks."""
+    version = gateway.negotiated_version(session)
+    if version is None:
+        gateway.close_session(session, "initialize failed")
+    else:
+        session.protocol_version = version
+
+
+def _accepts_sse(request: web.Request) -> bool:
+    return "text/event-stream" in request.headers.get("Accept", "")
+
+
+def _parse_event_id(value: str | None) -> tuple[str, int]:
+    if value:
+        key, _, seq = value.rpartition("_")
+        if key and seq.isdigit():
+            return key, int(seq)
+    return STANDALONE, 0
+
+
+async def _json_response(session: StreamableSession, stream: Stream, batch: bool) -> web.Response:
+    """Wait for the responses this POST owes; anything else it carries goes to the standalone stream."""
+    responses: list[bytes] = []
+    standalone = session.streams[STANDALONE]
+    while True:
+        while stream.pending:
+            item = stream.pending.popleft()
+            if item[2]:
+                responses.append(item[1])
+            else:
+                standalone.pending.append(item)
+                standalone.wake()
+        if not stream.owed or session.ended:
+            break
+        await stream.wait()
+    if not responses:
+        common.fail(503, "session ended before the response")
+    body = b"[" + b",".join(responses) + b"]" if batch else responses[0]
+    return web.Response(body=body, content_type="application/json", headers={SESSION_HEADER: session.id})
+
+
+async def _stream_response(
+    request: web.Request, session: StreamableSession, stream: Stream, *, replay_after: int | None, prime: bool
+) -> web.StreamResponse:
+    """Write `stream` as SSE until its last response is sent, the session ends, or another writer takes over."""
+    config = request.app[common.LIVE].config
+    response = EventSourceResponse(
+        ping_interval=config.sse.keepalive, sep="\n", allow_all_methods=True, headers={SESSION_HEADER: session.id}
+    )
+    stream.generation += 1
+    generation = stream.generation
+    stream.writers += 1
+    stream.wake()  # a writer this one replaces sees the new generation and ends
+    last = 0
+    try:
+        await response.prepare(request)
+        if prime and session.protocol_version >= PRIMING_SINCE:
+            await response.write(f"id: {session.event_id(stream, session.mark())}\ndata: \n\n".encode())
+        if replay_after is not None:
+            last = replay_after
+            for seq, data, _ in session.replay(stream.key, replay_after):
+                await response.write(_event(stream, seq, data))
+                last = seq
+        while stream.generation == generation:
+            while stream.pending and stream.pending[0][0] <= last:
+                stream.pending.popleft()
+            if stream.pending:
+                batch = list(stream.pending)
+                stream.pending.clear()
+                await response.write(b"".join([_event(stream, seq, data) for seq, data, _ in batch]))
+                last = batch[-1][0]
+            elif session.ended or (not stream.owed and stream.key != STANDALONE):
+                break  # a POST stream ends after its last response
+            else:
+                await stream.wait()
+    except ConnectionResetError:
+        pass  # the client went away; what is unsent stays for a resuming GET
+    finally:
+        stream.writers -= 1
+        if response.prepared:
+            response.stop_streaming()
+    return response
+
+
+def _event(stream: Stream, seq: int, data: bytes) -> bytes:
+    return b"id: %s_%d\nevent: message\ndata: %s\n\n" % (stream.key.encode(), seq, data)
