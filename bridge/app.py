@@ -138,6 +138,7 @@ def server_status(gateway: Gateway) -> dict[str, object]:
                 "last_exit_code": sup.last_exit,
                 "failure": sup.failure,
                 "in_flight": upstream.mux.inflight(),
+                "tables": upstream.mux.table_sizes(),
             }
         )
     return {

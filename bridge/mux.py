@@ -264,19 +264,21 @@ class Mux:
             return sum(1 for c in self._calls.values() if c.session is not None)
         return len(self._peers[session].calls)
 
+    def table_sizes(self) -> dict[str, int]:
+        """How much each routing table holds: all zero once every session has closed."""
+        return {
+            "sessions": len(self._peers),
+            "calls": len(self._calls),
+            "server_requests": len(self._server_requests) + len(self._server_request_ids),
+            "subscriptions": len(self._subscribers),
+            "tasks": len(self._task_owner) + len(self._client_task_owner),
+            "elicitations": len(self._elicitation_owner),
+            "queued_calls": sum(1 for m in self._backlog if "method" in m and "id" in m),
+        }
+
     def is_idle(self) -> bool:
         """True when no table holds anything: what every closed session must leave behind."""
-        return not (
-            self._peers
-            or self._calls
-            or self._server_requests
-            or self._server_request_ids
-            or self._subscribers
-            or self._task_owner
-            or self._client_task_owner
-            or self._elicitation_owner
-            or any("method" in m and "id" in m for m in self._backlog)
-        )
+        return not any(self.table_sizes().values())
 
     # ------------------------------------------------------------ from clients
 

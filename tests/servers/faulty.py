@@ -11,6 +11,10 @@ stderr (which the bridge logs as `server_stderr` events), one line each:
   faulty: hang <id> / faulty: slow <id>            the upstream id of such a call
   faulty: ping <id>                                a ping that reached the process
 
+Hostile-input tests send it arbitrary requests, so anything it cannot handle is
+answered with -32603 (or ignored, for a line it cannot parse) instead of
+killing the process; only `crash` exits.
+
 Environment switches:
   FAULTY_CRASH_ON_START=1  exit with code 4 before reading anything (crash loops)
   FAULTY_NO_INIT=1         never answer initialize (init timeouts)
@@ -18,6 +22,7 @@ Environment switches:
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import sys
@@ -45,6 +50,13 @@ def write_lines(*lines: str) -> None:
 
 def send(message: JSON) -> None:
     write_lines(json.dumps(message, separators=(",", ":")))
+
+
+def write_raw(*lines: bytes) -> None:
+    with _out_lock:
+        for line in lines:
+            _out.write(line + b"\n")
+        _out.flush()
 
 
 def reply(request_id: Any, result: JSON) -> None:
@@ -80,6 +92,11 @@ TOOLS = [
     {"name": "pid", "description": "Return the process id.", "inputSchema": _schema()},
     {"name": "env", "description": "Return an environment variable.", "inputSchema": _schema(name="string")},
     {"name": "cwd", "description": "Return the working directory.", "inputSchema": _schema()},
+    {
+        "name": "emit",
+        "description": "Write each of `lines` (text) and `raw` (base64 bytes) to stdout as a line, then reply.",
+        "inputSchema": _schema(lines="array", raw="array"),
+    },
 ]
 
 
@@ -117,6 +134,11 @@ def call_tool(request_id: Any, name: str, args: JSON) -> None:
         reply(request_id, text(os.environ.get(str(args.get("name", "")), "")))
     elif name == "cwd":
         reply(request_id, text(os.getcwd()))
+    elif name == "emit":
+        lines = [str(line).encode("utf-8", "surrogatepass") for line in args.get("lines") or []]
+        lines += [base64.b64decode(str(item)) for item in args.get("raw") or []]
+        write_raw(*lines)
+        reply(request_id, text("ok"))
     else:
         reply_error(request_id, -32602, f"Unknown tool: {name}")
 
@@ -167,10 +189,15 @@ def main() -> None:
     for line in sys.stdin.buffer:
         try:
             message = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             continue
         if isinstance(message, dict):
-            handle(message)
+            try:
+                handle(message)
+            except Exception as exc:  # hostile arguments: answer, never die
+                request_id = message.get("id")
+                if "method" in message and isinstance(request_id, (int, str)) and not isinstance(request_id, bool):
+                    reply_error(request_id, -32603, f"internal error: {type(exc).__name__}")
     # os._exit so pending slow-reply timers can't delay exit on EOF.
     os._exit(0)
 
