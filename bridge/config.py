@@ -131,6 +131,7 @@ class Server(Struct):
     roots: tuple[str, ...] | None = None
     restart: Restart = Restart()
     shutdown_timeout: Duration = Duration(5)
+    attribution_window: Duration = Duration(0.25)
     max_sessions: PositiveInt | None = None
 
 

@@ -21,7 +21,7 @@ from .child import Child
 from .config import Limits, Server
 from .jsonrpc import ProtocolError
 from .metrics import ServerMetrics
-from .mux import Action, Broadcast, Discard, Mux, RestartServer, State, ToServer, ToSession
+from .mux import Action, Broadcast, Discard, Mux, RestartServer, State, Timer, ToServer, ToSession
 from .sessions import Session
 from .supervisor import Status, Supervisor
 
@@ -46,8 +46,10 @@ class Upstream:
             shared=cfg.mode == "shared",
             roots=cfg.roots,
             max_inflight=gateway.limits.max_inflight,
+            attribution_window=cfg.attribution_window,
             client_info=("mcp-bridge", __version__),
         )
+        self._timer: asyncio.TimerHandle | None = None
         self.child: Child | None = None
         self.supervisor = Supervisor(
             server=label,
@@ -112,6 +114,15 @@ class Upstream:
 
     def _pid(self) -> int | None:
         return self.child.pid if self.child is not None else None
+
+    def set_timer(self, delay: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = asyncio.get_running_loop().call_later(delay, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self.gateway.apply(self, self.mux.timer())
 
     def ready(self) -> bool:
         return self.supervisor.status is Status.RUNNING and self.mux.state is State.READY
@@ -266,6 +277,8 @@ class Gateway:
                 self.log.warning("message_dropped", reason=action.reason, **action.detail)  # type: ignore[union-attr]
             elif cls is RestartServer:
                 upstream.supervisor.restart(action.reason)  # type: ignore[union-attr]
+            elif cls is Timer:
+                upstream.set_timer(action.delay)  # type: ignore[union-attr]
         for session in slow:
             self.log.warning("session_too_slow", session=session.id, queue_limit=self.limits.session_queue)
             self.close_session(session, "slow")

@@ -15,11 +15,11 @@ Rules
    upstream id and the call is forgotten at once, so no late result reaches
    the client. A session that goes away cancels all of its calls upstream.
 4. Server requests. Requests from the server get a fresh downstream id and go
-   to one session able to answer: the owner of a related task, else one that
-   declared the needed capability, preferring the most recent caller with a
-   request in flight, else the most recently active. With no such session,
-   or when that session leaves, the server gets an error at once. `ping` and,
-   with configured roots, `roots/list` are answered here.
+   to one session able to answer (see `_attribute`): the owner of a related
+   task, else the session of the call that most likely asked, among those
+   that declared the needed capability. With no such session, or when that
+   session leaves, the server gets an error at once. `ping` and, with
+   configured roots, `roots/list` are answered here.
 5. Shared state. In shared mode the bridge initializes the server itself,
    answers each client's `initialize` from the cached result and absorbs
    `notifications/initialized`; `ping` is answered here. Subscriptions are
@@ -52,7 +52,7 @@ from __future__ import annotations
 import enum
 import itertools
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -67,6 +67,11 @@ _LEVEL_INDEX = {name: i for i, name in enumerate(LOG_LEVELS)}
 RELATED_TASK = "io.modelcontextprotocol/related-task"
 # Late replies to cancelled calls are expected; remember this many to drop them quietly.
 _CANCELLED_MEMORY = 4096
+# Requests that cannot make the server ask the client anything: never held back.
+_INERT = frozenset(
+    {"ping", "tools/list", "prompts/list", "resources/list", "resources/templates/list", "logging/setLevel",
+     "resources/subscribe", "resources/unsubscribe", "tasks/list", "tasks/get", "tasks/cancel"}
+)  # fmt: skip
 
 
 class State(enum.Enum):
@@ -106,7 +111,13 @@ class RestartServer(NamedTuple):
     reason: str
 
 
-Action = ToServer | ToSession | Broadcast | Discard | RestartServer
+class Timer(NamedTuple):
+    """Call `Mux.timer()` after `delay` seconds (replacing any earlier timer)."""
+
+    delay: float
+
+
+Action = ToServer | ToSession | Broadcast | Discard | RestartServer | Timer
 
 
 @dataclass(slots=True, eq=False)
@@ -122,6 +133,8 @@ class Call:
     sent: bool = False
     task: bool = False  # task-augmented: the result names a task the session will own
     subscribe_uri: str | None = None
+    asked: int = 0  # when a server request was last attributed to this call (0: never)
+    sent_at: float = 0.0
 
 
 @dataclass(slots=True, eq=False)
@@ -143,6 +156,7 @@ class Peer:
     server_requests: dict[int, ServerRequest] = field(default_factory=dict)
     capabilities: dict[str, Any] = field(default_factory=dict)
     initialized: bool = False
+    can_answer: bool = False  # declared a capability the server may ask it to use
     protocol_version: str | None = None
     level: int | None = None
     subscriptions: set[str] = field(default_factory=set)
@@ -150,7 +164,6 @@ class Peer:
     client_tasks: set[str] = field(default_factory=set)  # its own tasks, polled by the server
     elicitations: set[str] = field(default_factory=set)
     last_active: int = 0
-    last_call: int = 0
     waiting_init: RequestId | None = None
 
 
@@ -192,12 +205,14 @@ class Mux:
         shared: bool = True,
         roots: Iterable[str] | None = None,
         max_inflight: int = 0,
+        attribution_window: float = 0.0,
         client_info: tuple[str, str] = ("mcp-bridge", "0"),
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.shared = shared
         self.roots = None if roots is None else tuple(roots)
         self.max_inflight = max_inflight
+        self.attribution_window = attribution_window
         self.state = State.DOWN
         self.init_result: dict[str, Any] | None = None
         self._client_info = client_info
@@ -214,6 +229,10 @@ class Mux:
         self._elicitation_owner: dict[str, str] = {}
         self._upstream_level: int | None = None
         self._backlog: list[Message] = []
+        # Calls held back until the one call allowed to ask (`_holder`) asks,
+        # finishes or has had `attribution_window` seconds (rule 4).
+        self._held: deque[Message] = deque()
+        self._holder: Call | None = None
         self._cancelled: OrderedDict[int, None] = OrderedDict()
         # Per-session mode replays the client's own initialize after a restart.
         self._client_init: dict[str, Any] | None = None
@@ -251,7 +270,7 @@ class Mux:
                 owner.pop(name, None)
         if peer.level is not None:
             out += self._sync_level()
-        return out
+        return self._settle(out)
 
     def sessions(self) -> list[str]:
         return list(self._peers)
@@ -273,7 +292,7 @@ class Mux:
             "subscriptions": len(self._subscribers),
             "tasks": len(self._task_owner) + len(self._client_task_owner),
             "elicitations": len(self._elicitation_owner),
-            "queued_calls": sum(1 for m in self._backlog if "method" in m and "id" in m),
+            "queued_calls": sum(1 for m in self._backlog if "method" in m and "id" in m) + len(self._held),
         }
 
     def is_idle(self) -> bool:
@@ -296,8 +315,9 @@ class Mux:
             out: list[Action] = []
             for msg, kind in zip(payload, kinds, strict=True):
                 out += self._from_client(peer, msg, kind)
-            return out
-        return self._from_client(peer, payload, jsonrpc.classify(payload))
+            return self._settle(out) if self._held else out
+        out = self._from_client(peer, payload, jsonrpc.classify(payload))
+        return self._settle(out) if self._held else out
 
     def _from_client(self, peer: Peer, msg: Message, kind: Kind) -> list[Action]:
         peer.last_active = next(self._seq)
@@ -335,14 +355,45 @@ class Mux:
                 meta["progressToken"] = upstream_id
             call.task = params.get("task").__class__ is dict if task is None else task
         peer.calls[client_id] = call
-        peer.last_call = upstream_id
         self._calls[upstream_id] = call
         msg["id"] = upstream_id
+        if self.attribution_window and peer.can_answer and call.method not in _INERT:
+            if self._holder_active():
+                self._held.append(msg)
+                return []
+            return self._hold_with(call, msg)
         return self._send_call(call, msg)
+
+    def _hold_with(self, call: Call, msg: Message) -> list[Action]:
+        """Let `call` through as the one call that may ask the clients something now."""
+        self._holder = call
+        return [*self._send_call(call, msg), Timer(self.attribution_window)]
+
+    def _holder_active(self) -> bool:
+        holder = self._holder
+        return (
+            holder is not None
+            and not holder.asked
+            and holder.upstream_id in self._calls
+            and (not holder.sent or holder.sent_at >= self._clock() - self.attribution_window)
+        )
+
+    def _settle(self, out: list[Action]) -> list[Action]:
+        """After any event: if the holder is done asking, let the next held call through."""
+        while self._held and not self._holder_active():
+            msg = self._held.popleft()
+            call = self._calls.get(msg["id"])
+            if call is not None:
+                out += self._hold_with(call, msg)
+        return out
+
+    def timer(self) -> list[Action]:
+        return self._settle([])
 
     def _send_call(self, call: Call, msg: Message) -> list[Action]:
         if self.state is State.READY:
             call.sent = True
+            call.sent_at = self._clock()
             return [ToServer(msg)]
         self._backlog.append(msg)
         return []
@@ -366,6 +417,7 @@ class Mux:
         params = msg.get("params") or {}
         caps = params.get("capabilities")
         peer.capabilities = caps if caps.__class__ is dict else {}
+        peer.can_answer = any(name in peer.capabilities for name in _CAPABILITY_FOR.values())
         peer.protocol_version = params.get("protocolVersion")  # provisional until answered
         if self.state is State.FAILED:
             return [self._reply_error(peer, msg["id"], jsonrpc.SERVER_UNAVAILABLE, self._failure)]
@@ -496,13 +548,14 @@ class Mux:
 
     def from_server(self, payload: Any) -> list[Action]:
         if payload.__class__ is not list:
-            return self._from_server(payload)
-        if not payload:
+            out = self._from_server(payload)
+        elif not payload:
             return [Discard("empty batch from server", {})]
-        out: list[Action] = []
-        for msg in payload:
-            out += self._from_server(msg)
-        return out
+        else:
+            out = []
+            for msg in payload:
+                out += self._from_server(msg)
+        return self._settle(out) if self._held else out
 
     def _from_server(self, msg: Any) -> list[Action]:
         try:
@@ -602,9 +655,13 @@ class Mux:
             return [ToServer(jsonrpc.result(server_id, {"roots": [{"uri": uri} for uri in self.roots]}))]
         if server_id in self._server_request_ids:
             return [Discard("server reused a request id still in flight", {"id": server_id, "method": method})]
-        peer, related = self._choose_session(msg)
+        peer, call = self._attribute(msg)
         if peer is None:
             return [ToServer(jsonrpc.error(server_id, jsonrpc.METHOD_NOT_FOUND, f"no connected client can handle {method}"))]
+        related = None
+        if call is not None:
+            call.asked = next(self._seq)
+            related = call.client_id
         downstream_id = next(self._ids)
         params = msg.get("params")
         req = ServerRequest(peer.id, server_id, downstream_id, method, related, params.__class__ is dict and "task" in params)
@@ -617,25 +674,43 @@ class Mux:
         msg["id"] = downstream_id
         return [ToSession(peer.id, msg, related)]
 
-    def _choose_session(self, msg: Message) -> tuple[Peer | None, RequestId | None]:
+    def _attribute(self, msg: Message) -> tuple[Peer | None, Call | None]:
+        """The session (and call) a server request most likely belongs to.
+
+        stdio carries no link from a server request to the call that caused
+        it, except a related task. Servers start handling calls in the order
+        they arrive and ask early, so the first request from a burst of calls
+        belongs to the oldest fresh call that has not asked yet; a call that
+        already asked is the best guess for a further request; with no call
+        in flight, the most recently active session. Only sessions that
+        declared the capability qualify. Per-session mode needs no guess.
+        """
         owner = self._owner_of(msg)
         if owner is not None:
-            return owner, _latest_call(owner)
+            return owner, max(owner.calls.values(), key=lambda c: c.upstream_id, default=None)
         method = msg["method"]
         if method.startswith("tasks/"):
             return None, None  # a task we do not know belongs to nobody here
         wanted = _CAPABILITY_FOR.get(method)
-        best: Peer | None = None
-        best_key = (False, 0)
-        for peer in self._peers.values():
+        fresh_since = self._clock() - self.attribution_window
+        asker: Call | None = None
+        newest: Call | None = None
+        for call in self._calls.values():  # oldest first
+            if call.session is None or not call.sent:
+                continue
+            peer = self._peers[call.session]
             if not peer.initialized or (wanted is not None and not _can_handle(peer.capabilities, wanted, msg)):
                 continue
-            key = (True, peer.last_call) if peer.calls else (False, peer.last_active)
-            if best is None or key > best_key:
-                best, best_key = peer, key
-        if best is None:
-            return None, None
-        return best, _latest_call(best)
+            if not call.asked and call.sent_at >= fresh_since and self.attribution_window:
+                return peer, call
+            if call.asked and (asker is None or call.asked > asker.asked):
+                asker = call
+            newest = call
+        chosen = asker or newest
+        if chosen is not None:
+            return self._peers[chosen.session], chosen  # type: ignore[index]
+        able = [p for p in self._peers.values() if p.initialized and (wanted is None or _can_handle(p.capabilities, wanted, msg))]
+        return max(able, key=lambda p: p.last_active, default=None), None
 
     def _owner_of(self, msg: Message) -> Peer | None:
         params = msg.get("params")
@@ -731,7 +806,7 @@ class Mux:
             out.append(ToSession(req.session, _cancelled(req.downstream_id, reason), req.related))
         if self.state is not State.FAILED:
             self.state = State.DOWN
-        return out
+        return self._settle(out)
 
     def server_failed(self, reason: str) -> list[Action]:
         """The supervisor gave up for now: fail what waits, refuse what comes."""
@@ -739,6 +814,7 @@ class Mux:
         self._failure = reason
         out = self.server_exited(reason)
         self._backlog.clear()
+        self._held.clear()
         for call in [c for c in self._calls.values() if not c.sent]:
             out.append(self._fail(call, jsonrpc.SERVER_UNAVAILABLE, reason))
         for peer in self._peers.values():
@@ -785,7 +861,7 @@ class Mux:
             else:
                 self._unqueue(call)
             out.append(self._fail(call, jsonrpc.REQUEST_TIMEOUT, f"request timed out after {timeout:g}s"))
-        return out
+        return self._settle(out)
 
     # ------------------------------------------------------------------ helpers
 
@@ -810,13 +886,15 @@ class Mux:
             call = self._calls.get(msg.get("id")) if "method" in msg and "id" in msg else None  # type: ignore[arg-type]
             if call is not None:
                 call.sent = True
+                call.sent_at = self._clock()
         return [ToServer(m) for m in backlog]
 
     def _unqueue(self, call: Call) -> None:
-        for i, msg in enumerate(self._backlog):
-            if msg.get("id") == call.upstream_id and "method" in msg:
-                del self._backlog[i]
-                return
+        for queue in (self._backlog, self._held):
+            for i, msg in enumerate(queue):
+                if msg.get("id") == call.upstream_id and "method" in msg:
+                    del queue[i]
+                    return
 
     def _fail(self, call: Call, code: int, message: str) -> ToSession:
         """End a client's call with an error from the bridge, undoing what it would have done."""
@@ -896,11 +974,6 @@ def _task_id(result: object) -> str | None:
 
 def _cancelled(request_id: RequestId, reason: str) -> Message:
     return jsonrpc.notification("notifications/cancelled", {"requestId": request_id, "reason": reason})
-
-
-def _latest_call(peer: Peer) -> RequestId | None:
-    latest = max(peer.calls.values(), key=lambda c: c.upstream_id, default=None)
-    return latest.client_id if latest is not None else None
 
 
 def _can_handle(capabilities: dict[str, Any], wanted: str, msg: Message) -> bool:

@@ -8,7 +8,7 @@ import pytest
 
 from bridge import jsonrpc
 from bridge.jsonrpc import ProtocolError
-from bridge.mux import Broadcast, Discard, Mux, RestartServer, State, ToServer, ToSession
+from bridge.mux import Broadcast, Discard, Mux, RestartServer, State, Timer, ToServer, ToSession
 
 INIT_RESULT = {"protocolVersion": "2025-06-18", "capabilities": {"tools": {}}, "serverInfo": {"name": "s", "version": "1"}}
 
@@ -280,18 +280,90 @@ def test_an_unanswered_initialize_restarts_the_server() -> None:
 # ----------------------------------------------------------- server requests
 
 
-def test_server_request_goes_to_the_most_recent_caller_with_the_capability() -> None:
-    caps = {"a": {"sampling": {}}, "b": {"sampling": {}}, "c": {}}
-    mux = ready_mux("a", "b", "c", capabilities=caps)
+def sample(rid: Any) -> dict[str, Any]:
+    return req(rid, "sampling/createMessage", messages=[], maxTokens=5)
+
+
+
+SAMPLERS = {sid: {"sampling": {}} for sid in "abc"}
+
+
+def test_calls_that_may_ask_go_one_at_a_time_so_each_request_finds_its_caller() -> None:
+    mux = ready_mux("a", "b", "c", "x", capabilities=SAMPLERS, attribution_window=0.25)
+    sent = []
+    for sid in "abcx":  # x cannot sample: never held, never asked
+        sent += to_server(mux.from_client(sid, req(1, "tools/call", who=sid)))
+    assert [m["params"]["who"] for m in sent] == ["a", "x"]
+    routed = []
+    for i in range(3):
+        actions = mux.from_server(sample(f"s{i}"))
+        asked = [a for a in actions if isinstance(a, ToSession)]
+        routed += [(a.session, a.related) for a in asked]
+        sent = to_server(actions)  # the asking call frees the next held one
+        assert [m["params"]["who"] for m in sent] == (["b"], ["c"], [])[i]
+    assert routed == [("a", 1), ("b", 1), ("c", 1)]
+
+
+def test_a_held_call_goes_when_the_holder_finishes_or_its_window_ends() -> None:
+    clock = Clock()
+    mux = ready_mux("a", "b", "c", capabilities=SAMPLERS, attribution_window=0.25, clock=clock)
+    (first,) = to_server(mux.from_client("a", req(1, "tools/call")))
+    assert to_server(mux.from_client("b", req(1, "tools/call"))) == []
+    assert to_server(mux.from_client("c", req(1, "tools/call"))) == []
+    (b_call,) = to_server(mux.from_server(jsonrpc.result(first["id"], {})))  # a finished without asking
+    assert mux.timer() == []  # b's window is still open
+    clock.now += 0.3
+    actions = mux.timer()
+    (c_call,) = to_server(actions)
+    assert any(isinstance(a, Timer) for a in actions)
+    (action,) = mux.from_server(sample("s1"))
+    assert action.session == "c"  # type: ignore[union-attr]
+    assert b_call["id"] != c_call["id"]
+
+
+def test_a_held_call_that_is_cancelled_is_never_sent() -> None:
+    mux = ready_mux("a", "b", "c", capabilities=SAMPLERS, attribution_window=0.25)
+    (first,) = to_server(mux.from_client("a", req(1, "tools/call")))
+    mux.from_client("b", req(1, "tools/call", who="b"))
+    mux.from_client("c", req(1, "tools/call", who="c"))
+    assert mux.from_client("b", note("notifications/cancelled", requestId=1)) == []
+    (released,) = to_server(mux.from_server(jsonrpc.result(first["id"], {})))
+    assert released["params"]["who"] == "c"
+
+
+def test_sessions_that_cannot_be_asked_are_never_held() -> None:
+    mux = ready_mux("a", "p", "q", capabilities={"a": {"sampling": {}}}, attribution_window=0.25)
     mux.from_client("a", req(1, "tools/call"))
-    mux.from_client("b", req(9, "tools/call"))
-    mux.from_client("c", req(1, "tools/call"))  # newest, but cannot sample
-    actions = mux.from_server(req("s1", "sampling/createMessage", messages=[], maxTokens=5))
-    (action,) = actions
-    assert isinstance(action, ToSession) and action.session == "b" and action.related == 9
-    downstream = action.message["id"]
-    (answer,) = to_server(mux.from_client("b", jsonrpc.result(downstream, {"model": "m"})))
-    assert answer == jsonrpc.result("s1", {"model": "m"})
+    assert len(to_server(mux.from_client("p", req(1, "tools/call")))) == 1
+    assert len(to_server(mux.from_client("q", req(1, "tools/call")))) == 1
+    assert len(to_server(mux.from_client("a", req(2, "tools/list")))) == 1  # cannot ask anything
+
+
+def test_a_call_that_already_asked_gets_the_next_request() -> None:
+    mux = ready_mux("a", "b", capabilities=SAMPLERS, attribution_window=0.25)
+    mux.from_client("a", req(1, "tools/call"))
+    (first,) = mux.from_server(sample("s1"))
+    mux.from_client("b", req(1, "tools/call"))
+    mux.from_client("a", jsonrpc.result(first.message["id"], {}))  # type: ignore[union-attr]
+    asked = [a for a in mux.from_server(sample("s2")) if isinstance(a, ToSession)]
+    assert [a.session for a in asked] == ["b"]  # b's call went through when a asked, and has not asked yet
+    third = [a for a in mux.from_server(sample("s3")) if isinstance(a, ToSession)]
+    assert [a.session for a in third] == ["b"]  # the latest asker
+
+
+def test_without_a_window_the_most_recent_caller_is_asked() -> None:
+    mux = ready_mux("a", "b", capabilities=SAMPLERS)
+    mux.from_client("a", req(1, "tools/call"))
+    mux.from_client("b", req(7, "tools/call"))
+    (action,) = mux.from_server(sample("s1"))
+    assert (action.session, action.related) == ("b", 7)  # type: ignore[union-attr]
+
+
+def test_with_no_call_in_flight_the_most_recently_active_session_is_asked() -> None:
+    mux = ready_mux("a", "b", capabilities={"a": {"roots": {}}, "b": {"roots": {}}})
+    mux.from_client("a", req(1, "ping"))
+    (action,) = mux.from_server(req(3, "roots/list"))
+    assert (action.session, action.related) == ("a", None)  # type: ignore[union-attr]
 
 
 def test_server_request_with_no_capable_session_is_refused_at_once() -> None:

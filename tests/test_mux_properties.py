@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from bridge.mux import LOG_LEVELS, Action, Broadcast, Discard, Mux, RestartServer, State, ToServer, ToSession
+from bridge.mux import LOG_LEVELS, Action, Broadcast, Discard, Mux, RestartServer, State, Timer, ToServer, ToSession
 
 URIS = ("res://a", "res://b", "res://b/child")
 LEVELS = list(LOG_LEVELS)
@@ -53,7 +53,7 @@ class MuxMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.now = 0.0
-        self.mux = Mux(shared=True, clock=lambda: self.now, max_inflight=50)
+        self.mux = Mux(shared=True, clock=lambda: self.now, max_inflight=50, attribution_window=1.0)
         self.clients: dict[str, Client] = {}
         self.closed: set[str] = set()
         self.server_pending: dict[int, dict[str, Any]] = {}  # upstream id -> tools/call message
@@ -80,7 +80,7 @@ class MuxMachine(RuleBasedStateMachine):
             elif isinstance(action, RestartServer):
                 raise AssertionError(f"unexpected restart: {action.reason}")
             else:
-                assert isinstance(action, Discard)
+                assert isinstance(action, (Discard, Timer))
 
     def server_receives(self, msg: dict[str, Any]) -> list[Action]:
         assert self.server_alive, f"message to a dead server: {msg}"
@@ -315,6 +315,7 @@ class MuxMachine(RuleBasedStateMachine):
         self.now += seconds
         # A timeout gives the call its one response and cancels it upstream.
         self.run(self.mux.expire(timeout=10.0, initialize_timeout=1000.0))
+        self.run(self.mux.timer())  # held calls go once the window of the one before ends
 
     # ----------------------------------------------------------- invariants
 
@@ -328,7 +329,13 @@ class MuxMachine(RuleBasedStateMachine):
     def teardown(self) -> None:
         if not self.server_alive:
             self.server_restarts()
-        while self.server_pending:
+        for _ in range(1000):
+            if not self.server_pending and not self.mux.table_sizes()["queued_calls"]:
+                break
+            if not self.server_pending:
+                self.now += 5.0
+                self.run(self.mux.timer())
+                continue
             upstream_id, msg = next(iter(self.server_pending.items()))
             del self.server_pending[upstream_id]
             self.run(self.mux.from_server({"jsonrpc": "2.0", "id": upstream_id, "result": {"who": msg["params"]["who"], "n": msg["params"]["n"]}}))
