@@ -16,10 +16,14 @@ Rules
    the client. A session that goes away cancels all of its calls upstream.
 4. Server requests. Requests from the server get a fresh downstream id and go
    to one session able to answer (see `_attribute`): the owner of a related
-   task, else the session of the call that most likely asked, among those
-   that declared the needed capability. With no such session, or when that
-   session leaves, the server gets an error at once. `ping` and, with
-   configured roots, `roots/list` are answered here.
+   task, else the session of the call that asked, among those that declared
+   the needed capability. stdio does not say which call asked, so in shared
+   mode calls that may lead to a question, from sessions that can be asked,
+   go to the server one at a time until the one in front asks, finishes or
+   has had `attribution_window` seconds; the question then belongs to it.
+   With no such session, or when that session leaves, the server gets an
+   error at once. `ping` and, with configured roots, `roots/list` are
+   answered here.
 5. Shared state. In shared mode the bridge initializes the server itself,
    answers each client's `initialize` from the cached result and absorbs
    `notifications/initialized`; `ping` is answered here. Subscriptions are
