@@ -110,7 +110,7 @@ class Child:
         loop = asyncio.get_running_loop()
         self._exited = loop.create_future()
         self._closed = loop.create_future()
-        transport, _ = await loop.subprocess_exec(
+        await loop.subprocess_exec(
             lambda: _Protocol(self),
             self.command,
             *self.args,
@@ -121,9 +121,6 @@ class Child:
             cwd=self.cwd,
             start_new_session=True,
         )
-        self._transport = transport
-        self._stdin = transport.get_pipe_transport(0)  # type: ignore[assignment]
-        self.pid = transport.get_pid()
         self._log = self._log.bind(pid=self.pid)
 
     def send(self, data: bytes) -> bool:
@@ -161,6 +158,13 @@ class Child:
 
     # Called by the protocol.
 
+    def _connected(self, transport: asyncio.SubprocessTransport) -> None:
+        # Before subprocess_exec returns: a start cancelled right here still
+        # has a transport to reap the process with.
+        self._transport = transport
+        self._stdin = transport.get_pipe_transport(0)  # type: ignore[assignment]
+        self.pid = transport.get_pid()
+
     def _data(self, fd: int, data: bytes) -> None:
         (self._stdout if fd == 1 else self._stderr).feed(data)
 
@@ -196,6 +200,9 @@ class Child:
 class _Protocol(asyncio.SubprocessProtocol):
     def __init__(self, child: Child) -> None:
         self._child = child
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._child._connected(transport)  # type: ignore[arg-type]
 
     def pipe_data_received(self, fd: int, data: bytes) -> None:
         self._child._data(fd, data)
