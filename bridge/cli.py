@@ -19,6 +19,8 @@ from .config import Config, ConfigError, listen_problems, load
 from .transports.common import LIVE
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
+# Many clients connect at once (each session holds a connection); the kernel caps this at somaxconn.
+LISTEN_BACKLOG = 4096
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -75,12 +77,26 @@ def _load(args: argparse.Namespace) -> Config:
 async def serve(config: Config, reload_config: Callable[[], Config]) -> None:
     """Serve until SIGTERM or SIGINT, then drain and stop; SIGHUP reloads the config."""
     log = logs.get()
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    reloads: set[asyncio.Task[None]] = set()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)  # first, so that a signal during startup stops cleanly
     raise_open_file_limit()
     app = create_app(config)
+
+    def on_hup() -> None:
+        task = loop.create_task(_reload(app, reload_config))
+        reloads.add(task)
+        task.add_done_callback(reloads.discard)
+
+    loop.add_signal_handler(signal.SIGHUP, on_hup)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
     try:
-        site = web.TCPSite(runner, config.listen.host, config.listen.port, ssl_context=_tls(config))
+        site = web.TCPSite(
+            runner, config.listen.host, config.listen.port, ssl_context=_tls(config), backlog=LISTEN_BACKLOG
+        )
         await site.start()
         bound = [s.getsockname() for s in site._server.sockets] if site._server else []  # type: ignore[union-attr]
         log.info(
@@ -91,18 +107,6 @@ async def serve(config: Config, reload_config: Callable[[], Config]) -> None:
             servers=list(config.servers),
             version=__version__,
         )
-        stop = asyncio.Event()
-        reloads: set[asyncio.Task[None]] = set()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-
-        def on_hup() -> None:
-            task = loop.create_task(_reload(app, reload_config))
-            reloads.add(task)
-            task.add_done_callback(reloads.discard)
-
-        loop.add_signal_handler(signal.SIGHUP, on_hup)
         await stop.wait()
         log.info("stopping")
         await asyncio.gather(*reloads)

@@ -87,7 +87,13 @@ class Guard:
         return _is_loopback_name(name)
 
     def origin_allowed(self, origin: str | None) -> bool:
-        return origin is None or origin in self.allowed_origins
+        """Listed origins; when bound to loopback, also pages served from loopback itself."""
+        if origin is None or origin in self.allowed_origins:
+            return True
+        if not self.loopback:
+            return False
+        scheme, sep, rest = origin.partition("://")
+        return bool(sep) and scheme in ("http", "https") and _is_loopback_name(_strip_port(rest.lower()))
 
 
 def _strip_port(host: str) -> str:

@@ -54,11 +54,13 @@ class Stream:
             self._waiter.set_result(None)
 
     async def wait(self) -> None:
-        self._waiter = asyncio.get_running_loop().create_future()
+        waiter = self._waiter = asyncio.get_running_loop().create_future()
         try:
-            await self._waiter
+            await waiter
         finally:
-            self._waiter = None
+            # A writer that replaced this one may already wait on a new future.
+            if self._waiter is waiter:
+                self._waiter = None
 
 
 class StreamableSession(Session):
@@ -167,10 +169,12 @@ async def post(request: web.Request) -> web.StreamResponse:
         _route(gateway, session, payload, session_id is None)
         return web.Response(status=202, headers={SESSION_HEADER: session.id})
     stream = session.open_post_stream(request_ids)
+    primed = session.mark()  # before routing: a reply the mux makes at once comes after it
     try:
         _route(gateway, session, payload, session_id is None)
         if _accepts_sse(request):
-            return await _stream_response(request, session, stream, replay_after=None, prime=session_id is not None)
+            prime = primed if session_id is not None and session.protocol_version >= PRIMING_SINCE else None
+            return await _stream_response(request, session, stream, replay_after=None, prime=prime)
         return await _json_response(session, stream, payload.__class__ is list)
     finally:
         session.close_post_stream(stream)
@@ -193,7 +197,7 @@ async def get(request: web.Request) -> web.StreamResponse:
     stream = session.streams.get(key)
     if stream is None:
         stream = Stream(key)  # it has ended: replay what it sent after `last`, then end
-    return await _stream_response(request, session, stream, replay_after=last if resume else None, prime=False)
+    return await _stream_response(request, session, stream, replay_after=last if resume else None, prime=None)
 
 
 async def delete(request: web.Request) -> web.Response:
@@ -202,6 +206,7 @@ async def delete(request: web.Request) -> web.Response:
     if session_id is None:
         common.fail(400, f"missing {SESSION_HEADER} header")
     session = _session(request, gateway, session_id)
+    _check_version(request)
     gateway.close_session(session, "client ended session")
     return web.Response(status=204)
 
@@ -286,7 +291,7 @@ async def _json_response(session: StreamableSession, stream: Stream, batch: bool
 
 
 async def _stream_response(
-    request: web.Request, session: StreamableSession, stream: Stream, *, replay_after: int | None, prime: bool
+    request: web.Request, session: StreamableSession, stream: Stream, *, replay_after: int | None, prime: int | None
 ) -> web.StreamResponse:
     """Write `stream` as SSE until its last response is sent, the session ends, or another writer takes over."""
     config = request.app[common.LIVE].config
@@ -300,8 +305,8 @@ async def _stream_response(
     last = 0
     try:
         await response.prepare(request)
-        if prime and session.protocol_version >= PRIMING_SINCE:
-            await response.write(f"id: {session.event_id(stream, session.mark())}\ndata: \n\n".encode())
+        if prime is not None:
+            await response.write(f"id: {session.event_id(stream, prime)}\ndata: \n\n".encode())
         if replay_after is not None:
             last = replay_after
             for seq, data, _ in session.replay(stream.key, replay_after):
