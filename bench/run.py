@@ -20,6 +20,7 @@ namespace can be made, supergateway is skipped with a message.
 from __future__ import annotations
 
 import argparse
+import shlex
 import contextlib
 import datetime as dt
 import http.client
@@ -298,6 +299,7 @@ def start_bridge(workdir: str, keepalive: str = "15s", max_sessions: int = 1000)
     logfile = os.path.join(workdir, "bridge.log")
     exe = shutil.which("mcp-bridge", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
     cmd = [exe, "--config", cfg, "--port", "0"] if exe else [sys.executable, "-m", "bridge", "--config", cfg, "--port", "0"]
+    cmd += shlex.split(os.environ.get("BENCH_BRIDGE_ARGS", ""))  # e.g. "--loop asyncio" to compare loops
     proc = _spawn(cmd, logfile, cwd=ROOT)
 
     def listening() -> int | None:

@@ -8,7 +8,8 @@ import resource
 import signal
 import ssl
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
 
 import msgspec
 from aiohttp import web
@@ -33,6 +34,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--check", action="store_true", help="validate the config, print what is wrong, exit")
     parser.add_argument("--log-format", choices=["json", "console"], help="overrides logging.format")
     parser.add_argument("--log-level", choices=list(logs.LEVELS), help="overrides logging.level")
+    parser.add_argument(
+        "--loop", choices=["auto", "asyncio", "uvloop"], default="auto", help="event loop (auto: uvloop when installed)"
+    )
     parser.add_argument("--version", action="version", version=f"mcp-bridge {__version__}")
     return parser.parse_args(argv)
 
@@ -51,7 +55,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logs.setup(args.log_format or config.logging.format, args.log_level or config.logging.level)
     log = logs.get()
     try:
-        asyncio.run(serve(config, lambda: _load(args)))
+        _run(serve(config, lambda: _load(args)), args.loop)
     except OSError as exc:
         log.error("startup_failed", error=str(exc))
         return EXIT_ERROR
@@ -59,6 +63,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.exception("daemon_crashed")
         return EXIT_ERROR
     return EXIT_OK
+
+
+def _run(main: Coroutine[Any, Any, None], loop: str) -> None:
+    if loop != "asyncio":
+        try:
+            import uvloop
+        except ImportError:
+            if loop == "uvloop":
+                raise
+        else:
+            uvloop.run(main)
+            return
+    asyncio.run(main)
 
 
 def _load(args: argparse.Namespace) -> Config:
@@ -106,6 +123,7 @@ async def serve(config: Config, reload_config: Callable[[], Config]) -> None:
             tls=config.listen.tls is not None,
             servers=list(config.servers),
             version=__version__,
+            loop=type(loop).__module__.split(".")[0],
         )
         await stop.wait()
         log.info("stopping")

@@ -102,12 +102,15 @@ class Upstream:
             self._log.warning("server_line_skipped", reason=exc.message, size=len(line), pid=self._pid())
             return
         count = self.gateway.metrics.message
-        if payload.__class__ is dict:
-            count("from_server", payload.get("method", "response"))
-        elif payload.__class__ is list:
-            for msg in payload:
-                count("from_server", msg.get("method", "response") if msg.__class__ is dict else None)
-        self.gateway.apply(self, self.mux.from_server(payload))
+        for msg in payload if payload.__class__ is list else (payload,):
+            count("from_server", msg.get("method", "response") if msg.__class__ is dict else None)
+        try:
+            actions = self.mux.from_server(payload)
+        except Exception:
+            # A bug must not stop this server's output from being read: log it, drop the line.
+            self._log.exception("internal_error", where="from_server", size=len(line))
+            return
+        self.gateway.apply(self, actions)
 
     def on_oversize(self, size: int, head: bytes, tail: bytes) -> None:
         self.gateway.apply(self, self.mux.response_too_large(jsonrpc.sniff_id(head, tail), size))

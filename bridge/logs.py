@@ -6,6 +6,7 @@ payloads are never logged above debug (method, id and size only).
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 from typing import Any, Literal
@@ -37,7 +38,11 @@ def setup(fmt: Literal["json", "console"] = "json", level: str = "info") -> None
 
 
 def _json(event: dict[str, Any], **_: Any) -> bytes:
-    return msgspec.json.encode(event, enc_hook=str)
+    try:
+        return msgspec.json.encode(event, enc_hook=str)
+    except UnicodeEncodeError:
+        # A header or line that was not UTF-8 (surrogates): escape rather than lose the event.
+        return json.dumps(event, default=str, ensure_ascii=True).encode()
 
 
 def get(name: str = "bridge", **bound: Any) -> structlog.typing.FilteringBoundLogger:

@@ -112,10 +112,12 @@ class ServerMetrics:
         self.dropped_messages = metrics.dropped_messages.labels(server)
 
     def message(self, direction: str, method: object) -> None:
-        key = (direction, method if method in KNOWN_METHODS or method == "response" else "other")  # type: ignore[assignment]
+        if method.__class__ is not str or (method not in KNOWN_METHODS and method != "response"):
+            method = "other"
+        key = (direction, method)
         child = self._messages.get(key)  # type: ignore[arg-type]
         if child is None:
-            child = self._messages[key] = self._m.messages.labels(self.server, *key)  # type: ignore[misc]
+            child = self._messages[key] = self._m.messages.labels(self.server, direction, method)
         child.inc()
 
     def request_done(self, method: str, seconds: float) -> None:

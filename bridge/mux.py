@@ -627,7 +627,7 @@ class Mux:
     def _after_task_list(self, peer: Peer, call: Call, msg: Message) -> list[Action]:
         result = msg.get("result")
         if self.shared and result.__class__ is dict and result.get("tasks").__class__ is list:
-            result["tasks"] = [t for t in result["tasks"] if t.__class__ is dict and t.get("taskId") in peer.tasks]
+            result["tasks"] = [t for t in result["tasks"] if t.__class__ is dict and _scalar(t.get("taskId")) in peer.tasks]
         return []
 
     def _internal_response(self, call: Call, msg: Message) -> list[Action]:
@@ -723,9 +723,9 @@ class Mux:
         sid = None
         meta = params.get("_meta")
         if meta.__class__ is dict and meta.get(RELATED_TASK).__class__ is dict:
-            sid = self._task_owner.get(meta[RELATED_TASK].get("taskId"))
+            sid = self._task_owner.get(_scalar(meta[RELATED_TASK].get("taskId")))  # type: ignore[arg-type]
         if sid is None and msg["method"].startswith("tasks/"):
-            sid = self._client_task_owner.get(params.get("taskId"))  # type: ignore[arg-type]
+            sid = self._client_task_owner.get(_param(msg, "taskId"))  # type: ignore[arg-type]
         return self._peers.get(sid) if sid is not None else None
 
     # Server notifications.
@@ -963,9 +963,15 @@ class Mux:
         return [self._internal_call("logging/setLevel", {"level": LOG_LEVELS[wanted]})]
 
 
-def _param(msg: Message, name: str) -> object:
+def _param(msg: Message, name: str) -> str | int | float | None:
+    """A scalar parameter, or None: every field the mux looks up by is a string or a number,
+    and a peer that sends a list or an object there must not break a table lookup."""
     params = msg.get("params")
-    return params.get(name) if params.__class__ is dict else None
+    return _scalar(params.get(name)) if params.__class__ is dict else None
+
+
+def _scalar(value: object) -> str | int | float | None:
+    return value if value.__class__ in (str, int, float) else None  # type: ignore[return-value]
 
 
 def _task_id(result: object) -> str | None:

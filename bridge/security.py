@@ -68,7 +68,8 @@ class Guard:
         scheme, _, token = authorization.partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             return None
-        digest = hashlib.sha256(token.strip().encode()).digest()
+        # Header bytes that are not UTF-8 arrive as surrogates: keep them, they just match nothing.
+        digest = hashlib.sha256(token.strip().encode("utf-8", "surrogateescape")).digest()
         found = None
         for principal in self.principals:
             if hmac.compare_digest(digest, principal.digest):

@@ -9,6 +9,8 @@ is the session: when it closes, the session ends.
 
 from __future__ import annotations
 
+import contextlib
+
 from aiohttp import web
 from aiohttp_sse import EventSourceResponse
 
@@ -65,7 +67,7 @@ async def stream(request: web.Request) -> web.StreamResponse:
         pass  # the client went away mid-write; the session ends below
     finally:
         gateway.close_session(session, reason)
-        if response.prepared:
+        with contextlib.suppress(RuntimeError):  # not started: the client left during prepare
             response.stop_streaming()
     return response
 

@@ -14,6 +14,7 @@ per-session buffer, what that stream sent after it, then continues it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import deque
 from typing import Any
 
@@ -328,7 +329,7 @@ async def _stream_response(
         pass  # the client went away; what is unsent stays for a resuming GET
     finally:
         stream.writers -= 1
-        if response.prepared:
+        with contextlib.suppress(RuntimeError):  # not started: the client left during prepare
             response.stop_streaming()
     return response
 
