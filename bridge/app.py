@@ -26,9 +26,8 @@ def create_app(config: Config) -> web.Application:
     def count_rejection(reason: str) -> None:
         metrics.rejections.labels(reason).inc()
 
-    app = web.Application(
-        client_max_size=config.limits.max_message_bytes, middlewares=security.middlewares(count_rejection)
-    )
+    # Bodies are read and limited by the transports (limits.max_message_bytes, reloadable).
+    app = web.Application(middlewares=security.middlewares(count_rejection))
     app.on_response_prepare.append(security.add_cors_headers)
     app[LIVE] = Live(config, Guard(config))
     app[METRICS] = metrics

@@ -29,10 +29,10 @@ class LineFramer:
     id); reading resumes after its newline, so one bad line costs nothing else.
     """
 
-    __slots__ = ("_buf", "_dropping", "_head", "_limit", "_on_line", "_on_oversize", "_tail")
+    __slots__ = ("_buf", "_dropping", "_head", "limit", "_on_line", "_on_oversize", "_tail")
 
     def __init__(self, limit: int, on_line: Callable[[bytes], None], on_oversize: Callable[[int, bytes, bytes], None]) -> None:
-        self._limit = limit
+        self.limit = limit
         self._on_line = on_line
         self._on_oversize = on_oversize
         self._buf = bytearray()
@@ -60,13 +60,13 @@ class LineFramer:
                 self._tail = (self._tail + data[start:])[-EDGE:]
             else:
                 self._buf += data[start:] if start else data
-                if len(self._buf) > self._limit:
+                if len(self._buf) > self.limit:
                     self._dropping = len(self._buf)
                     self._head, self._tail = bytes(self._buf[:EDGE]), bytes(self._buf[-EDGE:])
                     self._buf = bytearray()
 
     def _emit(self, line: bytes) -> None:
-        if len(line) > self._limit:
+        if len(line) > self.limit:
             self._on_oversize(len(line), line[:EDGE], line[-EDGE:])
         elif line.strip():
             self._on_line(line)
@@ -130,6 +130,9 @@ class Child:
             return False
         stdin.write(data)
         return True
+
+    def set_line_limit(self, limit: int) -> None:
+        self._stdout.limit = limit
 
     def stdin_buffered(self) -> int:
         stdin = self._stdin

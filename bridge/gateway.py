@@ -181,6 +181,8 @@ class Gateway:
         self.max_sessions = self.server.max_sessions or limits.max_sessions
         for upstream in self.upstreams():
             upstream.mux.max_inflight = limits.max_inflight
+            if upstream.child is not None:
+                upstream.child.set_line_limit(limits.max_message_bytes)
 
     # ----------------------------------------------------------------- sessions
 
@@ -282,7 +284,7 @@ class Gateway:
                 upstream.supervisor.restart(action.reason)  # type: ignore[union-attr]
             elif cls is Timer:
                 upstream.set_timer(action.delay)  # type: ignore[union-attr]
-        for session in slow:
+        for session in dict.fromkeys(slow):  # once each, however many messages it missed
             self.log.warning("session_too_slow", session=session.id, queue_limit=self.limits.session_queue)
             self.close_session(session, "slow")
 
@@ -290,9 +292,9 @@ class Gateway:
 
     async def _tick(self) -> None:
         """Once a second: time out requests and initializes, reap idle sessions."""
-        limits = self.limits
         while True:
             await asyncio.sleep(1.0)
+            limits = self.limits  # read each time: a reload may have replaced it
             for upstream in list(self.upstreams()):
                 self.apply(upstream, upstream.mux.expire(limits.request_timeout, limits.initialize_timeout))
             idle_before = time.monotonic() - limits.session_idle_timeout

@@ -148,7 +148,7 @@ class _StateCollector(Collector):
         looping = GaugeMetricFamily(f"{PREFIX}_server_crash_looping", "1 while a server is in a crash loop.", labels=["server"])
         processes = GaugeMetricFamily(f"{PREFIX}_server_processes", "Server processes running.", labels=["server"])
         for view in self._servers():
-            for transport, count in view.session_counts().items():
+            for transport, count in {"sse": 0, "streamable": 0, **view.session_counts()}.items():
                 sessions.add_metric([view.name, transport], count)
             inflight.add_metric([view.name], view.inflight())
             processes.add_metric([view.name], view.processes_up())

@@ -60,11 +60,16 @@ async def read_message(request: web.Request, gateway: Gateway) -> Any:
     limit = gateway.limits.max_message_bytes
     if request.content_length is not None and request.content_length > limit:
         fail(413, f"body of {request.content_length} bytes is over the limit of {limit}")
-    try:
-        body = await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        fail(413, f"body is over the limit of {limit} bytes")
-    gateway.metrics.bytes_in.inc(len(body))
+    # Read here rather than with the app's client_max_size, which a reload cannot change.
+    chunks: list[bytes] = []
+    size = 0
+    while chunk := await request.content.readany():
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > limit:
+            fail(413, f"body is over the limit of {limit} bytes")
+    body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    gateway.metrics.bytes_in.inc(size)
     try:
         return jsonrpc.decode(body)
     except ProtocolError as exc:
