@@ -24,10 +24,10 @@ def create_app(config: Config) -> web.Application:
     metrics = Metrics(gateways.values)
 
     def count_rejection(reason: str) -> None:
-        metrics.rejections.labels(reason).inc()
+        metrics.rejections[reason] += 1
 
     # Bodies are read and limited by the transports (limits.max_message_bytes, reloadable).
-    app = web.Application(middlewares=security.middlewares(count_rejection))
+    app = web.Application(middlewares=[security.middleware(count_rejection)])
     app.on_response_prepare.append(security.add_cors_headers)
     app[LIVE] = Live(config, Guard(config))
     app[METRICS] = metrics
@@ -89,7 +89,10 @@ async def apply_config(app: web.Application, new: Config) -> None:
     removed = [name for name in old.servers if name not in new.servers]
     changed = [name for name in new.servers if name in old.servers and new.servers[name] != old.servers[name]]
     added = [name for name in new.servers if name not in old.servers]
-    await asyncio.gather(*(gateways.pop(name).stop("server_gone") for name in removed + changed))
+    stopping = [gateways.pop(name) for name in removed + changed]
+    for gateway in stopping:
+        metrics.retired[gateway.name] = gateway.metrics
+    await asyncio.gather(*(gateway.stop("server_gone") for gateway in stopping))
     for name in changed + added:
         gateways[name] = Gateway(name, new.servers[name], new.limits, metrics.server(name))
         await gateways[name].start()

@@ -86,7 +86,7 @@ class Upstream:
 
     def on_exited(self, code: int | None, delay: float) -> None:
         self.child = None
-        self.gateway.metrics.restarts.inc()
+        self.gateway.metrics.restarts += 1
         reason = "server process could not be started" if code is None else f"server process exited with code {code}"
         self.gateway.apply(self, self.mux.server_exited(reason))
 
@@ -190,7 +190,7 @@ class Gateway:
         if not self.accepting:
             raise SessionLimitError(f"server {self.name!r} is shutting down")
         if len(self.sessions) >= self.max_sessions:
-            self.metrics.session_dropped("limit")
+            self.metrics.sessions_dropped["limit"] += 1
             raise SessionLimitError(f"server {self.name!r} has {len(self.sessions)} sessions (limit {self.max_sessions})")
         self.sessions[session.id] = session
         if self.shared:
@@ -201,7 +201,7 @@ class Gateway:
             upstream.supervisor.start()
         self._upstreams[session.id] = upstream
         upstream.mux.open_session(session.id)
-        self.metrics.session_opened(session.transport)
+        self.metrics.sessions_opened[session.transport] += 1
         self.log.info("session_opened", session=session.id, transport=session.transport, owner=session.owner)
 
     def session(self, session_id: str | None, owner: str | None) -> Session | None:
@@ -218,7 +218,7 @@ class Gateway:
         self.apply(upstream, upstream.mux.close_session(session.id))
         session.end(reason)
         if reason in DROP_REASONS:
-            self.metrics.session_dropped(reason)
+            self.metrics.sessions_dropped[reason] += 1
         if not self.shared:
             task = asyncio.get_running_loop().create_task(upstream.supervisor.stop())
             self._stopping.add(task)
@@ -263,7 +263,7 @@ class Gateway:
                 if session is None:
                     continue
                 data = encode(action.message)  # type: ignore[union-attr]
-                metrics.bytes_out.inc(len(data))
+                metrics.bytes_out += len(data)
                 if not session.deliver(data, action.related, action.final):  # type: ignore[union-attr]
                     slow.append(session)
                 call = action.call  # type: ignore[union-attr]
@@ -274,11 +274,11 @@ class Gateway:
                 for sid in action.sessions:  # type: ignore[union-attr]
                     session = self.sessions.get(sid)
                     if session is not None:
-                        metrics.bytes_out.inc(len(data))
+                        metrics.bytes_out += len(data)
                         if not session.deliver(data, None, False):
                             slow.append(session)
             elif cls is Discard:
-                metrics.dropped_messages.inc()
+                metrics.dropped_messages += 1
                 self.log.warning("message_dropped", reason=action.reason, **action.detail)  # type: ignore[union-attr]
             elif cls is RestartServer:
                 upstream.supervisor.restart(action.reason)  # type: ignore[union-attr]

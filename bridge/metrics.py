@@ -2,20 +2,21 @@
 
 Labels are bounded: `server` and `transport` come from the config and code,
 `method` is a known MCP method name or `other`, `direction` and `reason` are
-fixed vocabularies. Counters on the per-message path go through children
-cached per (server, label) so that a message costs a dict lookup and an
-increment. State that already lives elsewhere (sessions open, requests in
-flight, process up) is read at scrape time by a collector instead of being
-kept twice.
+fixed vocabularies. On the per-message path a count is a plain integer added
+to a dict (no lock, no label lookup); prometheus-client turns the integers,
+and the state that already lives in the gateways (sessions open, requests in
+flight, process up), into metric families only when `/metrics` is scraped.
 """
 
 from __future__ import annotations
 
+import bisect
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, Protocol
+from typing import Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 PREFIX = "mcp_bridge"
@@ -32,16 +33,20 @@ KNOWN_METHODS = frozenset(
     }
 )  # fmt: skip
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+TRANSPORTS = ("sse", "streamable")
 
 
 def method_label(method: object) -> str:
-    return method if method in KNOWN_METHODS else "other"  # type: ignore[return-value]
+    if method.__class__ is str and (method in KNOWN_METHODS or method == "response"):
+        return method  # type: ignore[return-value]
+    return "other"
 
 
 class ServerView(Protocol):
     """What the scrape-time collector reads from a gateway."""
 
     name: str
+    metrics: ServerMetrics
 
     def session_counts(self) -> dict[str, int]: ...
 
@@ -54,90 +59,128 @@ class ServerView(Protocol):
     def readiness(self) -> str | None: ...
 
 
+class Latency:
+    """A histogram as plain numbers: per-bucket counts (the last is +Inf), sum, count."""
+
+    __slots__ = ("buckets", "count", "total")
+
+    def __init__(self) -> None:
+        self.buckets = [0] * (len(LATENCY_BUCKETS) + 1)
+        self.count = 0
+        self.total = 0.0
+
+    def observe(self, seconds: float) -> None:
+        self.buckets[bisect.bisect_left(LATENCY_BUCKETS, seconds)] += 1
+        self.count += 1
+        self.total += seconds
+
+    def cumulative(self) -> list[tuple[str, float]]:
+        running, out = 0, []
+        for bound, n in zip((*map(str, LATENCY_BUCKETS), "+Inf"), self.buckets, strict=True):
+            running += n
+            out.append((bound, running))
+        return out
+
+
+class ServerMetrics:
+    """The counts of one server; attributes are bumped directly on the hot path."""
+
+    def __init__(self, server: str) -> None:
+        self.server = server
+        self.messages: Counter[tuple[str, str]] = Counter()
+        self.durations: dict[str, Latency] = {}
+        self.bytes_in = 0
+        self.bytes_out = 0
+        self.restarts = 0
+        self.dropped_messages = 0
+        self.sessions_opened: Counter[str] = Counter()
+        self.sessions_dropped: Counter[str] = Counter()
+
+    def message(self, direction: str, method: object) -> None:
+        self.messages[direction, method_label(method)] += 1
+
+    def request_done(self, method: str, seconds: float) -> None:
+        latency = self.durations.get(method)
+        if latency is None:
+            latency = self.durations[method] = Latency()
+        latency.observe(seconds)
+
+
 class Metrics:
     """One registry per app, so that several apps in one process never collide."""
 
     def __init__(self, servers: Callable[[], Iterable[ServerView]]) -> None:
-        disable_created_metrics()  # `_created` series double the scrape for nothing dashboards use
         self.registry = CollectorRegistry()
-        r = self.registry
-        self.sessions_opened = Counter(f"{PREFIX}_sessions_opened", "Client sessions opened.", ["server", "transport"], registry=r)
-        self.sessions_dropped = Counter(
+        self.rejections: Counter[str] = Counter()
+        # A server removed by a reload keeps its counts: counters never go back.
+        self.retired: dict[str, ServerMetrics] = {}
+        self.registry.register(_Collector(servers, self))
+
+    def server(self, name: str) -> ServerMetrics:
+        return self.retired.pop(name, None) or ServerMetrics(name)
+
+
+class _Collector(Collector):
+    def __init__(self, servers: Callable[[], Iterable[ServerView]], metrics: Metrics) -> None:
+        self._servers = servers
+        self._metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        views = list(self._servers())
+        yield from self._counters([v.metrics for v in views] + list(self._metrics.retired.values()))
+        yield from self._state(views)
+        rejections = CounterMetricFamily(
+            f"{PREFIX}_rejections", "HTTP requests refused by access checks, by reason.", labels=["reason"]
+        )
+        for reason, n in sorted(self._metrics.rejections.items()):
+            rejections.add_metric([reason], n)
+        yield rejections
+
+    def _counters(self, all_metrics: list[ServerMetrics]) -> Iterator[Metric]:
+        opened = CounterMetricFamily(f"{PREFIX}_sessions_opened", "Client sessions opened.", labels=["server", "transport"])
+        dropped = CounterMetricFamily(
             f"{PREFIX}_sessions_dropped",
             "Sessions the bridge ended or refused: slow (queue full), idle, limit (max_sessions), "
             "server_gone (server removed or reconfigured), shutdown.",
-            ["server", "reason"],
-            registry=r,
+            labels=["server", "reason"],
         )
-        self.messages = Counter(
+        messages = CounterMetricFamily(
             f"{PREFIX}_messages",
             "JSON-RPC messages by direction (from_client, from_server) and method (responses: 'response').",
-            ["server", "direction", "method"],
-            registry=r,
+            labels=["server", "direction", "method"],
         )
-        self.bytes = Counter(
-            f"{PREFIX}_bytes", "Bytes of messages from_client and to_client.", ["server", "direction"], registry=r
-        )
-        self.request_duration = Histogram(
+        traffic = CounterMetricFamily(f"{PREFIX}_bytes", "Bytes of messages from_client and to_client.", labels=["server", "direction"])
+        duration = HistogramMetricFamily(
             f"{PREFIX}_request_duration_seconds",
             "Time from a client request to its response, by method.",
-            ["server", "method"],
-            buckets=LATENCY_BUCKETS,
-            registry=r,
+            labels=["server", "method"],
         )
-        self.restarts = Counter(f"{PREFIX}_server_restarts", "Server process exits followed by a restart.", ["server"], registry=r)
-        self.dropped_messages = Counter(
-            f"{PREFIX}_dropped_messages", "Messages that could not be routed and were dropped.", ["server"], registry=r
+        restarts = CounterMetricFamily(f"{PREFIX}_server_restarts", "Server process exits followed by a restart.", labels=["server"])
+        dropped_messages = CounterMetricFamily(
+            f"{PREFIX}_dropped_messages", "Messages that could not be routed and were dropped.", labels=["server"]
         )
-        self.rejections = Counter(
-            f"{PREFIX}_rejections", "HTTP requests refused by access checks, by reason.", ["reason"], registry=r
-        )
-        r.register(_StateCollector(servers))
+        for m in all_metrics:
+            for transport in TRANSPORTS:
+                opened.add_metric([m.server, transport], m.sessions_opened[transport])
+            for reason, n in sorted(m.sessions_dropped.items()):
+                dropped.add_metric([m.server, reason], n)
+            for (direction, method), n in sorted(m.messages.items()):
+                messages.add_metric([m.server, direction, method], n)
+            traffic.add_metric([m.server, "from_client"], m.bytes_in)
+            traffic.add_metric([m.server, "to_client"], m.bytes_out)
+            latencies: dict[str, Latency] = {}
+            for method, latency in m.durations.items():  # unknown methods share the `other` series
+                merged = latencies.setdefault(method_label(method), Latency())
+                merged.count += latency.count
+                merged.total += latency.total
+                merged.buckets = [a + b for a, b in zip(merged.buckets, latency.buckets, strict=True)]
+            for method, latency in sorted(latencies.items()):
+                duration.add_metric([m.server, method], latency.cumulative(), latency.total)
+            restarts.add_metric([m.server], m.restarts)
+            dropped_messages.add_metric([m.server], m.dropped_messages)
+        yield from (opened, dropped, messages, traffic, duration, restarts, dropped_messages)
 
-    def server(self, name: str) -> ServerMetrics:
-        return ServerMetrics(self, name)
-
-
-class ServerMetrics:
-    """The metrics of one server with label children cached for the hot path."""
-
-    def __init__(self, metrics: Metrics, server: str) -> None:
-        self._m = metrics
-        self.server = server
-        self._messages: dict[tuple[str, str], Any] = {}
-        self._durations: dict[str, Any] = {}
-        self.bytes_in = metrics.bytes.labels(server, "from_client")
-        self.bytes_out = metrics.bytes.labels(server, "to_client")
-        self.restarts = metrics.restarts.labels(server)
-        self.dropped_messages = metrics.dropped_messages.labels(server)
-
-    def message(self, direction: str, method: object) -> None:
-        if method.__class__ is not str or (method not in KNOWN_METHODS and method != "response"):
-            method = "other"
-        key = (direction, method)
-        child = self._messages.get(key)  # type: ignore[arg-type]
-        if child is None:
-            child = self._messages[key] = self._m.messages.labels(self.server, direction, method)
-        child.inc()
-
-    def request_done(self, method: str, seconds: float) -> None:
-        child = self._durations.get(method)
-        if child is None:
-            child = self._durations[method] = self._m.request_duration.labels(self.server, method_label(method))
-        child.observe(seconds)
-
-    def session_opened(self, transport: str) -> None:
-        self._m.sessions_opened.labels(self.server, transport).inc()
-
-    def session_dropped(self, reason: str) -> None:
-        self._m.sessions_dropped.labels(self.server, reason).inc()
-
-
-class _StateCollector(Collector):
-    def __init__(self, servers: Callable[[], Iterable[ServerView]]) -> None:
-        self._servers = servers
-
-    def collect(self) -> Iterator[Metric]:
+    def _state(self, views: list[ServerView]) -> Iterator[Metric]:
         sessions = GaugeMetricFamily(f"{PREFIX}_sessions_open", "Client sessions open now.", labels=["server", "transport"])
         inflight = GaugeMetricFamily(f"{PREFIX}_requests_in_flight", "Client requests awaiting a response.", labels=["server"])
         up = GaugeMetricFamily(
@@ -147,9 +190,10 @@ class _StateCollector(Collector):
         )
         looping = GaugeMetricFamily(f"{PREFIX}_server_crash_looping", "1 while a server is in a crash loop.", labels=["server"])
         processes = GaugeMetricFamily(f"{PREFIX}_server_processes", "Server processes running.", labels=["server"])
-        for view in self._servers():
-            for transport, count in {"sse": 0, "streamable": 0, **view.session_counts()}.items():
-                sessions.add_metric([view.name, transport], count)
+        for view in views:
+            counts = view.session_counts()
+            for transport in TRANSPORTS:
+                sessions.add_metric([view.name, transport], counts.get(transport, 0))
             inflight.add_metric([view.name], view.inflight())
             processes.add_metric([view.name], view.processes_up())
             up.add_metric([view.name], 1 if view.readiness() is None else 0)

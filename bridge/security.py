@@ -23,6 +23,7 @@ from .transports.common import LIVE, PRINCIPAL, fail
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})
+HOST_CACHE = 256
 CORS_METHODS = "GET, POST, DELETE, OPTIONS"
 CORS_HEADERS = "Authorization, Content-Type, Accept, Mcp-Session-Id, MCP-Protocol-Version, Last-Event-ID"
 CORS_EXPOSE = "Mcp-Session-Id, MCP-Protocol-Version, WWW-Authenticate"
@@ -56,10 +57,7 @@ class Guard:
         self.allowed_hosts = frozenset(h.lower() for h in sec.allowed_hosts)
         self.loopback = is_loopback(config.listen.host)
         self.metrics_path = config.metrics.path
-
-    @property
-    def auth_required(self) -> bool:
-        return bool(self.principals)
+        self._hosts: dict[str, bool] = {}  # every request asks; the answers are few
 
     def authenticate(self, authorization: str | None) -> Principal | None:
         """The principal whose token this header carries, checked against every token in constant time."""
@@ -80,6 +78,14 @@ class Guard:
         """When bound to loopback, only loopback names (any port) or listed hosts: no DNS rebinding."""
         if host is None:
             return True
+        known = self._hosts.get(host)
+        if known is None:
+            if len(self._hosts) >= HOST_CACHE:
+                self._hosts.clear()
+            known = self._hosts[host] = self._host_allowed(host)
+        return known
+
+    def _host_allowed(self, host: str) -> bool:
         name = _strip_port(host.lower())
         if host.lower() in self.allowed_hosts or name in self.allowed_hosts:
             return True
@@ -113,8 +119,9 @@ def _is_loopback_name(name: str) -> bool:
         return False
 
 
-def middlewares(count: Callable[[str], None]) -> list[Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]]:
-    """The access checks of the app's live guard; `count` is told the reason (a fixed word) of each rejection."""
+def middleware(count: Callable[[str], None]) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+    """The access checks of the app's live guard, cheap-first, in one middleware (the
+    per-request path is hot); `count` is told the reason (a fixed word) of each rejection."""
     log = logs.get()
 
     def reject(
@@ -125,42 +132,38 @@ def middlewares(count: Callable[[str], None]) -> list[Callable[[web.Request, Han
         fail(status, reason, headers=headers)
 
     @web.middleware
-    async def check_host_and_origin(request: web.Request, handler: Handler) -> web.StreamResponse:
+    async def check_access(request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.path in OPEN_PATHS:
             return await handler(request)
         guard = request.app[LIVE].guard
-        if not guard.host_allowed(request.headers.get("Host")):
-            reject(request, 403, "host", "host not allowed", host=request.headers.get("Host"))
-        origin = request.headers.get("Origin")
-        if not guard.origin_allowed(origin):
-            reject(request, 403, "origin", "origin not allowed", origin=origin)
-        if request.method == "OPTIONS" and origin is not None:
-            return web.Response(
-                status=204,
-                headers={
-                    "Access-Control-Allow-Methods": CORS_METHODS,
-                    "Access-Control-Allow-Headers": CORS_HEADERS,
-                    "Access-Control-Max-Age": "600",
-                },
-            )
+        headers = request.headers
+        if not guard.host_allowed(headers.get("Host")):
+            reject(request, 403, "host", "host not allowed", host=headers.get("Host"))
+        origin = headers.get("Origin")
+        if origin is not None:
+            if not guard.origin_allowed(origin):
+                reject(request, 403, "origin", "origin not allowed", origin=origin)
+            if request.method == "OPTIONS":
+                return web.Response(
+                    status=204,
+                    headers={
+                        "Access-Control-Allow-Methods": CORS_METHODS,
+                        "Access-Control-Allow-Headers": CORS_HEADERS,
+                        "Access-Control-Max-Age": "600",
+                    },
+                )
+        if guard.principals:
+            principal = guard.authenticate(headers.get("Authorization"))
+            if principal is None:
+                kind = "invalid_token" if "Authorization" in headers else "missing_token"
+                reject(request, 401, kind, kind.replace("_", " "), {"WWW-Authenticate": WWW_AUTHENTICATE})
+            server = request.match_info.get("name")
+            if server is not None and not principal.may_use(server):  # type: ignore[union-attr]
+                reject(request, 403, "forbidden_server", f"token not allowed for server {server!r}", token=principal.name)  # type: ignore[union-attr]
+            request[PRINCIPAL] = principal.name  # type: ignore[union-attr]
         return await handler(request)
 
-    @web.middleware
-    async def check_token(request: web.Request, handler: Handler) -> web.StreamResponse:
-        guard = request.app[LIVE].guard
-        if not guard.auth_required or request.path in OPEN_PATHS:
-            return await handler(request)
-        principal = guard.authenticate(request.headers.get("Authorization"))
-        if principal is None:
-            kind = "invalid_token" if "Authorization" in request.headers else "missing_token"
-            reject(request, 401, kind, kind.replace("_", " "), {"WWW-Authenticate": WWW_AUTHENTICATE})
-        server = request.match_info.get("name")
-        if server is not None and not principal.may_use(server):  # type: ignore[union-attr]
-            reject(request, 403, "forbidden_server", f"token not allowed for server {server!r}", token=principal.name)  # type: ignore[union-attr]
-        request[PRINCIPAL] = principal.name  # type: ignore[union-attr]
-        return await handler(request)
-
-    return [check_host_and_origin, check_token]
+    return check_access
 
 
 async def add_cors_headers(request: web.Request, response: web.StreamResponse) -> None:

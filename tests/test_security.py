@@ -145,7 +145,7 @@ TOKENS = [
 
 def test_guard_plain_and_sha256_tokens() -> None:
     g = make_guard(TOKENS, environ=ENV)
-    assert g.auth_required
+    assert g.principals
     for header, name in [
         (f"Bearer {ALICE}", "alice"),
         (f"Bearer {BOB}", "bob"),
@@ -159,7 +159,7 @@ def test_guard_plain_and_sha256_tokens() -> None:
     # The token is what is compared, never its digest.
     assert g.authenticate(f"Bearer {sha256_hex(BOB)}") is None
     # No tokens configured: nothing to authenticate against, and no auth required.
-    assert not make_guard().auth_required
+    assert not make_guard().principals
 
 
 @pytest.mark.parametrize(

@@ -69,7 +69,7 @@ async def read_message(request: web.Request, gateway: Gateway) -> Any:
         if size > limit:
             fail(413, f"body is over the limit of {limit} bytes")
     body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-    gateway.metrics.bytes_in.inc(size)
+    gateway.metrics.bytes_in += size
     try:
         return jsonrpc.decode(body)
     except ProtocolError as exc:
