@@ -34,9 +34,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--check", action="store_true", help="validate the config, print what is wrong, exit")
     parser.add_argument("--log-format", choices=["json", "console"], help="overrides logging.format")
     parser.add_argument("--log-level", choices=list(logs.LEVELS), help="overrides logging.level")
-    parser.add_argument(
-        "--loop", choices=["auto", "asyncio", "uvloop"], default="auto", help="event loop (auto: uvloop when installed)"
-    )
+    parser.add_argument("--loop", choices=["asyncio", "uvloop"], default="asyncio", help="event loop (uvloop: pip install uvloop)")
     parser.add_argument("--version", action="version", version=f"mcp-bridge {__version__}")
     return parser.parse_args(argv)
 
@@ -66,16 +64,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(main: Coroutine[Any, Any, None], loop: str) -> None:
-    if loop != "asyncio":
-        try:
-            import uvloop
-        except ImportError:
-            if loop == "uvloop":
-                raise
-        else:
-            uvloop.run(main)
-            return
-    asyncio.run(main)
+    if loop == "uvloop":
+        import uvloop  # optional: measured mixed here (README, Performance)
+
+        uvloop.run(main)
+    else:
+        asyncio.run(main)
 
 
 def _load(args: argparse.Namespace) -> Config:
