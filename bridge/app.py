@@ -33,7 +33,7 @@ def create_app(config: Config) -> web.Application:
     app[METRICS] = metrics
     app[GATEWAYS] = gateways
     for name, server in config.servers.items():
-        gateways[name] = Gateway(name, server, config.limits, metrics.server(name))
+        gateways[name] = Gateway(name, server, config.limits, metrics.server(name), config.sse.keepalive)
     app.router.add_get("/servers/{name}/sse", sse.stream)
     app.router.add_post("/servers/{name}/messages", sse.post_message)
     app.router.add_post("/servers/{name}/mcp", streamable.post)
@@ -94,12 +94,12 @@ async def apply_config(app: web.Application, new: Config) -> None:
         metrics.retired[gateway.name] = gateway.metrics
     await asyncio.gather(*(gateway.stop("server_gone") for gateway in stopping))
     for name in changed + added:
-        gateways[name] = Gateway(name, new.servers[name], new.limits, metrics.server(name))
+        gateways[name] = Gateway(name, new.servers[name], new.limits, metrics.server(name), new.sse.keepalive)
         await gateways[name].start()
-    if new.limits != old.limits:
-        for name, gateway in gateways.items():
-            if name not in changed and name not in added:
-                gateway.update_limits(new.limits)
+    for name, gateway in gateways.items():
+        if name not in changed and name not in added:
+            gateway.update_limits(new.limits)
+            gateway.keepalive = new.sse.keepalive
     live.config, live.guard = new, Guard(new)
     log.info("config_reloaded", added=added, removed=removed, restarted=changed, unchanged=len(gateways) - len(added) - len(changed))
 

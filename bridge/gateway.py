@@ -28,6 +28,8 @@ from .supervisor import Status, Supervisor
 encode = jsonrpc.encode
 
 
+KEEPALIVE_PASSES = 5  # checks per keepalive interval: comments come every 4/5 to 5/5 of it
+KEEPALIVE_SLICE = 64  # keepalives written between yields to the event loop
 # Session ends the bridge chose, counted as drops (a client closing its stream is not one).
 DROP_REASONS = frozenset({"slow", "idle", "server_gone", "shutdown"})
 
@@ -132,9 +134,10 @@ class Upstream:
 
 
 class Gateway:
-    def __init__(self, name: str, server: Server, limits: Limits, metrics: ServerMetrics) -> None:
+    def __init__(self, name: str, server: Server, limits: Limits, metrics: ServerMetrics, keepalive: float) -> None:
         self.name = name
         self.metrics = metrics
+        self.keepalive = keepalive
         self.server = server
         self.limits = limits
         self.max_sessions = server.max_sessions or limits.max_sessions
@@ -145,6 +148,7 @@ class Gateway:
         self._upstreams: dict[str, Upstream] = {}  # session id -> its upstream
         self._stopping: set[asyncio.Task[None]] = set()
         self._ticker: asyncio.Task[None] | None = None
+        self._pinger: asyncio.Task[None] | None = None
         self.accepting = True
 
     @property
@@ -160,7 +164,9 @@ class Gateway:
         if self.shared:
             self._shared = Upstream(self, self.name)
             self._shared.supervisor.start()
-        self._ticker = asyncio.get_running_loop().create_task(self._tick(), name=f"tick:{self.name}")
+        loop = asyncio.get_running_loop()
+        self._ticker = loop.create_task(self._tick(), name=f"tick:{self.name}")
+        self._pinger = loop.create_task(self._keepalives(), name=f"keepalive:{self.name}")
 
     async def stop(self, reason: str = "shutdown") -> None:
         """Refuse new sessions, answer every call still in flight with an error, end
@@ -171,8 +177,9 @@ class Gateway:
             self.apply(upstream, upstream.mux.shutdown(message))
         for session in list(self.sessions.values()):
             self.close_session(session, reason)
-        if self._ticker is not None:
-            self._ticker.cancel()
+        for task in (self._ticker, self._pinger):
+            if task is not None:
+                task.cancel()
         await asyncio.gather(*(u.supervisor.stop() for u in self.upstreams()), *self._stopping)
 
     def update_limits(self, limits: Limits) -> None:
@@ -300,6 +307,25 @@ class Gateway:
             idle_before = time.monotonic() - limits.session_idle_timeout
             for session in [s for s in self.sessions.values() if s.last_seen < idle_before and not s.attached()]:
                 self.close_session(session, "idle")
+
+    async def _keepalives(self) -> None:
+        """A comment on every stream once per `keepalive` seconds.
+
+        Checked a few times per interval, so each pass writes to the slice of the
+        sessions that opened in one part of it; and a pass yields to the loop after
+        every few writes, so that requests never wait behind thousands of them.
+        """
+        while True:
+            await asyncio.sleep(self.keepalive / KEEPALIVE_PASSES)
+            now = time.monotonic()
+            due = now - self.keepalive * (1 - 1 / KEEPALIVE_PASSES)
+            pinged = 0
+            for session in [s for s in self.sessions.values() if s.last_pinged < due]:
+                session.last_pinged = now
+                session.keepalive()
+                pinged += 1
+                if pinged % KEEPALIVE_SLICE == 0:
+                    await asyncio.sleep(0)
 
     # ------------------------------------------------------------------ health
 

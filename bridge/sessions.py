@@ -76,7 +76,8 @@ class Session:
         self.server = server
         self.owner = owner
         self.created = time.monotonic()
-        self.last_seen = self.created
+        self.last_seen = self.created  # the client's last request: idle reaping
+        self.last_pinged = self.created
         self.ended = False
         self.end_reason: str | None = None
 
@@ -85,6 +86,10 @@ class Session:
 
     def attached(self) -> bool:
         """Whether a client connection is waiting on this session right now."""
+        raise NotImplementedError
+
+    def keepalive(self) -> None:
+        """Write a comment on every open stream, so proxies and clients see it is alive."""
         raise NotImplementedError
 
     def end(self, reason: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -31,6 +32,33 @@ GATEWAYS = web.AppKey("gateways", dict[str, Gateway])
 METRICS = web.AppKey("metrics", Metrics)
 # Set by the auth middleware: the name of the token that made the request.
 PRINCIPAL = "mcp_bridge.principal"
+
+
+# One gateway task writes keepalive comments for every stream (see Gateway), rather than
+# a timer task per connection as aiohttp-sse does: at 10,000 sessions those tasks cost
+# memory and CPU, and each cancelled one left a reference cycle behind.
+SSE_HEADERS = {
+    "Content-Type": "text/event-stream",
+    "Cache-Control": "no-cache",
+    "Connection": "keep-alive",
+    "X-Accel-Buffering": "no",  # nginx: do not buffer the stream
+}
+PING = b": ping\n\n"
+
+
+# A peer that stops acknowledging (gone without a reset) is dropped after this long,
+# instead of after the kernel's default of about 15 minutes of retransmissions.
+UNACKED_TIMEOUT_MS = 120_000
+
+
+async def open_stream(request: web.Request, extra_headers: dict[str, str] | None = None) -> web.StreamResponse:
+    """Send the headers of an SSE stream and return the response to write events to."""
+    sock = request.transport.get_extra_info("socket") if request.transport is not None else None
+    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6) and hasattr(socket, "TCP_USER_TIMEOUT"):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, UNACKED_TIMEOUT_MS)
+    response = web.StreamResponse(headers={**SSE_HEADERS, **(extra_headers or {})})
+    await response.prepare(request)
+    return response
 
 
 def principal(request: web.Request) -> str | None:

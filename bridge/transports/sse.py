@@ -9,10 +9,9 @@ is the session: when it closes, the session ends.
 
 from __future__ import annotations
 
-import contextlib
+import asyncio
 
 from aiohttp import web
-from aiohttp_sse import EventSourceResponse
 
 from ..gateway import SessionLimitError
 from ..jsonrpc import ProtocolError, RequestId
@@ -38,6 +37,9 @@ class SseSession(Session):
     def attached(self) -> bool:
         return not self.ended
 
+    def keepalive(self) -> None:
+        self.outbox.put(common.PING)
+
     def end(self, reason: str) -> None:
         super().end(reason)
         self.outbox.close()
@@ -54,21 +56,22 @@ async def stream(request: web.Request) -> web.StreamResponse:
     except SessionLimitError as exc:
         common.fail(503, str(exc), headers={"Retry-After": RETRY_AFTER_S})
     session._request = request
-    response = EventSourceResponse(ping_interval=request.app[common.LIVE].config.sse.keepalive, sep="\n")
+    response = web.StreamResponse()
     reason = "client disconnected"
     try:
-        await response.prepare(request)
+        response = await common.open_stream(request)
         endpoint = f"/servers/{gateway.name}/messages?session_id={session.id}"
         await response.write(b"event: endpoint\ndata: " + endpoint.encode() + _END)
         while (batch := await session.outbox.get_batch()) is not None:
-            await response.write(b"".join([_EVENT + data + _END for data in batch]))
+            await response.write(b"".join([d if d is common.PING else _EVENT + d + _END for d in batch]))
         reason = session.end_reason or "ended"
-    except ConnectionResetError:
-        pass  # the client went away mid-write; the session ends below
+    except (ConnectionResetError, asyncio.CancelledError):
+        # The client went away (aiohttp cancels the handler when the connection drops).
+        # Return rather than re-raise: a task that ends cancelled keeps the exception,
+        # whose traceback holds this frame, and with it the session, in a cycle.
+        pass
     finally:
         gateway.close_session(session, reason)
-        with contextlib.suppress(RuntimeError):  # not started: the client left during prepare
-            response.stop_streaming()
     return response
 
 

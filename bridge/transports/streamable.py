@@ -14,12 +14,10 @@ per-session buffer, what that stream sent after it, then continues it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections import deque
 from typing import Any
 
 from aiohttp import web
-from aiohttp_sse import EventSourceResponse
 
 from .. import jsonrpc
 from ..gateway import Gateway, SessionLimitError
@@ -39,7 +37,7 @@ RETRY_AFTER_S = "5"
 class Stream:
     """One SSE stream of a session: events waiting for a writer, and the requests it still owes."""
 
-    __slots__ = ("generation", "key", "owed", "pending", "writers", "_waiter")
+    __slots__ = ("generation", "key", "owed", "pending", "ping_due", "writers", "_waiter")
 
     def __init__(self, key: str) -> None:
         self.key = key
@@ -48,6 +46,7 @@ class Stream:
         self.owed: set[RequestId] = set()
         self.generation = 0  # bumped when a writer attaches: older writers stop
         self.writers = 0
+        self.ping_due = False
         self._waiter: asyncio.Future[None] | None = None
 
     def wake(self) -> None:
@@ -103,6 +102,12 @@ class StreamableSession(Session):
 
     def attached(self) -> bool:
         return any(stream.writers for stream in self.streams.values())
+
+    def keepalive(self) -> None:
+        for stream in self.streams.values():
+            if stream.writers:
+                stream.ping_due = True
+                stream.wake()
 
     def end(self, reason: str) -> None:
         super().end(reason)
@@ -295,17 +300,14 @@ async def _stream_response(
     request: web.Request, session: StreamableSession, stream: Stream, *, replay_after: int | None, prime: int | None
 ) -> web.StreamResponse:
     """Write `stream` as SSE until its last response is sent, the session ends, or another writer takes over."""
-    config = request.app[common.LIVE].config
-    response = EventSourceResponse(
-        ping_interval=config.sse.keepalive, sep="\n", allow_all_methods=True, headers={SESSION_HEADER: session.id}
-    )
+    response = web.StreamResponse()
     stream.generation += 1
     generation = stream.generation
     stream.writers += 1
     stream.wake()  # a writer this one replaces sees the new generation and ends
     last = 0
     try:
-        await response.prepare(request)
+        response = await common.open_stream(request, {SESSION_HEADER: session.id})
         if prime is not None:
             await response.write(f"id: {session.event_id(stream, prime)}\ndata: \n\n".encode())
         if replay_after is not None:
@@ -321,16 +323,19 @@ async def _stream_response(
                 stream.pending.clear()
                 await response.write(b"".join([_event(stream, seq, data) for seq, data, _ in batch]))
                 last = batch[-1][0]
+            elif stream.ping_due:
+                stream.ping_due = False
+                await response.write(common.PING)
             elif session.ended or (not stream.owed and stream.key != STANDALONE):
                 break  # a POST stream ends after its last response
             else:
                 await stream.wait()
-    except ConnectionResetError:
-        pass  # the client went away; what is unsent stays for a resuming GET
+    except (ConnectionResetError, asyncio.CancelledError):
+        # The client went away; what is unsent stays for a resuming GET. Return rather
+        # than re-raise, so that no cancelled task keeps this frame in a cycle.
+        pass
     finally:
         stream.writers -= 1
-        with contextlib.suppress(RuntimeError):  # not started: the client left during prepare
-            response.stop_streaming()
     return response
 
 
