@@ -281,7 +281,8 @@ def _show(value: Any) -> str:
 
 
 def is_loopback(host: str) -> bool:
-    if host == "localhost":
+    """A loopback name or address (RFC 6761: every *.localhost name is loopback)."""
+    if host == "localhost" or host.endswith(".localhost"):
         return True
     try:
         return ipaddress.ip_address(host).is_loopback

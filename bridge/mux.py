@@ -821,11 +821,7 @@ class Mux:
         self._held.clear()
         for call in [c for c in self._calls.values() if not c.sent]:
             out.append(self._fail(call, jsonrpc.SERVER_UNAVAILABLE, reason))
-        for peer in self._peers.values():
-            if peer.waiting_init is not None:
-                out.append(self._reply_error(peer, peer.waiting_init, jsonrpc.SERVER_UNAVAILABLE, reason))
-                peer.waiting_init = None
-        return out
+        return out + self._refuse_waiting_inits(reason)
 
     def shutdown(self, reason: str) -> list[Action]:
         """The bridge is stopping: every client call gets an error now and is cancelled upstream."""
@@ -836,6 +832,10 @@ class Mux:
             else:
                 self._unqueue(call)
             out.append(self._fail(call, jsonrpc.SERVER_UNAVAILABLE, reason))
+        return out + self._refuse_waiting_inits(reason)
+
+    def _refuse_waiting_inits(self, reason: str) -> list[Action]:
+        out: list[Action] = []
         for peer in self._peers.values():
             if peer.waiting_init is not None:
                 out.append(self._reply_error(peer, peer.waiting_init, jsonrpc.SERVER_UNAVAILABLE, reason))

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import ipaddress
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -91,7 +90,7 @@ class Guard:
             return True
         if not self.loopback:
             return not self.allowed_hosts
-        return _is_loopback_name(name)
+        return is_loopback(name)
 
     def origin_allowed(self, origin: str | None) -> bool:
         """Listed origins; when bound to loopback, also pages served from loopback itself."""
@@ -100,7 +99,7 @@ class Guard:
         if not self.loopback:
             return False
         scheme, sep, rest = origin.partition("://")
-        return bool(sep) and scheme in ("http", "https") and _is_loopback_name(_strip_port(rest.lower()))
+        return bool(sep) and scheme in ("http", "https") and is_loopback(_strip_port(rest.lower()))
 
 
 def _strip_port(host: str) -> str:
@@ -108,15 +107,6 @@ def _strip_port(host: str) -> str:
         return host[1 : host.find("]")] if "]" in host else host
     name, sep, port = host.rpartition(":")
     return name if sep and port.isdigit() and ":" not in name else host
-
-
-def _is_loopback_name(name: str) -> bool:
-    if name == "localhost" or name.endswith(".localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(name).is_loopback
-    except ValueError:
-        return False
 
 
 def middleware(count: Callable[[str], None]) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
