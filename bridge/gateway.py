@@ -129,6 +129,11 @@ class Upstream:
         self._timer = None
         self.gateway.apply(self, self.mux.timer())
 
+    async def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        await self.supervisor.stop()
+
     def ready(self) -> bool:
         return self.supervisor.status is Status.RUNNING and self.mux.state is State.READY
 
@@ -180,7 +185,7 @@ class Gateway:
         for task in (self._ticker, self._pinger):
             if task is not None:
                 task.cancel()
-        await asyncio.gather(*(u.supervisor.stop() for u in self.upstreams()), *self._stopping)
+        await asyncio.gather(*(u.stop() for u in self.upstreams()), *self._stopping)
 
     def update_limits(self, limits: Limits) -> None:
         """Take new limits without touching sessions: they apply to what comes next."""
@@ -227,7 +232,7 @@ class Gateway:
         if reason in DROP_REASONS:
             self.metrics.sessions_dropped[reason] += 1
         if not self.shared:
-            task = asyncio.get_running_loop().create_task(upstream.supervisor.stop())
+            task = asyncio.get_running_loop().create_task(upstream.stop())
             self._stopping.add(task)
             task.add_done_callback(self._stopping.discard)
         self.log.info(
