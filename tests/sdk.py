@@ -284,3 +284,14 @@ def prompt_text(params: types.CreateMessageRequestParams) -> str:
 
 def dump(messages: list[Message]) -> str:
     return "\n".join(json.dumps(m)[:300] for m in messages)
+
+
+def own_progress_token(client: Client, steps: int) -> Any:
+    """The token of this session's one tools/call, after checking that the wire carried
+    exactly `steps` progress notifications, all with that token, and nothing of others'."""
+    (call,) = client.wire.sent_requests("tools/call")
+    token = call["params"]["_meta"]["progressToken"]
+    progress = client.wire.notifications("notifications/progress")
+    assert [m["params"]["progressToken"] for m in progress] == [token] * steps
+    client.wire.check_own_traffic()
+    return token

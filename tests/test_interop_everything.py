@@ -24,7 +24,7 @@ import shutil
 import mcp_types as types
 import pytest
 from conftest import ROOT
-from sdk import Client, connect, gather_sessions, prompt_text, text_of
+from sdk import Client, connect, gather_sessions, own_progress_token, prompt_text, text_of
 
 NODE_DIR = ROOT / "tests" / "node"
 EVERYTHING_JS = NODE_DIR / "node_modules" / "@modelcontextprotocol" / "server-everything" / "dist" / "index.js"
@@ -112,12 +112,7 @@ async def test_progress_reaches_only_the_caller(bridge):
             async with asyncio.timeout(5):
                 await all_seen.wait()
             assert sorted(seen) == [(float(s), float(steps)) for s in range(1, steps + 1)], seen
-            (call,) = c.wire.sent_requests("tools/call")
-            token = call["params"]["_meta"]["progressToken"]
-            progress = c.wire.notifications("notifications/progress")
-            assert [m["params"]["progressToken"] for m in progress] == [token] * steps
-            c.wire.check_own_traffic()
-            return token
+            return own_progress_token(c, steps)
 
         tokens = await gather_sessions(b.url("everything"), 3, body)
         assert len(set(map(str, tokens))) == 1, f"the SDK's default tokens should collide: {tokens}"

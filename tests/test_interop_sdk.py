@@ -17,7 +17,7 @@ import mcp_types as types
 import pytest
 from conftest import demo
 from mcp.shared.exceptions import MCPError
-from sdk import TIME_SERVER, Client, connect, gather_sessions, prompt_text, text_of
+from sdk import TIME_SERVER, Client, connect, gather_sessions, own_progress_token, prompt_text, text_of
 
 pytestmark = [
     # The SDK marks 2025-era features (logging, subscriptions, roots) deprecated for 2026-07-28.
@@ -139,13 +139,7 @@ async def test_progress_reaches_only_the_caller(bridge):
             assert sorted(p for p, _, _ in seen) == [float(s) for s in range(1, steps + 1)], seen
             assert {t for _, t, _ in seen} == {float(steps)}, seen
             assert sorted(m for _, _, m in seen) == sorted(f"step {s}/{steps}" for s in range(1, steps + 1))
-            # On the wire: progress only for the token this session sent, as many as its steps.
-            (call,) = c.wire.sent_requests("tools/call")
-            token = call["params"]["_meta"]["progressToken"]
-            progress = c.wire.notifications("notifications/progress")
-            assert [m["params"]["progressToken"] for m in progress] == [token] * steps
-            c.wire.check_own_traffic()
-            return token
+            return own_progress_token(c, steps)
 
         tokens = await gather_sessions(b.url("demo"), 3, body)
         assert len(set(map(str, tokens))) == 1, f"the SDK's default tokens should collide: {tokens}"
