@@ -55,6 +55,16 @@ async def ready(b: Bridge, server: str = "f") -> dict[str, Any]:
 # --------------------------------------------------------------------------- the stream
 
 
+async def test_endpoint_goes_through_the_proxy_prefix(bridge: Any) -> None:
+    """Behind a proxy that mounts the bridge under a path, the endpoint keeps that path;
+    a prefix that is not a plain path is ignored."""
+    async with bridge({"servers": {"f": faulty()}}) as b, aiohttp.ClientSession() as http:
+        for sent, expected in [("/mcp/bridge/", "/mcp/bridge/servers/f/messages?"), ("/x y", "/servers/f/messages?"), ("https://evil", "/servers/f/messages?")]:
+            async with http.get(b.url("f"), headers={"X-Forwarded-Prefix": sent}) as resp:
+                fields = await read_event(resp)
+                assert fields["data"].startswith(expected), (sent, fields)
+
+
 async def test_endpoint_event_first_and_headers(bridge: Any) -> None:
     async with bridge({"servers": {"f": faulty()}}) as b, aiohttp.ClientSession() as http:
         async with http.get(b.url("f")) as resp:

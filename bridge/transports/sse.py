@@ -10,6 +10,7 @@ is the session: when it closes, the session ends.
 from __future__ import annotations
 
 import asyncio
+import re
 
 from aiohttp import web
 
@@ -21,6 +22,7 @@ from . import common
 _EVENT = b"event: message\ndata: "
 _END = b"\n\n"
 RETRY_AFTER_S = "5"
+_PREFIX = re.compile(r"(/[A-Za-z0-9._~-]+)*")
 
 
 class SseSession(Session):
@@ -60,7 +62,7 @@ async def stream(request: web.Request) -> web.StreamResponse:
     reason = "client disconnected"
     try:
         response = await common.open_stream(request)
-        endpoint = f"/servers/{gateway.name}/messages?session_id={session.id}"
+        endpoint = f"{_forwarded_prefix(request)}/servers/{gateway.name}/messages?session_id={session.id}"
         await response.write(b"event: endpoint\ndata: " + endpoint.encode() + _END)
         while (batch := await session.outbox.get_batch()) is not None:
             await response.write(b"".join([d if d is common.PING else _EVENT + d + _END for d in batch]))
@@ -73,6 +75,14 @@ async def stream(request: web.Request) -> web.StreamResponse:
     finally:
         gateway.close_session(session, reason)
     return response
+
+
+def _forwarded_prefix(request: web.Request) -> str:
+    """The path a proxy mounts the bridge under (`X-Forwarded-Prefix`), so that the
+    endpoint a client is told to POST to goes through the same proxy. It only
+    changes what this client is told, so a client sending it can only mislead itself."""
+    prefix = request.headers.get("X-Forwarded-Prefix", "").rstrip("/")
+    return prefix if _PREFIX.fullmatch(prefix) else ""
 
 
 async def post_message(request: web.Request) -> web.Response:
