@@ -100,9 +100,12 @@ class ServerMetrics:
         self.messages[direction, method_label(method)] += 1
 
     def request_done(self, method: str, seconds: float) -> None:
-        latency = self.durations.get(method)
+        # Keyed by label, not by the raw method: clients choose method names, and a
+        # table keyed by them would grow with every name a client invents.
+        label = method_label(method)
+        latency = self.durations.get(label)
         if latency is None:
-            latency = self.durations[method] = Latency()
+            latency = self.durations[label] = Latency()
         latency.observe(seconds)
 
 
@@ -168,13 +171,7 @@ class _Collector(Collector):
                 messages.add_metric([m.server, direction, method], n)
             traffic.add_metric([m.server, "from_client"], m.bytes_in)
             traffic.add_metric([m.server, "to_client"], m.bytes_out)
-            latencies: dict[str, Latency] = {}
-            for method, latency in m.durations.items():  # unknown methods share the `other` series
-                merged = latencies.setdefault(method_label(method), Latency())
-                merged.count += latency.count
-                merged.total += latency.total
-                merged.buckets = [a + b for a, b in zip(merged.buckets, latency.buckets, strict=True)]
-            for method, latency in sorted(latencies.items()):
+            for method, latency in sorted(m.durations.items()):
                 duration.add_metric([m.server, method], latency.cumulative(), latency.total)
             restarts.add_metric([m.server], m.restarts)
             dropped_messages.add_metric([m.server], m.dropped_messages)
