@@ -22,12 +22,8 @@ DRAIN_POLL_S = 0.05
 def create_app(config: Config) -> web.Application:
     gateways: dict[str, Gateway] = {}
     metrics = Metrics(gateways.values)
-
-    def count_rejection(reason: str) -> None:
-        metrics.rejections[reason] += 1
-
     # Bodies are read and limited by the transports (limits.max_message_bytes, reloadable).
-    app = web.Application(middlewares=[security.middleware(count_rejection)])
+    app = web.Application(middlewares=[security.middleware(metrics.rejected)])
     app.on_response_prepare.append(security.add_cors_headers)
     app[LIVE] = Live(config, Guard(config))
     app[METRICS] = metrics

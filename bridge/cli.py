@@ -19,6 +19,7 @@ from aiohttp import web
 from . import __version__, logs
 from .app import apply_config, create_app, drain
 from .config import Config, ConfigError, listen_problems, load
+from .transports import fastpath
 from .transports.common import LIVE
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
@@ -118,12 +119,18 @@ async def serve(config: Config, reload_config: Callable[[], Config]) -> None:
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
     collector = loop.create_task(_keep_collections_short())
+    connections: set[fastpath.Connection] = set()
+    server: asyncio.Server | None = None
     try:
-        site = web.TCPSite(
-            runner, config.listen.host, config.listen.port, ssl_context=_tls(config), backlog=LISTEN_BACKLOG
+        server = await loop.create_server(
+            lambda: fastpath.Connection(app, runner.server, connections),  # type: ignore[arg-type]
+            config.listen.host,
+            config.listen.port,
+            ssl=_tls(config),
+            backlog=LISTEN_BACKLOG,
+            reuse_address=True,
         )
-        await site.start()
-        bound = [s.getsockname() for s in site._server.sockets] if site._server else []  # type: ignore[union-attr]
+        bound = [s.getsockname() for s in server.sockets]
         log.info(
             "listening",
             host=config.listen.host,
@@ -139,6 +146,10 @@ async def serve(config: Config, reload_config: Callable[[], Config]) -> None:
         await drain(app, app[LIVE].config.limits.drain_timeout)
     finally:
         collector.cancel()
+        if server is not None:
+            server.close()
+        for connection in list(connections):
+            connection.close()
         await runner.cleanup()
     log.info("stopped")
 

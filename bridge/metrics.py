@@ -122,6 +122,9 @@ class Metrics:
     def server(self, name: str) -> ServerMetrics:
         return self.retired.pop(name, None) or ServerMetrics(name)
 
+    def rejected(self, reason: str) -> None:
+        self.rejections[reason] += 1
+
 
 class _Collector(Collector):
     def __init__(self, servers: Callable[[], Iterable[ServerView]], metrics: Metrics) -> None:

@@ -109,57 +109,99 @@ def _strip_port(host: str) -> str:
     return name if sep and port.isdigit() and ":" not in name else host
 
 
-def middleware(count: Callable[[str], None]) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
-    """The access checks of the app's live guard, cheap-first, in one middleware (the
-    per-request path is hot); `count` is told the reason (a fixed word) of each rejection."""
-    log = logs.get()
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Why a request may not proceed: an HTTP status, a metric reason word, a one-line text."""
 
-    def reject(
-        request: web.Request, status: int, kind: str, reason: str, headers: dict[str, str] | None = None, **fields: object
-    ) -> None:
-        count(kind)
-        log.warning("request_rejected", status=status, reason=reason, path=request.path, remote=request.remote, **fields)
-        fail(status, reason, headers=headers)
+    status: int
+    kind: str
+    reason: str
+    headers: dict[str, str] | None = None
+    detail: dict[str, str | None] | None = None
+
+
+def admit(
+    guard: Guard,
+    host: str | None,
+    origin: str | None,
+    authorization: str | None,
+    server: str | None,
+    preflight: bool = False,
+) -> Refusal | Principal | None:
+    """The access rules, cheap-first: a Refusal, else the token's principal (None when
+    no tokens are configured, and for a CORS preflight, which carries no token)."""
+    if not guard.host_allowed(host):
+        return Refusal(403, "host", "host not allowed", detail={"host": host})
+    if origin is not None and not guard.origin_allowed(origin):
+        return Refusal(403, "origin", "origin not allowed", detail={"origin": origin})
+    if preflight or not guard.principals:
+        return None
+    principal = guard.authenticate(authorization)
+    if principal is None:
+        kind = "invalid_token" if authorization is not None else "missing_token"
+        return Refusal(401, kind, kind.replace("_", " "), {"WWW-Authenticate": WWW_AUTHENTICATE})
+    if server is not None and not principal.may_use(server):
+        return Refusal(403, "forbidden_server", f"token not allowed for server {server!r}", detail={"token": principal.name})
+    return principal
+
+
+def refused(count: Callable[[str], None], refusal: Refusal, path: str, remote: str | None) -> None:
+    """Count and log a refusal once, whichever HTTP path saw it."""
+    count(refusal.kind)
+    logs.get().warning(
+        "request_rejected", status=refusal.status, reason=refusal.reason, path=path, remote=remote, **(refusal.detail or {})
+    )
+
+
+def middleware(count: Callable[[str], None]) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+    """The access checks of the app's live guard in one middleware (the per-request
+    path is hot); `count` is told the reason (a fixed word) of each rejection."""
 
     @web.middleware
     async def check_access(request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.path in OPEN_PATHS:
             return await handler(request)
-        guard = request.app[LIVE].guard
         headers = request.headers
-        if not guard.host_allowed(headers.get("Host")):
-            reject(request, 403, "host", "host not allowed", host=headers.get("Host"))
         origin = headers.get("Origin")
-        if origin is not None:
-            if not guard.origin_allowed(origin):
-                reject(request, 403, "origin", "origin not allowed", origin=origin)
-            if request.method == "OPTIONS":
-                return web.Response(
-                    status=204,
-                    headers={
-                        "Access-Control-Allow-Methods": CORS_METHODS,
-                        "Access-Control-Allow-Headers": CORS_HEADERS,
-                        "Access-Control-Max-Age": "600",
-                    },
-                )
-        if guard.principals:
-            principal = guard.authenticate(headers.get("Authorization"))
-            if principal is None:
-                kind = "invalid_token" if "Authorization" in headers else "missing_token"
-                reject(request, 401, kind, kind.replace("_", " "), {"WWW-Authenticate": WWW_AUTHENTICATE})
-            server = request.match_info.get("name")
-            if server is not None and not principal.may_use(server):  # type: ignore[union-attr]
-                reject(request, 403, "forbidden_server", f"token not allowed for server {server!r}", token=principal.name)  # type: ignore[union-attr]
-            request[PRINCIPAL] = principal.name  # type: ignore[union-attr]
+        preflight = origin is not None and request.method == "OPTIONS"
+        result = admit(
+            request.app[LIVE].guard,
+            headers.get("Host"),
+            origin,
+            headers.get("Authorization"),
+            request.match_info.get("name"),
+            preflight,
+        )
+        if result.__class__ is Refusal:
+            refused(count, result, request.path, request.remote)  # type: ignore[arg-type]
+            fail(result.status, result.reason, headers=result.headers)  # type: ignore[union-attr]
+        if preflight:
+            return web.Response(
+                status=204,
+                headers={
+                    "Access-Control-Allow-Methods": CORS_METHODS,
+                    "Access-Control-Allow-Headers": CORS_HEADERS,
+                    "Access-Control-Max-Age": "600",
+                },
+            )
+        if result is not None:
+            request[PRINCIPAL] = result.name  # type: ignore[union-attr]
         return await handler(request)
 
     return check_access
 
 
+def cors_headers(guard: Guard, origin: str | None) -> dict[str, str] | None:
+    """The CORS headers of a response to a request from `origin`; None when it gets none."""
+    if origin is None or not guard.origin_allowed(origin):
+        return None
+    return {"Access-Control-Allow-Origin": origin, "Access-Control-Expose-Headers": CORS_EXPOSE, "Vary": "Origin"}
+
+
 async def add_cors_headers(request: web.Request, response: web.StreamResponse) -> None:
     """A response-prepare hook, so that streams get CORS headers too."""
-    origin = request.headers.get("Origin")
-    if origin is not None and request.app[LIVE].guard.origin_allowed(origin):
-        response.headers["Access-Control-Allow-Origin"] = origin
-        response.headers["Access-Control-Expose-Headers"] = CORS_EXPOSE
-        response.headers.add("Vary", "Origin")
+    cors = cors_headers(request.app[LIVE].guard, request.headers.get("Origin"))
+    if cors is not None:
+        vary = cors.pop("Vary")
+        response.headers.update(cors)
+        response.headers.add("Vary", vary)

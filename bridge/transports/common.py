@@ -77,17 +77,36 @@ def fail(status: int, message: str, code: int = jsonrpc.INVALID_REQUEST, headers
 
 
 def gateway_for(request: web.Request) -> Gateway:
-    gateway = request.app[GATEWAYS].get(request.match_info["name"])
+    return gateway_named(request.app[GATEWAYS], request.match_info["name"])
+
+
+def gateway_named(gateways: dict[str, Gateway], name: str) -> Gateway:
+    gateway = gateways.get(name)
     if gateway is None:
-        fail(404, f"unknown server {request.match_info['name']!r}")
+        fail(404, f"unknown server {name!r}")
     return gateway
+
+
+def check_length(content_length: int | None, gateway: Gateway) -> None:
+    """413 before any of the body is read, when its declared length is over the limit."""
+    limit = gateway.limits.max_message_bytes
+    if content_length is not None and content_length > limit:
+        fail(413, f"body of {content_length} bytes is over the limit of {limit}")
+
+
+def decode_body(body: bytes, gateway: Gateway) -> Any:
+    """The decoded JSON body, or 400 with a one-line reason."""
+    gateway.metrics.bytes_in += len(body)
+    try:
+        return jsonrpc.decode(body)
+    except ProtocolError as exc:
+        fail(400, exc.message, exc.code)
 
 
 async def read_message(request: web.Request, gateway: Gateway) -> Any:
     """The decoded JSON body, or 413 / 400 with a one-line reason."""
+    check_length(request.content_length, gateway)
     limit = gateway.limits.max_message_bytes
-    if request.content_length is not None and request.content_length > limit:
-        fail(413, f"body of {request.content_length} bytes is over the limit of {limit}")
     # Read here rather than with the app's client_max_size, which a reload cannot change.
     chunks: list[bytes] = []
     size = 0
@@ -96,9 +115,4 @@ async def read_message(request: web.Request, gateway: Gateway) -> Any:
         size += len(chunk)
         if size > limit:
             fail(413, f"body is over the limit of {limit} bytes")
-    body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-    gateway.metrics.bytes_in += size
-    try:
-        return jsonrpc.decode(body)
-    except ProtocolError as exc:
-        fail(400, exc.message, exc.code)
+    return decode_body(chunks[0] if len(chunks) == 1 else b"".join(chunks), gateway)

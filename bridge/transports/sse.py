@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import re
+from typing import Any
 
 from aiohttp import web
 
-from ..gateway import SessionLimitError
+from ..gateway import Gateway, SessionLimitError
 from ..jsonrpc import ProtocolError, RequestId
 from ..sessions import Outbox, Session
 from . import common
@@ -87,13 +88,26 @@ def _forwarded_prefix(request: web.Request) -> str:
 
 async def post_message(request: web.Request) -> web.Response:
     gateway = common.gateway_for(request)
-    session_id = request.query.get("session_id") or request.query.get("sessionId")
-    session = gateway.session(session_id, common.principal(request))
+    session = posted_session(gateway, request.query.get("session_id") or request.query.get("sessionId"), common.principal(request))
+    take(gateway, session, await common.read_message(request, gateway))
+    return web.Response(status=202, text="Accepted")
+
+
+# The two steps of a message POST, shared with the fast path (see fastpath.py).
+
+
+def posted_session(gateway: Gateway, session_id: str | None, principal: str | None) -> Session:
+    """The session a POST names, or 404: unknown, ended, another transport's, or another token's."""
+    session = gateway.session(session_id, principal)
     if session is None or session.transport != SseSession.transport:
         common.fail(404, "unknown session")
-    payload = await common.read_message(request, gateway)
+    return session
+
+
+def take(gateway: Gateway, session: Session, payload: Any) -> None:
+    if session.ended:  # while its body was arriving
+        common.fail(404, "unknown session")
     try:
         gateway.from_client(session, payload)
     except ProtocolError as exc:
         common.fail(400, exc.message, exc.code)
-    return web.Response(status=202, text="Accepted")
