@@ -2,7 +2,8 @@
 
 stdout and stderr are read by an asyncio protocol, so each complete line is
 handed to the owner synchronously from the data callback: no task wake-up
-per message on the server side.
+per message on the server side. `on_batch` follows the lines of each read,
+so that the owner can write what they produced in one go.
 """
 
 from __future__ import annotations
@@ -89,6 +90,7 @@ class Child:
         max_line: int,
         on_line: Callable[[bytes], None],
         on_oversize: Callable[[int, bytes, bytes], None],
+        on_batch: Callable[[], None] = lambda: None,
     ) -> None:
         self.server = server
         self.command = command
@@ -98,6 +100,7 @@ class Child:
         self.pid: int | None = None
         self.returncode: int | None = None
         self._stdout = LineFramer(max_line, on_line, on_oversize)
+        self._on_batch = on_batch
         self._stderr = LineFramer(STDERR_LINE_LIMIT, self._stderr_line, self._stderr_oversize)
         self._transport: asyncio.SubprocessTransport | None = None
         self._stdin: asyncio.WriteTransport | None = None
@@ -169,7 +172,11 @@ class Child:
         self.pid = transport.get_pid()
 
     def _data(self, fd: int, data: bytes) -> None:
-        (self._stdout if fd == 1 else self._stderr).feed(data)
+        if fd == 1:
+            self._stdout.feed(data)
+            self._on_batch()  # every line of this read is handed over
+        else:
+            self._stderr.feed(data)
 
     def _stderr_line(self, line: bytes) -> None:
         self._log.info("server_stderr", line=line.decode("utf-8", "replace").rstrip())

@@ -73,6 +73,7 @@ class Upstream:
             max_line=self.gateway.limits.max_message_bytes,
             on_line=self.on_line,
             on_oversize=self.on_oversize,
+            on_batch=self.gateway.flush,
         )
 
     def send(self, data: bytes) -> None:
@@ -112,7 +113,7 @@ class Upstream:
             # A bug must not stop this server's output from being read: log it, drop the line.
             self._log.exception("internal_error", where="from_server", size=len(line))
             return
-        self.gateway.apply(self, actions)
+        self.gateway.apply(self, actions, flush=False)  # the child calls flush after the read's last line
 
     def on_oversize(self, size: int, head: bytes, tail: bytes) -> None:
         self.gateway.apply(self, self.mux.response_too_large(jsonrpc.sniff_id(head, tail), size))
@@ -152,6 +153,7 @@ class Gateway:
         self._shared: Upstream | None = None
         self._upstreams: dict[str, Upstream] = {}  # session id -> its upstream
         self._stopping: set[asyncio.Task[None]] = set()
+        self._unflushed: dict[Session, None] = {}  # sessions delivered to since the last flush, in order
         self._ticker: asyncio.Task[None] | None = None
         self._pinger: asyncio.Task[None] | None = None
         self.accepting = True
@@ -263,9 +265,10 @@ class Gateway:
 
     # ------------------------------------------------------------------ actions
 
-    def apply(self, upstream: Upstream, actions: list[Action]) -> None:
+    def apply(self, upstream: Upstream, actions: list[Action], flush: bool = True) -> None:
         slow: list[Session] = []
         metrics = self.metrics
+        unflushed = self._unflushed
         for action in actions:
             cls = action.__class__
             if cls is ToServer:
@@ -276,6 +279,7 @@ class Gateway:
                     continue
                 data = encode(action.message)  # type: ignore[union-attr]
                 metrics.bytes_out += len(data)
+                unflushed[session] = None
                 if not session.deliver(data, action.related, action.final):  # type: ignore[union-attr]
                     slow.append(session)
                 call = action.call  # type: ignore[union-attr]
@@ -287,6 +291,7 @@ class Gateway:
                     session = self.sessions.get(sid)
                     if session is not None:
                         metrics.bytes_out += len(data)
+                        unflushed[session] = None
                         if not session.deliver(data, None, False):
                             slow.append(session)
             elif cls is Discard:
@@ -299,6 +304,16 @@ class Gateway:
         for session in dict.fromkeys(slow):  # once each, however many messages it missed
             self.log.warning("session_too_slow", session=session.id, queue_limit=self.limits.session_queue)
             self.close_session(session, "slow")
+        if flush:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write out what the sessions were given since the last flush: one write per session."""
+        if self._unflushed:
+            sessions = list(self._unflushed)
+            self._unflushed.clear()
+            for session in sessions:
+                session.flush()
 
     # -------------------------------------------------------------------- time
 

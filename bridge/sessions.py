@@ -2,7 +2,8 @@
 
 A transport subclasses `Session` to say how messages reach its client. The
 gateway only calls `deliver` (which must never block: a full queue returns
-False and the gateway drops the session as too slow) and `end`.
+False and the gateway drops the session as too slow), `flush` (once what one
+batch of input produced is delivered) and `end`.
 """
 
 from __future__ import annotations
@@ -83,6 +84,9 @@ class Session:
 
     def deliver(self, data: bytes, related: RequestId | None, final: bool) -> bool:
         raise NotImplementedError
+
+    def flush(self) -> None:
+        """Write what `deliver` queued, if this transport holds messages back for one write."""
 
     def attached(self) -> bool:
         """Whether a client connection is waiting on this session right now."""

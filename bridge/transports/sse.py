@@ -17,7 +17,7 @@ from aiohttp import web
 
 from ..gateway import Gateway, SessionLimitError
 from ..jsonrpc import ProtocolError, RequestId
-from ..sessions import Outbox, Session
+from ..sessions import Session
 from . import common
 
 _EVENT = b"event: message\ndata: "
@@ -27,28 +27,75 @@ _PREFIX = re.compile(r"(/[A-Za-z0-9._~-]+)*")
 
 
 class SseSession(Session):
+    """Writes its events straight to the client's socket, with no task in between.
+
+    The gateway calls `deliver` for each message and `flush` once it has
+    routed everything one batch of server output produced, so that a burst
+    of messages for a session goes out in one write. Messages count as
+    queued while the socket cannot take them: more than `queue_limit` of
+    those and the client is too slow.
+    """
+
     transport = "sse"
 
     def __init__(self, server: str, owner: str | None, queue_limit: int) -> None:
         super().__init__(server, owner)
-        self.outbox: Outbox[bytes] = Outbox(queue_limit)
-        self._request: web.Request | None = None
+        self._limit = queue_limit
+        self._parts: list[bytes] = []  # framed events not yet written
+        self._waiting = 0  # events in _parts
+        self._backlog = 0  # events written while the socket was backed up
+        self._out: asyncio.Transport | None = None
+        self._chunked = True
+        self._ended: asyncio.Future[None] | None = None
+
+    def attach(self, out: asyncio.Transport, chunked: bool) -> None:
+        """Start writing to `out` (the stream's headers are sent); what was delivered before goes first."""
+        self._out, self._chunked = out, chunked
+        self.flush()
+
+    async def wait_ended(self) -> None:
+        if not self.ended:
+            self._ended = asyncio.get_running_loop().create_future()
+            await self._ended
 
     def deliver(self, data: bytes, related: RequestId | None, final: bool) -> bool:
-        return self.outbox.put(data)
+        self._parts += (_EVENT, data, _END)
+        self._waiting += 1
+        return self._waiting + self._backlog <= self._limit
+
+    def flush(self) -> None:
+        out = self._out
+        if not self._parts or out is None:
+            return
+        if out.is_closing():
+            self._parts.clear()
+            return
+        parts = self._parts
+        if self._chunked:
+            size = sum(map(len, parts))
+            parts = [b"%x\r\n" % size, *parts, b"\r\n"]
+        backed_up = out.get_write_buffer_size() > 0
+        out.writelines(parts)
+        self._backlog = self._backlog + self._waiting if backed_up else 0
+        self._parts = []
+        self._waiting = 0
 
     def attached(self) -> bool:
         return not self.ended
 
     def keepalive(self) -> None:
-        self.outbox.put(common.PING)
+        self._parts.append(common.PING)
+        self.flush()
 
     def end(self, reason: str) -> None:
         super().end(reason)
-        self.outbox.close()
-        if reason == "slow" and self._request is not None and self._request.transport is not None:
-            # Its writer may be blocked on a full socket; only an abort frees it.
-            self._request.transport.abort()
+        if reason == "slow" and self._out is not None:
+            # Its socket is not being read; only an abort frees what is queued for it.
+            self._out.abort()
+        else:
+            self.flush()
+        if self._ended is not None and not self._ended.done():
+            self._ended.set_result(None)
 
 
 async def stream(request: web.Request) -> web.StreamResponse:
@@ -58,15 +105,16 @@ async def stream(request: web.Request) -> web.StreamResponse:
         gateway.open_session(session)
     except SessionLimitError as exc:
         common.fail(503, str(exc), headers={"Retry-After": RETRY_AFTER_S})
-    session._request = request
     response = web.StreamResponse()
     reason = "client disconnected"
     try:
         response = await common.open_stream(request)
         endpoint = f"{_forwarded_prefix(request)}/servers/{gateway.name}/messages?session_id={session.id}"
+        # Through aiohttp, so that the headers go out with it; then events go to the socket directly.
         await response.write(b"event: endpoint\ndata: " + endpoint.encode() + _END)
-        while (batch := await session.outbox.get_batch()) is not None:
-            await response.write(b"".join([d if d is common.PING else _EVENT + d + _END for d in batch]))
+        if request.transport is not None:
+            session.attach(request.transport, response.headers.get("Transfer-Encoding") == "chunked")
+        await session.wait_ended()
         reason = session.end_reason or "ended"
     except (ConnectionResetError, asyncio.CancelledError):
         # The client went away (aiohttp cancels the handler when the connection drops).
