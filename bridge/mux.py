@@ -576,7 +576,7 @@ class Mux:
     def _server_response(self, msg: Message) -> list[Action]:
         upstream_id = msg["id"]
         call = self._calls.get(upstream_id)  # type: ignore[arg-type]
-        if call is None:
+        if call is None or not call.sent:  # a call still held back has an id the server has not seen
             if upstream_id in self._cancelled:
                 return []
             return [Discard("response with an id the bridge never issued", {"id": upstream_id})]
@@ -595,7 +595,7 @@ class Mux:
     def response_too_large(self, upstream_id: RequestId | None, size: int) -> list[Action]:
         """The server answered a call with a line too long to carry: fail that call."""
         call = self._calls.get(upstream_id) if upstream_id.__class__ is int else None  # type: ignore[arg-type]
-        if call is None or call.session is None:
+        if call is None or call.session is None or not call.sent:
             return [Discard("server line over limits.max_message_bytes", {"size": size, "id": upstream_id})]
         message = f"response of {size} bytes is over the limit (limits.max_message_bytes)"
         return [

@@ -331,6 +331,20 @@ def test_a_held_call_that_is_cancelled_is_never_sent() -> None:
     assert released["params"]["who"] == "c"
 
 
+def test_a_response_to_a_held_call_before_it_was_sent_is_discarded() -> None:
+    """Found by the state machine: a held call already has its upstream id, but a
+    server answering that id has not seen it; the answer is bogus, not the call's."""
+    mux = ready_mux("a", "b", capabilities=SAMPLERS, attribution_window=0.25)
+    (first,) = to_server(mux.from_client("a", req(1, "tools/call")))
+    assert to_server(mux.from_client("b", req(1, "tools/call", who="b"))) == []
+    guess = first["id"] + 1
+    (dropped,) = mux.from_server(jsonrpc.result(guess, {"who": "nobody"}))
+    assert isinstance(dropped, Discard)
+    (held,) = to_server(mux.from_server(jsonrpc.result(first["id"], {})))
+    assert (held["id"], held["params"]["who"]) == (guess, "b")
+    assert to_session(mux.from_server(jsonrpc.result(guess, {"who": "b"})), "b") == [jsonrpc.result(1, {"who": "b"})]
+
+
 def test_sessions_that_cannot_be_asked_are_never_held() -> None:
     mux = ready_mux("a", "p", "q", capabilities={"a": {"sampling": {}}}, attribution_window=0.25)
     mux.from_client("a", req(1, "tools/call"))
