@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ctypes
 import gc
 import itertools
+import os
 import resource
 import signal
 import ssl
@@ -36,6 +38,13 @@ GC_FULL_EVERY = 600  # freezes between walks over everything (10 minutes)
 GC_YOUNG_THRESHOLD = 10_000
 # Many clients connect at once (each session holds a connection); the kernel caps this at somaxconn.
 LISTEN_BACKLOG = 4096
+# glibc malloc, left to itself, gives the heap back to the system after each large
+# message and takes it again for the next, and every page it takes is faulted in
+# afresh: with 1 MiB messages that was a third of the time per call. Buffers up to
+# this size come from the heap, and up to TRIM_THRESHOLD of free heap is kept.
+MMAP_THRESHOLD = 4 << 20
+TRIM_THRESHOLD = 16 << 20
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt parameters, from malloc.h
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -108,6 +117,7 @@ async def serve(config: Config, reload_config: Callable[[], Config]) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)  # first, so that a signal during startup stops cleanly
     raise_open_file_limit()
+    tune_allocator()
     app = create_app(config)
 
     def on_hup() -> None:
@@ -194,3 +204,16 @@ def raise_open_file_limit() -> None:
         except (ValueError, OSError):
             pass
     logs.get().info("open_file_limit", soft=soft, hard=hard)
+
+
+def tune_allocator() -> None:
+    """Keep large-message buffers in the heap (see MMAP_THRESHOLD); glibc only, and
+    never over the MALLOC_*_ environment variables, which say the operator chose."""
+    if any(k in os.environ for k in ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_")):
+        return
+    try:
+        libc = ctypes.CDLL(None)
+        tuned = libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1 and libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1
+    except (OSError, AttributeError):
+        tuned = False
+    logs.get().info("allocator", tuned=tuned, mmap_threshold=MMAP_THRESHOLD, trim_threshold=TRIM_THRESHOLD)
