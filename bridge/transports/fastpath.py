@@ -37,6 +37,7 @@ from ..security import Refusal, admit, cors_headers, refused
 from . import common, sse
 
 MAX_HEAD = 8190  # aiohttp's own limit on a request line and on a header field
+DISCARD_LIMIT = 64 * 1024  # a refused request's body up to this size is read, to keep the connection
 IDLE_TIMEOUT_S = 75.0  # aiohttp's keep-alive timeout: an idle connection is closed after it
 _PREFIX = b"/servers/"
 _SUFFIX = b"/messages"
@@ -51,12 +52,15 @@ _ACCEPTED_BODY = b"Accepted"
 class Head:
     """The parts of a message POST's head that this path reads."""
 
-    __slots__ = ("authorization", "close", "content_length", "gateway", "host", "origin", "server", "session", "session_id")
+    __slots__ = (
+        "authorization", "close", "content_length", "gateway", "host", "origin", "refusal", "server", "session", "session_id"
+    )  # fmt: skip
 
     def __init__(self) -> None:
         self.server = ""
         self.gateway: Gateway | None = None  # these two once admitted
         self.session: Session | None = None
+        self.refusal: tuple[int, str, dict[str, str] | None] | None = None  # the answer, when refused
         self.session_id: str | None = None
         self.host: str | None = None
         self.origin: str | None = None
@@ -88,7 +92,7 @@ def parse_head(head: bytes) -> Head | None:
         setter = _SETTERS.get(name)
         if setter is not None and not setter(out, value.strip(b" \t")):
             return None
-    return out
+    return out if out.host is not None else None  # HTTP/1.1 requires Host (RFC 9112, 3.2)
 
 
 def _target(target: bytes, out: Head) -> bool:
@@ -288,24 +292,33 @@ class Connection(asyncio.Protocol):
         return data[need:]
 
     def _admit(self, head: Head) -> bool:
-        """The checks that come before the body is read; False when they answered (and closed the connection)."""
+        """The checks that come before the body is read. A refused request's body is still
+        read (and dropped), so that the connection stays usable, unless it is large: then
+        the answer goes now and the connection closes. False when it closed."""
         app = self._app
         result = admit(app[common.LIVE].guard, head.host, head.origin, head.authorization, head.server)
         if result.__class__ is Refusal:
             refused(app[common.METRICS].rejected, result, f"/servers/{head.server}/messages", self._remote)  # type: ignore[arg-type]
             text = common.error_text(jsonrpc.INVALID_REQUEST, result.reason)  # type: ignore[union-attr]
-            self._refuse(head, result.status, text, result.headers)  # type: ignore[union-attr]
-            return False
-        try:
-            head.gateway = common.gateway_named(app[common.GATEWAYS], head.server)
-            head.session = sse.posted_session(head.gateway, head.session_id, result.name if result else None)  # type: ignore[union-attr]
-            common.check_length(head.content_length, head.gateway)
-        except web.HTTPException as exc:
-            self._refuse(head, exc.status, exc.text or "", _extra(exc.headers))
+            head.refusal = (result.status, text, result.headers)  # type: ignore[union-attr]
+        else:
+            try:
+                head.gateway = common.gateway_named(app[common.GATEWAYS], head.server)
+                head.session = sse.posted_session(head.gateway, head.session_id, result.name if result else None)  # type: ignore[union-attr]
+                common.check_length(head.content_length, head.gateway)
+            except web.HTTPException as exc:
+                head.refusal = (exc.status, exc.text or "", _extra(exc.headers))
+        if head.refusal is not None and (head.refusal[0] == 413 or head.content_length > DISCARD_LIMIT):
+            head.close = True
+            self._answer(head, b"")
             return False
         return True
 
     def _answer(self, head: Head, body: bytes) -> None:
+        if head.refusal is not None:
+            status, text, headers = head.refusal
+            self._reply(head, status, text.encode(), _JSON, headers)
+            return
         gateway, session = head.gateway, head.session
         assert gateway is not None and session is not None
         try:
@@ -317,11 +330,6 @@ class Connection(asyncio.Protocol):
             self._reply(head, 500, common.error_text(jsonrpc.INTERNAL_ERROR, "internal error").encode(), _JSON, None)
         else:
             self._reply(head, 202, _ACCEPTED_BODY, _TEXT, None)
-
-    def _refuse(self, head: Head, status: int, text: str, headers: dict[str, str] | None) -> None:
-        """Answer before the body was read, and close: the rest of the request is not read."""
-        head.close = True
-        self._reply(head, status, text.encode(), _JSON, headers)
 
     def _reply(self, head: Head, status: int, body: bytes, content_type: bytes, headers: dict[str, str] | None) -> None:
         transport = self._transport
@@ -346,6 +354,8 @@ class Connection(asyncio.Protocol):
         transport.set_protocol(handler)
         handler.connection_made(transport)
         if self._write_paused:
+            # aiohttp applies back-pressure when it writes, not by pausing reads: undo ours.
+            transport.resume_reading()
             handler.pause_writing()
         handler.data_received(data)
 

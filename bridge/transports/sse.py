@@ -72,10 +72,9 @@ class SseSession(Session):
             return
         parts = self._parts
         if self._chunked:
-            size = sum(map(len, parts))
-            parts = [b"%x\r\n" % size, *parts, b"\r\n"]
+            parts = [b"%x\r\n" % sum(map(len, parts)), *parts, b"\r\n"]
         backed_up = out.get_write_buffer_size() > 0
-        out.writelines(parts)
+        out.write(b"".join(parts))
         self._backlog = self._backlog + self._waiting if backed_up else 0
         self._parts = []
         self._waiting = 0

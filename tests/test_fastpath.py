@@ -1,0 +1,355 @@
+"""The message-POST fast path (bridge/transports/fastpath.py).
+
+Two halves. The head parser is pure, so it is checked against aiohttp's own
+request parser: whatever head the fast path accepts, aiohttp must accept too
+and read the same way (method, target, framing, the headers the checks use),
+so that the fast path never serves a request aiohttp would refuse or frame
+differently. Then, on the wire against a real daemon: keep-alive,
+pipelining, requests cut into pieces, a connection handed to aiohttp in the
+middle, and every error answered the same way on both paths.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from aiohttp.base_protocol import BaseProtocol
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.http_parser import HttpRequestParser
+from conftest import Bridge, demo
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+from rawclient import RawSse, call
+
+from bridge.transports.fastpath import parse_head
+
+SID = "0123456789abcdef0123456789abcdef"
+GOOD_HEAD = (
+    f"POST /servers/demo/messages?session_id={SID} HTTP/1.1\r\n"
+    "Host: 127.0.0.1:8080\r\nContent-Type: application/json\r\nContent-Length: 42"
+).encode()
+
+
+# ------------------------------------------------------------------ the head parser
+
+
+def test_plain_post_is_taken() -> None:
+    head = parse_head(GOOD_HEAD + b"\r\nOrigin: http://localhost:3000\r\nAuthorization: Bearer t\r\nConnection: close")
+    assert head is not None
+    assert (head.server, head.session_id, head.content_length, head.close) == ("demo", SID, 42, True)
+    assert (head.host, head.origin, head.authorization) == ("127.0.0.1:8080", "http://localhost:3000", "Bearer t")
+
+
+def test_session_id_spellings() -> None:
+    def sid(query: str) -> str | None:
+        head = parse_head(f"POST /servers/demo/messages{query} HTTP/1.1\r\nHost: h".encode())
+        assert head is not None
+        return head.session_id
+
+    assert sid("?sessionId=ab") == "ab"
+    assert sid("?session_id=ab&sessionId=cd") == "ab"
+    assert sid("?session_id=&sessionId=cd") == "cd"
+    assert sid("?x=1&session_id=ab&session_id=cd") == "ab"
+    assert sid("") is None
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        GOOD_HEAD.replace(b"POST", b"GET"),
+        GOOD_HEAD.replace(b"HTTP/1.1", b"HTTP/1.0"),
+        GOOD_HEAD.replace(b"/messages", b"/messages/"),
+        GOOD_HEAD.replace(b"/servers/demo", b"/servers/de%6do"),
+        GOOD_HEAD.replace(b"/servers/demo", b"/servers/a/b"),
+        GOOD_HEAD.replace(b"/servers/demo", b"//servers/demo"),
+        GOOD_HEAD.replace(b"session_id=", b"session_id=a+"),
+        GOOD_HEAD + b"\r\nTransfer-Encoding: chunked",
+        GOOD_HEAD + b"\r\nExpect: 100-continue",
+        GOOD_HEAD + b"\r\nUpgrade: websocket\r\nConnection: Upgrade",
+        GOOD_HEAD + b"\r\nContent-Length: 42",
+        GOOD_HEAD + b"\r\nHost: other",
+        GOOD_HEAD.replace(b"Content-Length: 42", b"Content-Length: +42"),
+        GOOD_HEAD.replace(b"Content-Length: 42", b"Content-Length: 4 2"),
+        GOOD_HEAD.replace(b"Host:", b"Host :"),
+        GOOD_HEAD + b"\r\n folded",
+        GOOD_HEAD.replace(b"\r\nHost", b"\nHost"),
+        GOOD_HEAD + b"\r\nX-A: b\x00c",
+        GOOD_HEAD + b"\r\nX-A: b\rc",
+        GOOD_HEAD + b"\r\n: no name",
+    ],
+)
+def test_anything_else_goes_to_aiohttp(head: bytes) -> None:
+    assert parse_head(head) is None
+
+
+def _aiohttp_reads(raw: bytes) -> Any:
+    loop = asyncio.new_event_loop()
+    try:
+        parser = HttpRequestParser(BaseProtocol(loop), loop, 2**16, max_line_size=8190, max_field_size=8190)
+        messages, upgraded, _ = parser.feed_data(raw)
+    finally:
+        loop.close()
+    assert not upgraded and len(messages) == 1
+    return messages[0][0]
+
+
+NAMES = st.sampled_from(
+    ["Host", "host", "Origin", "Authorization", "Content-Length", "content-length", "Connection", "Transfer-Encoding",
+     "Expect", "Upgrade", "X-Any", "Content-Type", "Host ", " Host", "Ho st", "Hóst", "", "X:Y"]
+)  # fmt: skip
+VALUES = st.one_of(
+    st.sampled_from(["127.0.0.1", "10", "010", "-1", "1e3", "close", "keep-alive", "Close, Upgrade", "chunked",
+                     "Bearer abc", "http://localhost:1", ""]),
+    st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=12),
+    st.binary(max_size=8).map(lambda b: b.decode("latin-1")),
+)  # fmt: skip
+SEPARATORS = st.sampled_from([": ", ":", " : ", ":\t", ": \t"])
+TARGETS = st.sampled_from(
+    ["/servers/demo/messages?session_id=ab", "/servers/demo/messages?sessionId=ab&x=%41", "/servers/demo/messages",
+     "/servers/x-y_z.1/messages?session_id=a&session_id=b", "/servers//messages?session_id=a",
+     "/servers/demo/messages?session_id=%61", "/servers/demo/messages#frag", "http://h/servers/demo/messages"]
+)  # fmt: skip
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    method=st.sampled_from(["POST", "GET", "post", "POST "]),
+    target=TARGETS,
+    version=st.sampled_from(["HTTP/1.1", "HTTP/1.0", "HTTP/1.2", "http/1.1"]),
+    fields=st.lists(st.tuples(NAMES, SEPARATORS, VALUES), max_size=6),
+    eol=st.sampled_from(["\r\n", "\r\n", "\n"]),
+)
+@example(method="POST", target="/servers/demo/messages?session_id=ab", version="HTTP/1.1",
+         fields=[("Host", ": ", "a"), ("Content-Length", ": ", "3"), ("Connection", ": ", "close")], eol="\r\n")  # fmt: skip
+def test_what_the_fast_path_takes_aiohttp_reads_the_same(
+    method: str, target: str, version: str, fields: list[tuple[str, str, str]], eol: str
+) -> None:
+    head_text = f"{method} {target} {version}" + "".join(f"{eol}{n}{s}{v}" for n, s, v in fields)
+    head_bytes = head_text.encode("utf-8", "surrogateescape")
+    head = parse_head(head_bytes)
+    if head is None:
+        return
+    raw = head_bytes + b"\r\n\r\n" + b"x" * head.content_length
+    try:
+        msg = _aiohttp_reads(raw)
+    except HttpProcessingError as exc:
+        raise AssertionError(f"the fast path took a head aiohttp refuses: {raw!r}") from exc
+    assert msg.method == "POST" and msg.version == (1, 1)
+    assert not msg.chunked and not msg.upgrade
+    assert msg.url.path == f"/servers/{head.server}/messages"
+    query = msg.url.query
+    assert head.session_id == (query.get("session_id") or query.get("sessionId") or None)
+    assert int(msg.headers.get("Content-Length", 0)) == head.content_length
+    assert msg.should_close == head.close
+    for name, ours in (("Host", head.host), ("Origin", head.origin), ("Authorization", head.authorization)):
+        assert msg.headers.get(name) == ours, name
+
+
+# ------------------------------------------------------------------ on the wire
+
+
+class Wire:
+    """One raw TCP connection to the daemon: write bytes, read whole HTTP/1.1 responses."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+
+    async def send(self, data: bytes) -> None:
+        self.writer.write(data)
+        await self.writer.drain()
+
+    async def response(self, timeout: float = 10.0) -> tuple[int, dict[str, str], bytes]:
+        async with asyncio.timeout(timeout):
+            head = await self.reader.readuntil(b"\r\n\r\n")
+            lines = head.decode("latin-1").split("\r\n")
+            status = int(lines[0].split(" ")[1])
+            headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:] if line)}
+            if headers.get("transfer-encoding") == "chunked":
+                body = b""
+                while size := int((await self.reader.readuntil(b"\r\n"))[:-2], 16):
+                    body += (await self.reader.readexactly(size + 2))[:-2]
+                await self.reader.readexactly(2)
+            else:
+                body = await self.reader.readexactly(int(headers.get("content-length", "0")))
+        return status, headers, body
+
+    async def closed(self, timeout: float = 10.0) -> bool:
+        async with asyncio.timeout(timeout):
+            return await self.reader.read() == b""
+
+
+@pytest.fixture
+async def daemon(bridge: Any) -> AsyncIterator[Bridge]:
+    async with bridge({"servers": {"demo": demo()}, "limits": {"max_message_bytes": 4096}}) as b:
+        yield b
+
+
+async def _wire(b: Bridge) -> AsyncIterator[Wire]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", b.port)
+    try:
+        yield Wire(reader, writer)
+    finally:
+        writer.close()
+
+
+def post(session: str, body: bytes, *extra: str, server: str = "demo") -> bytes:
+    head = [f"POST /servers/{server}/messages?session_id={session} HTTP/1.1", "Host: 127.0.0.1", *extra]
+    if not any(h.lower().startswith(("content-length", "transfer-encoding")) for h in extra):
+        head.append(f"Content-Length: {len(body)}")
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + body
+
+
+def echo(n: int) -> bytes:
+    return json.dumps({"jsonrpc": "2.0", "id": n, "method": "tools/call", "params": call("echo", {"text": f"t{n}"})}).encode()
+
+
+async def _session(b: Bridge) -> RawSse:
+    client = RawSse(b.url("demo"))
+    await client.__aenter__()
+    await client.initialize()
+    return client
+
+
+async def _answered(client: RawSse, n: int) -> None:
+    reply = await client.response(n)
+    assert reply["result"]["content"][0]["text"] == f"t{n}", reply
+
+
+async def test_keep_alive_pipelining_and_split_requests(daemon: Bridge) -> None:
+    client = await _session(daemon)
+    try:
+        async for wire in _wire(daemon):
+            for n in (1, 2):  # one request after the other on one connection
+                await wire.send(post(client.session_id, echo(n)))
+                assert (await wire.response())[0] == 202
+            await wire.send(b"".join(post(client.session_id, echo(n)) for n in (3, 4, 5)))  # pipelined
+            assert [(await wire.response())[0] for _ in range(3)] == [202, 202, 202]
+            for byte in post(client.session_id, echo(6)):  # one byte per write
+                await wire.send(bytes([byte]))
+            status, headers, body = await wire.response()
+            assert (status, body, headers["content-type"]) == (202, b"Accepted", "text/plain; charset=utf-8")
+            for n in range(1, 7):
+                await _answered(client, n)
+    finally:
+        await client.close()
+
+
+async def test_connection_handed_to_aiohttp_mid_stream(daemon: Bridge) -> None:
+    """A fast POST, then requests aiohttp serves (GET, a chunked POST), then a POST again,
+    all in one write: answered in order, and the chunked body's message is routed."""
+    client = await _session(daemon)
+    try:
+        async for wire in _wire(daemon):
+            body = echo(2)
+            chunked = post(client.session_id, b"", "Transfer-Encoding: chunked")
+            chunked += b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+            await wire.send(
+                post(client.session_id, echo(1))
+                + b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+                + chunked
+                + post(client.session_id, echo(3))
+            )
+            first, health, second, third = [await wire.response() for _ in range(4)]
+            assert first[0] == 202 and second[0] == 202 and third[0] == 202
+            assert (health[0], json.loads(health[2])) == (200, {"status": "alive"})
+            for n in (1, 2, 3):
+                await _answered(client, n)
+    finally:
+        await client.close()
+
+
+async def test_over_the_limit_is_refused_before_the_body(daemon: Bridge) -> None:
+    client = await _session(daemon)
+    try:
+        async for wire in _wire(daemon):
+            await wire.send(post(client.session_id, b"", "Content-Length: 5000"))  # no body sent
+            status, headers, body = await wire.response()
+            assert status == 413 and headers["connection"] == "close"
+            assert json.loads(body)["error"]["message"] == "body of 5000 bytes is over the limit of 4096"
+            assert await wire.closed()
+        async for wire in _wire(daemon):
+            await wire.send(post(client.session_id, echo(1), "Connection: close"))
+            status, headers, _ = await wire.response()
+            assert (status, headers["connection"]) == (202, "close")
+            assert await wire.closed()
+        await _answered(client, 1)
+    finally:
+        await client.close()
+
+
+CASES = {
+    "unknown session": ("nope", echo(1), "demo"),
+    "unknown server": (None, echo(1), "other"),
+    "not json": (None, b"{", "demo"),
+    "not json-rpc": (None, b'{"jsonrpc": "1.0"}', "demo"),
+    "empty batch": (None, b"[]", "demo"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+async def test_errors_are_the_same_on_both_paths(daemon: Bridge, case: str) -> None:
+    client = await _session(daemon)
+    session, body, server = CASES[case]
+    session = session or client.session_id
+    try:
+        answers = []
+        async for wire in _wire(daemon):
+            await wire.send(post(session, body, server=server))  # the fast path
+            fast = await wire.response()
+            chunked = post(session, b"", "Transfer-Encoding: chunked", server=server)
+            await wire.send(chunked + b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body))  # aiohttp
+            slow = await wire.response()
+            answers = [(status, json.loads(text)) for status, _, text in (fast, slow)]
+            await wire.send(post(client.session_id, echo(7)))  # the connection is still good
+            assert (await wire.response())[0] == 202
+        assert answers[0] == answers[1], answers
+        assert 400 <= answers[0][0] < 500 and answers[0][1]["error"]["message"], answers
+        await _answered(client, 7)
+    finally:
+        await client.close()
+
+
+async def test_tokens_origins_and_cors(bridge: Any) -> None:
+    config = {
+        "servers": {"demo": demo(), "other": demo()},
+        "security": {
+            "tokens": [{"name": "t", "token": "secret-token-1234567890abcdef", "servers": ["demo"]}],
+            "allowed_origins": ["https://app.example.com"],
+        },
+    }
+    auth = "Authorization: Bearer secret-token-1234567890abcdef"
+    async with bridge(config) as b:
+        client = RawSse(b.url("demo"), headers={"Authorization": auth.split(": ")[1]})
+        await client.__aenter__()
+        try:
+            await client.initialize()
+            sid = client.session_id
+            expected = [
+                (post(sid, echo(1)), 401),
+                (post(sid, echo(1), "Authorization: Bearer wrong-token-000000000000000"), 401),
+                (post(sid, echo(1), auth, server="other"), 403),
+                (post(sid, echo(1), auth, "Origin: https://evil.example.com"), 403),
+            ]
+            for request, status in expected:
+                async for wire in _wire(b):
+                    await wire.send(request)
+                    got, headers, body = await wire.response()
+                    assert got == status, (request, got, body)
+                    assert json.loads(body)["error"]["message"]
+                    if status == 401:
+                        assert headers["www-authenticate"] == 'Bearer realm="mcp-bridge"'
+            async for wire in _wire(b):
+                await wire.send(post(sid, echo(2), auth, "Origin: https://app.example.com"))
+                status, headers, _ = await wire.response()
+                assert status == 202
+                assert headers["access-control-allow-origin"] == "https://app.example.com"
+                assert headers["vary"] == "Origin"
+            await _answered(client, 2)
+            rejected = [e["reason"] for e in b.named("request_rejected")]
+            assert rejected == ["missing token", "invalid token", "token not allowed for server 'other'", "origin not allowed"]
+        finally:
+            await client.close()
