@@ -44,8 +44,11 @@ _SUFFIX = b"/messages"
 # The header block (after the request line, each line ended by CRLF) in the one shape this path
 # takes: token names, no space before the colon, no folding, no control characters in values.
 _FIELDS = re.compile(rb"(?:[!#$%&'*+.^_`|~0-9A-Za-z-]+:[\t\x20-\x7e\x80-\xff]*\r\n)*")
+_FIELD = re.compile(rb"([^:]+):([^\r]*)\r\n")  # one field of a block _FIELDS took
 # A header here that changes how the body is framed or what is expected of the server means aiohttp.
 _HAND_OFF_FIELDS = frozenset({b"transfer-encoding", b"expect", b"upgrade"})
+# The headers read here: each may appear once.
+_WATCHED = frozenset({b"host", b"origin", b"authorization", b"content-length", b"connection"}) | _HAND_OFF_FIELDS
 _ACCEPTED_BODY = b"Accepted"
 
 
@@ -82,17 +85,31 @@ def parse_head(head: bytes) -> Head | None:
     fields = b"" if line_end < 0 else head[line_end + 2 :] + b"\r\n"
     if _FIELDS.fullmatch(fields) is None:
         return None
-    seen: set[bytes] = set()
-    for line in fields.split(b"\r\n")[:-1]:
-        name, _, value = line.partition(b":")
+    found: dict[bytes, bytes] = {}
+    for name, value in _FIELD.findall(fields):
         name = name.lower()
-        if name in seen and name in _SINGLE or name in _HAND_OFF_FIELDS:
+        if name in _WATCHED:
+            if name in found or name in _HAND_OFF_FIELDS:
+                return None  # a repeat is ambiguous: aiohttp says what it means
+            found[name] = value.strip(b" \t")
+    host = found.get(b"host")
+    if host is None:
+        return None  # HTTP/1.1 requires it (RFC 9112, 3.2)
+    out.host = _text(host)
+    if (length := found.get(b"content-length")) is not None:
+        if not length.isdigit() or len(length) > 18:
+            return None  # aiohttp answers what is not a plain length
+        out.content_length = int(length)
+    if (connection := found.get(b"connection")) is not None:
+        tokens = {t.strip().lower() for t in connection.split(b",")}
+        if b"upgrade" in tokens:
             return None
-        seen.add(name)
-        setter = _SETTERS.get(name)
-        if setter is not None and not setter(out, value.strip(b" \t")):
-            return None
-    return out if out.host is not None else None  # HTTP/1.1 requires Host (RFC 9112, 3.2)
+        out.close = b"close" in tokens
+    if (origin := found.get(b"origin")) is not None:
+        out.origin = _text(origin)
+    if (authorization := found.get(b"authorization")) is not None:
+        out.authorization = _text(authorization)
+    return out
 
 
 def _target(target: bytes, out: Head) -> bool:
@@ -103,6 +120,9 @@ def _target(target: bytes, out: Head) -> bool:
     if not name or b"/" in name:
         return False
     out.server = name.decode("ascii", "surrogateescape")
+    if query.startswith(b"session_id=") and b"&" not in query:  # what the endpoint event says
+        out.session_id = query[11:].decode("ascii", "surrogateescape") or None
+        return True
     found: dict[bytes, bytes] = {}
     for pair in query.split(b"&"):
         key, _, value = pair.partition(b"=")
@@ -115,47 +135,6 @@ def _target(target: bytes, out: Head) -> bool:
 
 def _text(value: bytes) -> str:
     return value.decode("utf-8", "surrogateescape")  # as aiohttp decodes header values
-
-
-def _set_host(out: Head, value: bytes) -> bool:
-    out.host = _text(value)
-    return True
-
-
-def _set_origin(out: Head, value: bytes) -> bool:
-    out.origin = _text(value)
-    return True
-
-
-def _set_authorization(out: Head, value: bytes) -> bool:
-    out.authorization = _text(value)
-    return True
-
-
-def _set_content_length(out: Head, value: bytes) -> bool:
-    if not value.isdigit() or len(value) > 18:
-        return False  # aiohttp answers what is not a plain length
-    out.content_length = int(value)
-    return True
-
-
-def _set_connection(out: Head, value: bytes) -> bool:
-    tokens = {t.strip().lower() for t in value.split(b",")}
-    if b"upgrade" in tokens:
-        return False
-    out.close = b"close" in tokens
-    return True
-
-
-_SETTERS: dict[bytes, Callable[[Head, bytes], bool]] = {
-    b"host": _set_host,
-    b"origin": _set_origin,
-    b"authorization": _set_authorization,
-    b"content-length": _set_content_length,
-    b"connection": _set_connection,
-}
-# Headers that may appear once: a repeat is ambiguous, and aiohttp says what it means.
-_SINGLE = frozenset(_SETTERS)
 
 
 class _Date:
