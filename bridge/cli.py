@@ -4,11 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ctypes
-import gc
-import itertools
-import os
-import resource
 import signal
 import ssl
 import sys
@@ -18,33 +13,15 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from . import __version__, logs
+from . import __version__, logs, runtime
 from .app import apply_config, create_app, drain
 from .config import Config, ConfigError, listen_problems, load
 from .transports import fastpath
-from .transports.common import LIVE
+from .transports.common import GATEWAYS, LIVE
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
-# A collection walks every object it tracks: with 10,000 open sessions a full one
-# pauses the daemon for hundreds of ms. So every few seconds the collector looks
-# only at what was allocated since its last look, and what survives is frozen out
-# of its reach (still freed by reference counting when it goes). Cycles left by
-# frozen objects (a closed session's cancelled task, for one) are reclaimed by one
-# walk over everything now and then.
-GC_FREEZE_INTERVAL_S = 1.0
-GC_FULL_EVERY = 600  # freezes between walks over everything (10 minutes)
-# Allocations between young collections (Python's default: 700): per-message objects
-# die young and are freed by reference counting, so collecting them that often is waste.
-GC_YOUNG_THRESHOLD = 10_000
 # Many clients connect at once (each session holds a connection); the kernel caps this at somaxconn.
 LISTEN_BACKLOG = 4096
-# glibc malloc, left to itself, gives the heap back to the system after each large
-# message and takes it again for the next, and every page it takes is faulted in
-# afresh: with 1 MiB messages that was a third of the time per call. Buffers up to
-# this size come from the heap, and up to TRIM_THRESHOLD of free heap is kept.
-MMAP_THRESHOLD = 4 << 20
-TRIM_THRESHOLD = 16 << 20
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt parameters, from malloc.h
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -116,8 +93,8 @@ async def serve(config: Config, reload_config: Callable[[], Config]) -> None:
     reloads: set[asyncio.Task[None]] = set()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)  # first, so that a signal during startup stops cleanly
-    raise_open_file_limit()
-    tune_allocator()
+    runtime.raise_open_file_limit()
+    runtime.tune_allocator()
     app = create_app(config)
 
     def on_hup() -> None:
@@ -128,8 +105,14 @@ async def serve(config: Config, reload_config: Callable[[], Config]) -> None:
     loop.add_signal_handler(signal.SIGHUP, on_hup)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
-    collector = loop.create_task(_keep_collections_short())
-    connections: set[fastpath.Connection] = set()
+    connections = fastpath.Connections()
+    gateways = app[GATEWAYS]
+    collector = loop.create_task(
+        runtime.keep_collections_short(
+            lambda: connections.accepted + sum(g.metrics.opened() for g in gateways.values()),
+            lambda: sum(len(g.sessions) for g in gateways.values()),
+        )
+    )
     server: asyncio.Server | None = None
     try:
         server = await loop.create_server(
@@ -158,8 +141,7 @@ async def serve(config: Config, reload_config: Callable[[], Config]) -> None:
         collector.cancel()
         if server is not None:
             server.close()
-        for connection in list(connections):
-            connection.close()
+        connections.close_all()
         await runner.cleanup()
     log.info("stopped")
 
@@ -174,16 +156,6 @@ async def _reload(app: web.Application, reload_config: Callable[[], Config]) -> 
     await apply_config(app, new)
 
 
-async def _keep_collections_short() -> None:
-    gc.set_threshold(GC_YOUNG_THRESHOLD, 10, 10)
-    for freezes in itertools.count(1):
-        gc.collect(1)
-        gc.freeze()
-        await asyncio.sleep(GC_FREEZE_INTERVAL_S)
-        if freezes % GC_FULL_EVERY == 0:
-            gc.unfreeze()
-
-
 def _tls(config: Config) -> ssl.SSLContext | None:
     tls = config.listen.tls
     if tls is None:
@@ -191,29 +163,3 @@ def _tls(config: Config) -> ssl.SSLContext | None:
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.load_cert_chain(tls.cert, tls.key)
     return context
-
-
-def raise_open_file_limit() -> None:
-    """Each SSE session holds a socket: take as many descriptors as the system allows."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    wanted = hard if hard != resource.RLIM_INFINITY else 1 << 20
-    if soft < wanted:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
-            soft = wanted
-        except (ValueError, OSError):
-            pass
-    logs.get().info("open_file_limit", soft=soft, hard=hard)
-
-
-def tune_allocator() -> None:
-    """Keep large-message buffers in the heap (see MMAP_THRESHOLD); glibc only, and
-    never over the MALLOC_*_ environment variables, which say the operator chose."""
-    if any(k in os.environ for k in ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_")):
-        return
-    try:
-        libc = ctypes.CDLL(None)
-        tuned = libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1 and libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1
-    except (OSError, AttributeError):
-        tuned = False
-    logs.get().info("allocator", tuned=tuned, mmap_threshold=MMAP_THRESHOLD, trim_threshold=TRIM_THRESHOLD)

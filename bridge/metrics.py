@@ -99,6 +99,9 @@ class ServerMetrics:
     def message(self, direction: str, method: object) -> None:
         self.messages[direction, method_label(method)] += 1
 
+    def opened(self) -> int:
+        return sum(self.sessions_opened.values())
+
     def request_done(self, method: str, seconds: float) -> None:
         # Keyed by label, not by the raw method: clients choose method names, and a
         # table keyed by them would grow with every name a client invents.

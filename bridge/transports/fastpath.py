@@ -175,13 +175,25 @@ def render(status: int, body: bytes, content_type: bytes, headers: dict[str, str
     return b"".join(lines)
 
 
+class Connections:
+    """The connections this path holds now, and how many it ever accepted (every one starts here)."""
+
+    def __init__(self) -> None:
+        self.live: set[Connection] = set()
+        self.accepted = 0
+
+    def close_all(self) -> None:
+        for connection in list(self.live):
+            connection.close()
+
+
 class Connection(asyncio.Protocol):
     """One client connection, until it sends a request this path leaves to aiohttp."""
 
-    def __init__(self, app: web.Application, fallback: Callable[[], asyncio.Protocol], live: set[Connection]) -> None:
+    def __init__(self, app: web.Application, fallback: Callable[[], asyncio.Protocol], registry: Connections) -> None:
         self._app = app
         self._fallback = fallback
-        self._live = live
+        self._registry = registry
         self._transport: asyncio.Transport | None = None
         self._remote: str | None = None
         self._pending = b""  # bytes of a request whose head is not complete yet
@@ -196,7 +208,8 @@ class Connection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]
-        self._live.add(self)
+        self._registry.live.add(self)
+        self._registry.accepted += 1
         peer = transport.get_extra_info("peername")
         self._remote = peer[0] if isinstance(peer, tuple) else None
         self._last_active = time.monotonic()
@@ -339,7 +352,7 @@ class Connection(asyncio.Protocol):
         handler.data_received(data)
 
     def _detach(self) -> None:
-        self._live.discard(self)
+        self._registry.live.discard(self)
         if self._idle is not None:
             self._idle.cancel()
             self._idle = None
