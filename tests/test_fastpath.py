@@ -353,3 +353,27 @@ async def test_tokens_origins_and_cors(bridge: Any) -> None:
             assert rejected == ["missing token", "invalid token", "token not allowed for server 'other'", "origin not allowed"]
         finally:
             await client.close()
+
+
+async def test_http10_stream_gets_unchunked_events(daemon: Bridge) -> None:
+    """Events are written to the socket directly; an HTTP/1.0 stream has no chunked framing."""
+    async for wire in _wire(daemon):
+        await wire.send(b"GET /servers/demo/sse HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+        async with asyncio.timeout(10):
+            head = await wire.reader.readuntil(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.0 200") and b"chunked" not in head.lower()
+            endpoint = (await wire.reader.readuntil(b"\n\n")).decode()
+        assert endpoint.startswith("event: endpoint\ndata: /servers/demo/messages?session_id=")
+        session = endpoint.rstrip("\n").rsplit("=", 1)[1]
+        async for poster in _wire(daemon):
+            init = {"jsonrpc": "2.0", "id": 0, "method": "initialize",
+                    "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}}  # fmt: skip
+            for body in (json.dumps(init).encode(), b'{"jsonrpc":"2.0","method":"notifications/initialized"}', echo(1)):
+                await poster.send(post(session, body))
+                assert (await poster.response())[0] == 202
+        events = []
+        async with asyncio.timeout(10):
+            while len(events) < 2:
+                events.append((await wire.reader.readuntil(b"\n\n")).decode())
+        assert all(e.startswith("event: message\ndata: {") for e in events), events
+        assert json.loads(events[1].split("data: ", 1)[1])["result"]["content"][0]["text"] == "t1"
