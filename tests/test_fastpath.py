@@ -99,7 +99,8 @@ def _aiohttp_reads(raw: bytes) -> Any:
 
 NAMES = st.sampled_from(
     ["Host", "host", "Origin", "Authorization", "Content-Length", "content-length", "Connection", "Transfer-Encoding",
-     "Expect", "Upgrade", "X-Any", "Content-Type", "Host ", " Host", "Ho st", "Hóst", "", "X:Y"]
+     "Expect", "Upgrade", "X-Any", "Content-Type", "Host ", " Host", "Ho st", "Hóst", "", "X:Y", "Accept",
+     "Mcp-Session-Id", "mcp-protocol-version"]
 )  # fmt: skip
 VALUES = st.one_of(
     st.sampled_from(["127.0.0.1", "10", "010", "-1", "1e3", "close", "keep-alive", "Close, Upgrade", "chunked",
@@ -111,7 +112,8 @@ SEPARATORS = st.sampled_from([": ", ":", " : ", ":\t", ": \t"])
 TARGETS = st.sampled_from(
     ["/servers/demo/messages?session_id=ab", "/servers/demo/messages?sessionId=ab&x=%41", "/servers/demo/messages",
      "/servers/x-y_z.1/messages?session_id=a&session_id=b", "/servers//messages?session_id=a",
-     "/servers/demo/messages?session_id=%61", "/servers/demo/messages#frag", "http://h/servers/demo/messages"]
+     "/servers/demo/messages?session_id=%61", "/servers/demo/messages#frag", "http://h/servers/demo/messages",
+     "/servers/demo/mcp", "/servers/demo/mcp?x=1", "/servers/demo/mcp/", "/servers/a/b/mcp", "/servers/mcp"]
 )  # fmt: skip
 
 
@@ -140,9 +142,14 @@ def test_what_the_fast_path_takes_aiohttp_reads_the_same(
         raise AssertionError(f"the fast path took a head aiohttp refuses: {raw!r}") from exc
     assert msg.method == "POST" and msg.version == (1, 1)
     assert not msg.chunked and not msg.upgrade
-    assert msg.url.path == f"/servers/{head.server}/messages"
+    assert msg.url.path == f"/servers/{head.server}/{'mcp' if head.mcp else 'messages'}"
     query = msg.url.query
-    assert head.session_id == (query.get("session_id") or query.get("sessionId") or None)
+    if head.mcp:
+        assert head.session_id == msg.headers.get("Mcp-Session-Id")
+        assert head.mcp_version == msg.headers.get("MCP-Protocol-Version")
+        assert head.accept == msg.headers.get("Accept", "")
+    else:
+        assert head.session_id == (query.get("session_id") or query.get("sessionId") or None)
     assert int(msg.headers.get("Content-Length", 0)) == head.content_length
     assert msg.should_close == head.close
     for name, ours in (("Host", head.host), ("Origin", head.origin), ("Authorization", head.authorization)):
@@ -377,3 +384,60 @@ async def test_http10_stream_gets_unchunked_events(daemon: Bridge) -> None:
                 events.append((await wire.reader.readuntil(b"\n\n")).decode())
         assert all(e.startswith("event: message\ndata: {") for e in events), events
         assert json.loads(events[1].split("data: ", 1)[1])["result"]["content"][0]["text"] == "t1"
+
+
+def mcp_post(body: bytes, *extra: str, accept: str = "application/json, text/event-stream") -> bytes:
+    head = ["POST /servers/demo/mcp HTTP/1.1", "Host: 127.0.0.1", f"Accept: {accept}", *extra]
+    if not any(h.lower().startswith("transfer-encoding") for h in extra):
+        head.append(f"Content-Length: {len(body)}")
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + body
+
+
+async def _mcp_session(wire: Wire) -> str:
+    init = {"jsonrpc": "2.0", "id": 0, "method": "initialize",
+            "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}}  # fmt: skip
+    await wire.send(mcp_post(json.dumps(init).encode(), accept="application/json"))
+    status, headers, body = await wire.response()
+    assert status == 200 and json.loads(body)["result"]["protocolVersion"] == "2025-06-18", body
+    session = headers["mcp-session-id"]
+    await wire.send(mcp_post(b'{"jsonrpc":"2.0","method":"notifications/initialized"}', f"Mcp-Session-Id: {session}"))
+    assert (await wire.response())[0] == 202
+    return session
+
+
+async def test_streamable_post_holds_the_connection_until_its_stream_ends(daemon: Bridge) -> None:
+    async for wire in _wire(daemon):
+        session = await _mcp_session(wire)
+        sid = f"Mcp-Session-Id: {session}"
+        ping = b'{"jsonrpc":"2.0","id":"p","method":"ping"}'
+        await wire.send(mcp_post(echo(1), sid) + mcp_post(ping, sid, accept="application/json"))  # pipelined
+        status, headers, body = await wire.response()
+        assert (status, headers["content-type"], headers["transfer-encoding"]) == (200, "text/event-stream", "chunked")
+        events = [json.loads(line[6:]) for line in body.decode().splitlines() if line.startswith("data: {")]
+        assert [e["result"]["content"][0]["text"] for e in events] == ["t1"]
+        status, _, body = await wire.response()
+        assert (status, json.loads(body)) == (200, {"jsonrpc": "2.0", "id": "p", "result": {}})
+
+
+MCP_CASES = {
+    "no session header": (None, echo(1), ()),
+    "unknown session": ("nope", echo(1), ()),
+    "unsupported version": ("", echo(1), ("MCP-Protocol-Version: 1999-01-01",)),
+    "empty batch": ("", b"[]", ()),
+    "not json": ("", b"{", ()),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MCP_CASES))
+async def test_streamable_errors_are_the_same_on_both_paths(daemon: Bridge, case: str) -> None:
+    async for wire in _wire(daemon):
+        session, body, extra = MCP_CASES[case]
+        real = await _mcp_session(wire)
+        headers = (*extra, f"Mcp-Session-Id: {session or real}") if session is not None else extra
+        await wire.send(mcp_post(body, *headers))  # the fast path
+        fast = await wire.response()
+        await wire.send(mcp_post(b"", *headers, "Transfer-Encoding: chunked") + b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body))
+        slow = await wire.response()  # aiohttp
+        answers = [(status, json.loads(text)) for status, _, text in (fast, slow)]
+        assert answers[0] == answers[1], answers
+        assert 400 <= answers[0][0] < 500 and answers[0][1]["error"]["message"], answers

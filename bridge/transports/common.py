@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -51,11 +52,17 @@ PING = b": ping\n\n"
 UNACKED_TIMEOUT_MS = 120_000
 
 
-async def open_stream(request: web.Request, extra_headers: dict[str, str] | None = None) -> web.StreamResponse:
-    """Send the headers of an SSE stream and return the response to write events to."""
-    sock = request.transport.get_extra_info("socket") if request.transport is not None else None
+def limit_unacked(transport: asyncio.BaseTransport) -> None:
+    """Drop the connection when the peer stops acknowledging for UNACKED_TIMEOUT_MS."""
+    sock = transport.get_extra_info("socket")
     if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6) and hasattr(socket, "TCP_USER_TIMEOUT"):
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, UNACKED_TIMEOUT_MS)
+
+
+async def open_stream(request: web.Request, extra_headers: dict[str, str] | None = None) -> web.StreamResponse:
+    """Send the headers of an SSE stream and return the response to write events to."""
+    if request.transport is not None:
+        limit_unacked(request.transport)
     response = web.StreamResponse(headers={**SSE_HEADERS, **(extra_headers or {})})
     await response.prepare(request)
     return response

@@ -1,13 +1,16 @@
 """Message POSTs without aiohttp's per-request machinery.
 
-Every message an HTTP+SSE client sends is a small POST, so the cost of one
-request is most of the bridge's cost of one call. aiohttp spends about
-250 µs of CPU on each (parser objects, Request and Response, router,
-middleware, a task); routing the message itself takes about 10 µs. This is
-the protocol every connection starts with: it serves the plain message POST
-itself, with the same access checks (`security.admit`), the same handler
-steps (`sse.posted_session`, `sse.take`) and the same error bodies, and
-writes a prebuilt answer.
+Every message a client sends is a small POST, so the cost of one request is
+most of the bridge's cost of one call. aiohttp spends about 250 µs of CPU on
+each (parser objects, Request and Response, router, middleware, a task);
+routing the message itself takes about 10 µs. This is the protocol every
+connection starts with: it serves the plain message POST of both transports
+itself (`POST .../messages` of HTTP+SSE, `POST .../mcp` of Streamable HTTP),
+with the same access checks (`security.admit`), the same handler code
+(`sse.posted_session` and `sse.take`; `streamable.answer_post`) and the same
+error bodies, and writes the response itself. A Streamable POST whose answer
+is a stream holds the connection until the stream ends; requests that come
+meanwhile wait their turn.
 
 Any request it does not fully understand is aiohttp's: at the first byte of
 such a request (another path or method, HTTP/1.0, a chunked body, `Expect`,
@@ -34,13 +37,14 @@ from .. import jsonrpc, logs
 from ..gateway import Gateway
 from ..sessions import Session
 from ..security import Refusal, admit, cors_headers, refused
-from . import common, sse
+from . import common, sse, streamable
 
 MAX_HEAD = 8190  # aiohttp's own limit on a request line and on a header field
 DISCARD_LIMIT = 64 * 1024  # a refused request's body up to this size is read, to keep the connection
 IDLE_TIMEOUT_S = 75.0  # aiohttp's keep-alive timeout: an idle connection is closed after it
 _PREFIX = b"/servers/"
-_SUFFIX = b"/messages"
+_MESSAGES = b"/messages"  # HTTP+SSE
+_MCP = b"/mcp"  # Streamable HTTP
 # The header block (after the request line, each line ended by CRLF) in the one shape this path
 # takes: token names, no space before the colon, no folding, no control characters in values.
 _FIELDS = re.compile(rb"(?:[!#$%&'*+.^_`|~0-9A-Za-z-]+:[\t\x20-\x7e\x80-\xff]*\r\n)*")
@@ -48,7 +52,9 @@ _FIELD = re.compile(rb"([^:]+):([^\r]*)\r\n")  # one field of a block _FIELDS to
 # A header here that changes how the body is framed or what is expected of the server means aiohttp.
 _HAND_OFF_FIELDS = frozenset({b"transfer-encoding", b"expect", b"upgrade"})
 # The headers read here: each may appear once.
-_WATCHED = frozenset({b"host", b"origin", b"authorization", b"content-length", b"connection"}) | _HAND_OFF_FIELDS
+_WATCHED = frozenset(
+    {b"host", b"origin", b"authorization", b"content-length", b"connection", b"accept", b"mcp-session-id", b"mcp-protocol-version"}
+) | _HAND_OFF_FIELDS
 _ACCEPTED_BODY = b"Accepted"
 
 
@@ -56,11 +62,16 @@ class Head:
     """The parts of a message POST's head that this path reads."""
 
     __slots__ = (
-        "authorization", "close", "content_length", "gateway", "host", "origin", "refusal", "server", "session", "session_id"
+        "accept", "authorization", "close", "content_length", "gateway", "host", "mcp", "mcp_version", "origin",
+        "principal", "refusal", "server", "session", "session_id",
     )  # fmt: skip
 
     def __init__(self) -> None:
         self.server = ""
+        self.mcp = False  # Streamable HTTP; else HTTP+SSE
+        self.principal: str | None = None
+        self.accept = ""
+        self.mcp_version: str | None = None
         self.gateway: Gateway | None = None  # these two once admitted
         self.session: Session | None = None
         self.refusal: tuple[int, str, dict[str, str] | None] | None = None  # the answer, when refused
@@ -73,7 +84,8 @@ class Head:
 
 
 def parse_head(head: bytes) -> Head | None:
-    """The head of a plain `POST /servers/{name}/messages?session_id=...` over HTTP/1.1, else None."""
+    """The head of a plain HTTP/1.1 `POST /servers/{name}/messages?session_id=...` or
+    `POST /servers/{name}/mcp`, else None."""
     line_end = head.find(b"\r\n")
     request_line = head if line_end < 0 else head[:line_end]
     parts = request_line.split(b" ")
@@ -109,17 +121,28 @@ def parse_head(head: bytes) -> Head | None:
         out.origin = _text(origin)
     if (authorization := found.get(b"authorization")) is not None:
         out.authorization = _text(authorization)
+    if out.mcp:
+        out.accept = _text(found.get(b"accept", b""))
+        if (session_id := found.get(b"mcp-session-id")) is not None:
+            out.session_id = _text(session_id)
+        if (version := found.get(b"mcp-protocol-version")) is not None:
+            out.mcp_version = _text(version)
     return out
 
 
 def _target(target: bytes, out: Head) -> bool:
     path, _, query = target.partition(b"?")
-    if not path.startswith(_PREFIX) or not path.endswith(_SUFFIX) or b"%" in target or b"+" in query:
+    if not path.startswith(_PREFIX) or b"%" in target or b"+" in query:
         return False
-    name = path[len(_PREFIX) : -len(_SUFFIX)]
+    out.mcp = path.endswith(_MCP)
+    if not out.mcp and not path.endswith(_MESSAGES):
+        return False
+    name = path[len(_PREFIX) : -len(_MCP if out.mcp else _MESSAGES)]
     if not name or b"/" in name:
         return False
     out.server = name.decode("ascii", "surrogateescape")
+    if out.mcp:
+        return True  # the session is named by a header
     if query.startswith(b"session_id=") and b"&" not in query:  # what the endpoint event says
         out.session_id = query[11:].decode("ascii", "surrogateescape") or None
         return True
@@ -175,6 +198,16 @@ def render(status: int, body: bytes, content_type: bytes, headers: dict[str, str
     return b"".join(lines)
 
 
+def render_stream_head(headers: dict[str, str], close: bool) -> bytes:
+    """The head of an SSE response, with chunked framing to follow."""
+    lines = [b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nDate: %s\r\n" % _date()]
+    lines.extend(f"{k}: {v}\r\n".encode("latin-1", "replace") for k, v in {**common.SSE_HEADERS, **headers}.items())
+    if close:
+        lines.append(b"Connection: close\r\n")
+    lines.append(b"\r\n")
+    return b"".join(lines)
+
+
 class Connections:
     """The connections this path holds now, and how many it ever accepted (every one starts here)."""
 
@@ -203,6 +236,8 @@ class Connection(asyncio.Protocol):
         self._last_active = 0.0
         self._idle: asyncio.TimerHandle | None = None
         self._write_paused = False
+        self._drained: asyncio.Future[None] | None = None
+        self._busy: asyncio.Task[None] | None = None  # answering a Streamable POST; later requests wait
 
     # asyncio.Protocol
 
@@ -217,6 +252,9 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._detach()
+        self._wake_writer()
+        if self._busy is not None:
+            self._busy.cancel()  # as aiohttp cancels a handler whose client went away
 
     def pause_writing(self) -> None:
         # A client that sends requests without reading the answers waits until it reads them.
@@ -228,9 +266,19 @@ class Connection(asyncio.Protocol):
         self._write_paused = False
         if self._transport is not None:
             self._transport.resume_reading()
+        self._wake_writer()
+
+    def _wake_writer(self) -> None:
+        if self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
 
     def data_received(self, data: bytes) -> None:
         self._last_active = time.monotonic()
+        if self._busy is not None:
+            self._pending += data
+            if len(self._pending) > MAX_HEAD + DISCARD_LIMIT and self._transport is not None:
+                self._transport.pause_reading()  # a client that will not wait its turn waits anyway
+            return
         if self._head is not None:
             data = self._more_body(data)
             if self._head is not None:
@@ -238,8 +286,14 @@ class Connection(asyncio.Protocol):
         elif self._pending:
             data = self._pending + data
             self._pending = b""
+        self._parse(data)
+
+    def _parse(self, data: bytes) -> None:
         pos = 0
         while pos < len(data) and self._transport is not None:
+            if self._busy is not None:
+                self._pending = data[pos:]
+                return
             end = data.find(b"\r\n\r\n", pos)
             if end < 0:
                 if len(data) - pos > MAX_HEAD:
@@ -290,13 +344,16 @@ class Connection(asyncio.Protocol):
         app = self._app
         result = admit(app[common.LIVE].guard, head.host, head.origin, head.authorization, head.server)
         if result.__class__ is Refusal:
-            refused(app[common.METRICS].rejected, result, f"/servers/{head.server}/messages", self._remote)  # type: ignore[arg-type]
+            path = f"/servers/{head.server}/{'mcp' if head.mcp else 'messages'}"
+            refused(app[common.METRICS].rejected, result, path, self._remote)  # type: ignore[arg-type]
             text = common.error_text(jsonrpc.INVALID_REQUEST, result.reason)  # type: ignore[union-attr]
             head.refusal = (result.status, text, result.headers)  # type: ignore[union-attr]
         else:
+            head.principal = result.name if result is not None else None  # type: ignore[union-attr]
             try:
                 head.gateway = common.gateway_named(app[common.GATEWAYS], head.server)
-                head.session = sse.posted_session(head.gateway, head.session_id, result.name if result else None)  # type: ignore[union-attr]
+                if not head.mcp:  # Streamable looks its session up after reading the body, as aiohttp does
+                    head.session = sse.posted_session(head.gateway, head.session_id, head.principal)
                 common.check_length(head.content_length, head.gateway)
             except web.HTTPException as exc:
                 head.refusal = (exc.status, exc.text or "", _extra(exc.headers))
@@ -311,6 +368,9 @@ class Connection(asyncio.Protocol):
             status, text, headers = head.refusal
             self._reply(head, status, text.encode(), _JSON, headers)
             return
+        if head.mcp:
+            self._start_mcp(head, body)
+            return
         gateway, session = head.gateway, head.session
         assert gateway is not None and session is not None
         try:
@@ -322,6 +382,77 @@ class Connection(asyncio.Protocol):
             self._reply(head, 500, common.error_text(jsonrpc.INTERNAL_ERROR, "internal error").encode(), _JSON, None)
         else:
             self._reply(head, 202, _ACCEPTED_BODY, _TEXT, None)
+
+    def _start_mcp(self, head: Head, body: bytes) -> None:
+        gateway = head.gateway
+        assert gateway is not None
+        try:
+            payload = common.decode_body(body, gateway)
+        except web.HTTPException as exc:
+            self._reply(head, exc.status, (exc.text or "").encode(), _JSON, _extra(exc.headers))
+            return
+        post = streamable.PostHead(
+            gateway,
+            head.principal,
+            head.session_id,
+            head.mcp_version,
+            head.accept,
+            self._app[common.LIVE].config.streamable.resume_buffer,
+        )
+        self._busy = asyncio.get_running_loop().create_task(self._serve_mcp(head, post, payload))
+        self._busy.add_done_callback(self._served)
+
+    async def _serve_mcp(self, head: Head, post: streamable.PostHead, payload: Any) -> None:
+        reply = _Reply(self, head)
+        try:
+            await streamable.answer_post(post, payload, reply)
+        except web.HTTPException as exc:
+            if not reply.streaming:
+                self._reply(head, exc.status, (exc.text or "").encode(), _JSON, _extra(exc.headers))
+                return
+            self.close()  # nothing can be said once the stream is under way
+        except asyncio.CancelledError:
+            # The client went away. Return rather than re-raise: a task that ends
+            # cancelled keeps the exception, whose traceback holds this frame.
+            return
+        except Exception:
+            logs.get().exception("internal_error", where="mcp_post", server=head.server, session=head.session_id)
+            if not reply.streaming:
+                self._reply(head, 500, common.error_text(jsonrpc.INTERNAL_ERROR, "internal error").encode(), _JSON, None)
+                return
+            self.close()
+        if reply.streaming and self._transport is not None:
+            self._transport.write(b"0\r\n\r\n")
+            if head.close:
+                self.close()
+
+    def _served(self, task: asyncio.Task[None]) -> None:
+        self._busy = None
+        self._last_active = time.monotonic()
+        if self._transport is None:
+            return
+        self._transport.resume_reading()
+        if self._pending and self._head is None:
+            data, self._pending = self._pending, b""
+            self._parse(data)
+
+    async def write_event(self, data: bytes) -> None:
+        """One chunk of a stream; waits while the client is not reading."""
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            raise ConnectionResetError("client went away")
+        transport.write(b"%x\r\n%s\r\n" % (len(data), data))
+        if self._write_paused:
+            self._drained = asyncio.get_running_loop().create_future()
+            await self._drained
+
+    def open_stream(self, head: Head, headers: dict[str, str]) -> None:
+        transport = self._transport
+        if transport is None:
+            raise ConnectionResetError("client went away")
+        common.limit_unacked(transport)
+        cors = cors_headers(self._app[common.LIVE].guard, head.origin)
+        transport.write(render_stream_head({**headers, **cors} if cors else headers, head.close))
 
     def _reply(self, head: Head, status: int, body: bytes, content_type: bytes, headers: dict[str, str] | None) -> None:
         transport = self._transport
@@ -363,7 +494,7 @@ class Connection(asyncio.Protocol):
         if self._transport is None:
             return
         idle = time.monotonic() - self._last_active
-        if idle >= IDLE_TIMEOUT_S:
+        if idle >= IDLE_TIMEOUT_S and self._busy is None:  # a stream under way is not idle
             self._transport.close()
             self._detach()
         else:
@@ -372,6 +503,29 @@ class Connection(asyncio.Protocol):
     def close(self) -> None:
         if self._transport is not None:
             self._transport.close()
+
+
+class _Reply:
+    """How streamable.answer_post answers through this connection."""
+
+    def __init__(self, connection: Connection, head: Head) -> None:
+        self._connection = connection
+        self._head = head
+        self.streaming = False
+
+    def accepted(self, session_id: str) -> None:
+        self._connection._reply(self._head, 202, b"", _TEXT, {streamable.SESSION_HEADER: session_id})
+
+    def json(self, body: bytes, session_id: str) -> None:
+        self._connection._reply(self._head, 200, body, _JSON, {streamable.SESSION_HEADER: session_id})
+
+    async def open_stream(self, session_id: str) -> _Reply:
+        self._connection.open_stream(self._head, {streamable.SESSION_HEADER: session_id})
+        self.streaming = True
+        return self
+
+    async def write(self, data: bytes) -> None:
+        await self._connection.write_event(data)
 
 
 _JSON = b"application/json"

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from aiohttp import web
 
@@ -154,37 +155,91 @@ class StreamableSession(Session):
 # ------------------------------------------------------------------ handlers
 
 
+class EventWriter(Protocol):
+    async def write(self, data: bytes) -> None: ...
+
+
+class Reply(Protocol):
+    """How the answer to a POST goes out: through aiohttp, or straight to the fast path's connection."""
+
+    def accepted(self, session_id: str) -> Any: ...
+
+    def json(self, body: bytes, session_id: str) -> Any: ...
+
+    async def open_stream(self, session_id: str) -> EventWriter: ...
+
+
+@dataclass(frozen=True, slots=True)
+class PostHead:
+    """What a POST's handling reads from its request, besides the body."""
+
+    gateway: Gateway
+    principal: str | None
+    session_id: str | None
+    version: str | None
+    accept: str
+    resume_buffer: int
+
+
+class _AiohttpReply:
+    def __init__(self, request: web.Request) -> None:
+        self._request = request
+
+    def accepted(self, session_id: str) -> web.Response:
+        return web.Response(status=202, headers={SESSION_HEADER: session_id})
+
+    def json(self, body: bytes, session_id: str) -> web.Response:
+        return web.Response(body=body, content_type="application/json", headers={SESSION_HEADER: session_id})
+
+    async def open_stream(self, session_id: str) -> web.StreamResponse:
+        return await common.open_stream(self._request, {SESSION_HEADER: session_id})
+
+
 async def post(request: web.Request) -> web.StreamResponse:
     gateway = common.gateway_for(request)
     payload = await common.read_message(request, gateway)
+    headers = request.headers
+    head = PostHead(
+        gateway,
+        common.principal(request),
+        headers.get(SESSION_HEADER),
+        headers.get(VERSION_HEADER),
+        headers.get("Accept", ""),
+        request.app[common.LIVE].config.streamable.resume_buffer,
+    )
+    return await answer_post(head, payload, _AiohttpReply(request)) or web.StreamResponse()  # type: ignore[no-any-return]
+
+
+async def answer_post(head: PostHead, payload: Any, reply: Reply) -> Any:
+    """Route a decoded POST body and answer it: 202, one JSON body, or a stream of events."""
+    gateway = head.gateway
     messages = payload if payload.__class__ is list else [payload]
     if not messages:
         common.fail(400, "invalid request: empty batch")
-    session_id = request.headers.get(SESSION_HEADER)
-    if session_id is None:
+    if head.session_id is None:
         if not any(m.__class__ is dict and m.get("method") == "initialize" for m in messages):
             common.fail(400, f"missing {SESSION_HEADER} header (only initialize may come without one)")
-        session = _open(request, gateway)
+        session = _open(head)
     else:
-        session = _session(request, gateway, session_id)
-        _check_version(request)
+        session = _session(gateway, head.principal, head.session_id)
+        _check_version(head.version)
     request_ids = [m["id"] for m in messages if m.__class__ is dict and "method" in m and jsonrpc.is_id(m.get("id"))]
     if any(session.owes(rid) for rid in request_ids):
         common.fail(400, "invalid request: a request id in this body is already in flight", jsonrpc.INVALID_REQUEST)
     if not request_ids:
-        _route(gateway, session, payload, session_id is None)
-        return web.Response(status=202, headers={SESSION_HEADER: session.id})
+        _route(gateway, session, payload, head.session_id is None)
+        return reply.accepted(session.id)
     stream = session.open_post_stream(request_ids)
     primed = session.mark()  # before routing: a reply the mux makes at once comes after it
     try:
-        _route(gateway, session, payload, session_id is None)
-        if _accepts_sse(request):
-            prime = primed if session_id is not None and session.protocol_version >= PRIMING_SINCE else None
-            return await _stream_response(request, session, stream, replay_after=None, prime=prime)
-        return await _json_response(session, stream, payload.__class__ is list)
+        _route(gateway, session, payload, head.session_id is None)
+        if "text/event-stream" in head.accept:
+            prime = primed if head.session_id is not None and session.protocol_version >= PRIMING_SINCE else None
+            return await _stream_response(reply, session, stream, replay_after=None, prime=prime)
+        return reply.json(await _json_body(session, stream, payload.__class__ is list), session.id)
     finally:
         session.close_post_stream(stream)
-        if session_id is None:
+        if head.session_id is None:
             _after_initialize(gateway, session)
 
 
@@ -196,14 +251,17 @@ async def get(request: web.Request) -> web.StreamResponse:
     session_id = request.headers.get(SESSION_HEADER)
     if session_id is None:
         common.fail(400, f"missing {SESSION_HEADER} header")
-    session = _session(request, gateway, session_id)
-    _check_version(request)
+    session = _session(gateway, common.principal(request), session_id)
+    _check_version(request.headers.get(VERSION_HEADER))
     resume = request.headers.get("Last-Event-ID")
     key, last = _parse_event_id(resume)
     stream = session.streams.get(key)
     if stream is None:
         stream = Stream(key)  # it has ended: replay what it sent after `last`, then end
-    return await _stream_response(request, session, stream, replay_after=last if resume else None, prime=None)
+    reply = _AiohttpReply(request)
+    written = await _stream_response(reply, session, stream, replay_after=last if resume else None, prime=None)
+    # None: the client went before the stream opened; aiohttp still wants a response object.
+    return written or web.StreamResponse()  # type: ignore[return-value]
 
 
 async def delete(request: web.Request) -> web.Response:
@@ -211,8 +269,8 @@ async def delete(request: web.Request) -> web.Response:
     session_id = request.headers.get(SESSION_HEADER)
     if session_id is None:
         common.fail(400, f"missing {SESSION_HEADER} header")
-    session = _session(request, gateway, session_id)
-    _check_version(request)
+    session = _session(gateway, common.principal(request), session_id)
+    _check_version(request.headers.get(VERSION_HEADER))
     gateway.close_session(session, "client ended session")
     return web.Response(status=204)
 
@@ -220,11 +278,9 @@ async def delete(request: web.Request) -> web.Response:
 # ------------------------------------------------------------------- helpers
 
 
-def _open(request: web.Request, gateway: Gateway) -> StreamableSession:
-    config = request.app[common.LIVE].config
-    session = StreamableSession(
-        gateway.name, common.principal(request), gateway.limits.session_queue, config.streamable.resume_buffer
-    )
+def _open(head: PostHead) -> StreamableSession:
+    gateway = head.gateway
+    session = StreamableSession(gateway.name, head.principal, gateway.limits.session_queue, head.resume_buffer)
     try:
         gateway.open_session(session)
     except SessionLimitError as exc:
@@ -232,15 +288,14 @@ def _open(request: web.Request, gateway: Gateway) -> StreamableSession:
     return session
 
 
-def _session(request: web.Request, gateway: Gateway, session_id: str) -> StreamableSession:
-    session = gateway.session(session_id, common.principal(request))
+def _session(gateway: Gateway, principal: str | None, session_id: str) -> StreamableSession:
+    session = gateway.session(session_id, principal)
     if session is None or not isinstance(session, StreamableSession):
         common.fail(404, "unknown session")
     return session
 
 
-def _check_version(request: web.Request) -> None:
-    version = request.headers.get(VERSION_HEADER)
+def _check_version(version: str | None) -> None:
     if version is not None and version not in PROTOCOL_VERSIONS:
         common.fail(400, f"unsupported {VERSION_HEADER}: {version!r} (supported: {', '.join(PROTOCOL_VERSIONS)})")
 
@@ -263,10 +318,6 @@ def _after_initialize(gateway: Gateway, session: StreamableSession) -> None:
         session.protocol_version = version
 
 
-def _accepts_sse(request: web.Request) -> bool:
-    return "text/event-stream" in request.headers.get("Accept", "")
-
-
 def _parse_event_id(value: str | None) -> tuple[str, int]:
     if value:
         key, _, seq = value.rpartition("_")
@@ -275,7 +326,7 @@ def _parse_event_id(value: str | None) -> tuple[str, int]:
     return STANDALONE, 0
 
 
-async def _json_response(session: StreamableSession, stream: Stream, batch: bool) -> web.Response:
+async def _json_body(session: StreamableSession, stream: Stream, batch: bool) -> bytes:
     """Wait for the responses this POST owes; anything else it carries goes to the standalone stream."""
     responses: list[bytes] = []
     standalone = session.streams[STANDALONE]
@@ -292,22 +343,21 @@ async def _json_response(session: StreamableSession, stream: Stream, batch: bool
         await stream.wait()
     if not responses:
         common.fail(503, "session ended before the response")
-    body = b"[" + b",".join(responses) + b"]" if batch else responses[0]
-    return web.Response(body=body, content_type="application/json", headers={SESSION_HEADER: session.id})
+    return b"[" + b",".join(responses) + b"]" if batch else responses[0]
 
 
 async def _stream_response(
-    request: web.Request, session: StreamableSession, stream: Stream, *, replay_after: int | None, prime: int | None
-) -> web.StreamResponse:
+    reply: Reply, session: StreamableSession, stream: Stream, *, replay_after: int | None, prime: int | None
+) -> EventWriter | None:
     """Write `stream` as SSE until its last response is sent, the session ends, or another writer takes over."""
-    response = web.StreamResponse()
+    response: EventWriter | None = None
     stream.generation += 1
     generation = stream.generation
     stream.writers += 1
     stream.wake()  # a writer this one replaces sees the new generation and ends
     last = 0
     try:
-        response = await common.open_stream(request, {SESSION_HEADER: session.id})
+        response = await reply.open_stream(session.id)
         if prime is not None:
             await response.write(f"id: {session.event_id(stream, prime)}\ndata: \n\n".encode())
         if replay_after is not None:
