@@ -30,10 +30,10 @@ def create_app(config: Config) -> web.Application:
     app[GATEWAYS] = gateways
     for name, server in config.servers.items():
         gateways[name] = Gateway(name, server, config.limits, metrics.server(name), config.sse.keepalive)
-    app.router.add_get("/servers/{name}/sse", sse.stream)
+    app.router.add_get("/servers/{name}/sse", sse.stream, allow_head=False)  # a HEAD must not open a session
     app.router.add_post("/servers/{name}/messages", sse.post_message)
     app.router.add_post("/servers/{name}/mcp", streamable.post)
-    app.router.add_get("/servers/{name}/mcp", streamable.get)
+    app.router.add_get("/servers/{name}/mcp", streamable.get, allow_head=False)
     app.router.add_delete("/servers/{name}/mcp", streamable.delete)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
@@ -80,6 +80,8 @@ async def apply_config(app: web.Application, new: Config) -> None:
     for key in ("listen", "metrics", "logging"):
         if getattr(new, key) != getattr(old, key):
             log.warning("reload_needs_restart", key=key)
+    if new.limits.keepalive_timeout != old.limits.keepalive_timeout:
+        log.warning("reload_needs_restart", key="limits.keepalive_timeout")
     gateways = app[GATEWAYS]
     metrics = app[METRICS]
     removed = [name for name in old.servers if name not in new.servers]

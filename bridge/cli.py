@@ -103,7 +103,8 @@ async def serve(config: Config, reload_config: Callable[[], Config]) -> None:
         task.add_done_callback(reloads.discard)
 
     loop.add_signal_handler(signal.SIGHUP, on_hup)
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    idle = config.limits.keepalive_timeout
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, keepalive_timeout=idle)
     await runner.setup()
     connections = fastpath.Connections()
     gateways = app[GATEWAYS]
@@ -116,7 +117,7 @@ async def serve(config: Config, reload_config: Callable[[], Config]) -> None:
     server: asyncio.Server | None = None
     try:
         server = await loop.create_server(
-            lambda: fastpath.Connection(app, runner.server, connections),  # type: ignore[arg-type]
+            lambda: fastpath.Connection(app, runner.server, connections, idle),  # type: ignore[arg-type]
             config.listen.host,
             config.listen.port,
             ssl=_tls(config),

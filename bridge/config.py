@@ -95,6 +95,7 @@ class Limits(Struct):
     session_idle_timeout: Duration = Duration(1800)
     drain_timeout: Duration = Duration(10)
     initialize_timeout: Duration = Duration(30)
+    keepalive_timeout: Duration = Duration(75)  # an idle client connection is closed after this
 
 
 class SSE(Struct):

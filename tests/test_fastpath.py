@@ -441,3 +441,75 @@ async def test_streamable_errors_are_the_same_on_both_paths(daemon: Bridge, case
         answers = [(status, json.loads(text)) for status, _, text in (fast, slow)]
         assert answers[0] == answers[1], answers
         assert 400 <= answers[0][0] < 500 and answers[0][1]["error"]["message"], answers
+
+
+# ------------------------------------------------------------------ found in review
+
+
+@pytest.mark.parametrize(
+    "shape",
+    ["many headers", "long value", "long target", "NUL in target", "LF in target", "DEL in target", "fragment"],
+)
+async def test_heads_aiohttp_refuses_are_left_to_it(daemon: Bridge, shape: str) -> None:
+    """Whatever the fast path cannot vouch for goes to aiohttp, which refuses it with a 400."""
+    client = await _session(daemon)
+    try:
+        sid = client.session_id
+        extra: tuple[str, ...] = ()
+        target = f"/servers/demo/messages?session_id={sid}"
+        if shape == "many headers":
+            extra = tuple(f"X-A{i}: b" for i in range(200))
+        elif shape == "long value":
+            extra = ("X-A: " + "b" * 20_000,)
+        elif shape == "long target":
+            target += "&x=" + "y" * 20_000
+        elif shape == "fragment":
+            target += "#f"
+        else:
+            target += {"NUL in target": "&x=\x00", "LF in target": "&x=\n", "DEL in target": "&x=\x7f"}[shape]
+        head = [f"POST {target} HTTP/1.1", "Host: 127.0.0.1", *extra, f"Content-Length: {len(echo(1))}"]
+        async for wire in _wire(daemon):
+            await wire.send(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + echo(1))
+            status = (await wire.response())[0]
+        assert status in (202, 400, 404, 431) and (status == 202) == (shape == "fragment"), status
+    finally:
+        await client.close()
+
+
+async def test_a_refused_body_is_read_and_dropped_before_closing(daemon: Bridge) -> None:
+    """Closing with the body unread would reset the connection under a client still sending
+    it, and a reset can destroy the 413 on its way: the rest is read and dropped first."""
+    client = await _session(daemon)
+    try:
+        async for wire in _wire(daemon):
+            wire.writer.write(post(client.session_id, b"x" * 300_000))  # over the limit of 4096
+            await wire.writer.drain()  # the whole body gets through: no reset
+            status, headers, _ = await wire.response()
+            assert (status, headers["connection"]) == (413, "close")
+            assert await wire.closed()
+    finally:
+        await client.close()
+
+
+async def test_a_head_sent_byte_by_byte_is_not_activity(bridge: Any) -> None:
+    config = {"servers": {"demo": demo()}, "limits": {"keepalive_timeout": "1s"}}
+    async with bridge(config) as b:
+        async for wire in _wire(b):
+            await wire.send(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Pad: ")
+            start = asyncio.get_running_loop().time()
+            closed = False
+            for _ in range(40):  # at most 8 s, one byte every 0.2 s
+                try:
+                    await wire.send(b"a")
+                    closed = await asyncio.wait_for(wire.reader.read(), 0.2) == b""
+                except TimeoutError:
+                    continue
+                except ConnectionError:
+                    closed = True
+                if closed:
+                    break
+            assert closed and asyncio.get_running_loop().time() - start < 4
+        async for wire in _wire(b):  # a connection in use is kept
+            for _ in range(3):
+                await wire.send(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+                assert (await wire.response())[0] == 200

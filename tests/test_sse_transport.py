@@ -15,6 +15,8 @@ import pytest
 from conftest import Bridge, faulty
 from rawclient import RawSse, call
 
+from bridge.transports.sse import SseSession
+
 SESSION_ID = re.compile(r"^[0-9a-f]{32,}$")
 
 
@@ -426,3 +428,38 @@ async def test_health_ready_status(bridge: Any) -> None:
             assert status["servers"]["g"]["sessions"] == 0
             assert status["servers"]["g"]["processes"][0]["pid"] not in (None, pid)
             assert c2.session_id
+
+
+class _Socket:
+    """A transport whose unsent bytes the test decides: what the kernel has not taken yet."""
+
+    def __init__(self) -> None:
+        self.unsent = 0
+        self.written = b""
+
+    def write(self, data: bytes) -> None:
+        self.written += data
+        self.unsent += len(data)
+
+    def get_write_buffer_size(self) -> int:
+        return self.unsent
+
+    def is_closing(self) -> bool:
+        return False
+
+
+def test_only_events_the_socket_has_not_taken_count_as_queued() -> None:
+    """Found in review: a client reading steadily, whose socket is never quite empty when
+    the next event comes, was counted as one more event behind each time, and dropped."""
+    session = SseSession("s", None, queue_limit=4)
+    sock = _Socket()
+    session.attach(sock, chunked=True)  # type: ignore[arg-type]
+    for n in range(50):
+        assert session.deliver(b'{"n": %d}' % n, None, False), n
+        session.flush()
+        sock.unsent = 5  # the kernel took all but the tail of the last write
+    for _ in range(3):  # the client stops reading: with the last one, 4 are queued
+        assert session.deliver(b"{}", None, False)
+        session.flush()
+    assert not session.deliver(b"{}", None, False)  # a fifth: too slow
+    assert sock.written.count(b"event: message") == 53

@@ -39,9 +39,10 @@ from ..sessions import Session
 from ..security import Refusal, admit, cors_headers, refused
 from . import common, sse, streamable
 
-MAX_HEAD = 8190  # aiohttp's own limit on a request line and on a header field
+MAX_HEAD = 8190  # aiohttp's limit on one line; a longer head (of any shape) is aiohttp's to judge
+MAX_FIELDS = 100  # under aiohttp's limit of 128 headers: more are aiohttp's to judge
 DISCARD_LIMIT = 64 * 1024  # a refused request's body up to this size is read, to keep the connection
-IDLE_TIMEOUT_S = 75.0  # aiohttp's keep-alive timeout: an idle connection is closed after it
+LINGER_S, LINGER_BYTES = 2.0, 1 << 20  # reading on after a refusal, before closing
 _PREFIX = b"/servers/"
 _MESSAGES = b"/messages"  # HTTP+SSE
 _MCP = b"/mcp"  # Streamable HTTP
@@ -49,6 +50,7 @@ _MCP = b"/mcp"  # Streamable HTTP
 # takes: token names, no space before the colon, no folding, no control characters in values.
 _FIELDS = re.compile(rb"(?:[!#$%&'*+.^_`|~0-9A-Za-z-]+:[\t\x20-\x7e\x80-\xff]*\r\n)*")
 _FIELD = re.compile(rb"([^:]+):([^\r]*)\r\n")  # one field of a block _FIELDS took
+_TARGET = re.compile(rb"/[!-~]*")  # visible ASCII only: no controls, no spaces, no bare LF
 # A header here that changes how the body is framed or what is expected of the server means aiohttp.
 _HAND_OFF_FIELDS = frozenset({b"transfer-encoding", b"expect", b"upgrade"})
 # The headers read here: each may appear once.
@@ -95,7 +97,7 @@ def parse_head(head: bytes) -> Head | None:
     if not _target(parts[1], out):
         return None
     fields = b"" if line_end < 0 else head[line_end + 2 :] + b"\r\n"
-    if _FIELDS.fullmatch(fields) is None:
+    if _FIELDS.fullmatch(fields) is None or fields.count(b"\n") > MAX_FIELDS:
         return None
     found: dict[bytes, bytes] = {}
     for name, value in _FIELD.findall(fields):
@@ -131,8 +133,10 @@ def parse_head(head: bytes) -> Head | None:
 
 
 def _target(target: bytes, out: Head) -> bool:
+    if _TARGET.fullmatch(target) is None or b"#" in target or b"%" in target:
+        return False  # aiohttp refuses, decodes or drops these: its call
     path, _, query = target.partition(b"?")
-    if not path.startswith(_PREFIX) or b"%" in target or b"+" in query:
+    if not path.startswith(_PREFIX) or b"+" in query:
         return False
     out.mcp = path.endswith(_MCP)
     if not out.mcp and not path.endswith(_MESSAGES):
@@ -223,8 +227,11 @@ class Connections:
 class Connection(asyncio.Protocol):
     """One client connection, until it sends a request this path leaves to aiohttp."""
 
-    def __init__(self, app: web.Application, fallback: Callable[[], asyncio.Protocol], registry: Connections) -> None:
+    def __init__(
+        self, app: web.Application, fallback: Callable[[], asyncio.Protocol], registry: Connections, idle_timeout: float
+    ) -> None:
         self._app = app
+        self._idle_timeout = idle_timeout  # limits.keepalive_timeout, as aiohttp's keepalive_timeout
         self._fallback = fallback
         self._registry = registry
         self._transport: asyncio.Transport | None = None
@@ -238,6 +245,7 @@ class Connection(asyncio.Protocol):
         self._write_paused = False
         self._drained: asyncio.Future[None] | None = None
         self._busy: asyncio.Task[None] | None = None  # answering a Streamable POST; later requests wait
+        self._lingering = 0  # bytes still to drop after refusing a body unread
 
     # asyncio.Protocol
 
@@ -248,7 +256,7 @@ class Connection(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         self._remote = peer[0] if isinstance(peer, tuple) else None
         self._last_active = time.monotonic()
-        self._idle = asyncio.get_running_loop().call_later(IDLE_TIMEOUT_S, self._check_idle)
+        self._idle = asyncio.get_running_loop().call_later(self._idle_timeout, self._check_idle)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._detach()
@@ -273,13 +281,18 @@ class Connection(asyncio.Protocol):
             self._drained.set_result(None)
 
     def data_received(self, data: bytes) -> None:
-        self._last_active = time.monotonic()
+        if self._lingering:
+            self._linger_read(data)
+            return
         if self._busy is not None:
             self._pending += data
             if len(self._pending) > MAX_HEAD + DISCARD_LIMIT and self._transport is not None:
                 self._transport.pause_reading()  # a client that will not wait its turn waits anyway
             return
         if self._head is not None:
+            # A body that keeps coming is activity; bytes of a head are not (else a
+            # client sending one byte a minute would hold the connection for ever).
+            self._last_active = time.monotonic()
             data = self._more_body(data)
             if self._head is not None:
                 return
@@ -301,7 +314,7 @@ class Connection(asyncio.Protocol):
                 else:
                     self._pending = data[pos:]
                 return
-            head = parse_head(data[pos:end])
+            head = parse_head(data[pos:end]) if end - pos <= MAX_HEAD else None
             if head is None:
                 self._hand_off(data[pos:])
                 return
@@ -359,14 +372,14 @@ class Connection(asyncio.Protocol):
                 head.refusal = (exc.status, exc.text or "", _extra(exc.headers))
         if head.refusal is not None and (head.refusal[0] == 413 or head.content_length > DISCARD_LIMIT):
             head.close = True
-            self._answer(head, b"")
+            self._answer(head, b"", linger=True)
             return False
         return True
 
-    def _answer(self, head: Head, body: bytes) -> None:
+    def _answer(self, head: Head, body: bytes, linger: bool = False) -> None:
         if head.refusal is not None:
             status, text, headers = head.refusal
-            self._reply(head, status, text.encode(), _JSON, headers)
+            self._reply(head, status, text.encode(), _JSON, headers, linger)
             return
         if head.mcp:
             self._start_mcp(head, body)
@@ -454,17 +467,37 @@ class Connection(asyncio.Protocol):
         cors = cors_headers(self._app[common.LIVE].guard, head.origin)
         transport.write(render_stream_head({**headers, **cors} if cors else headers, head.close))
 
-    def _reply(self, head: Head, status: int, body: bytes, content_type: bytes, headers: dict[str, str] | None) -> None:
+    def _reply(
+        self, head: Head, status: int, body: bytes, content_type: bytes, headers: dict[str, str] | None, linger: bool = False
+    ) -> None:
         transport = self._transport
         if transport is None:
             return
+        self._last_active = time.monotonic()
         cors = cors_headers(self._app[common.LIVE].guard, head.origin)
         if cors is not None:
             headers = {**headers, **cors} if headers else cors
         transport.write(render(status, body, content_type, headers, head.close))
-        if head.close:
+        if head.close and linger:
+            self._linger()
+        elif head.close:
             transport.close()
             self._detach()
+
+    def _linger(self) -> None:
+        """Refused with the body unread: say so, then read and drop what the client is still
+        sending for a while before closing, so that a reset does not destroy the answer."""
+        transport = self._transport
+        assert transport is not None
+        if transport.can_write_eof():
+            transport.write_eof()
+        self._lingering = LINGER_BYTES
+        asyncio.get_running_loop().call_later(LINGER_S, self.close)
+
+    def _linger_read(self, data: bytes) -> None:
+        self._lingering -= len(data)
+        if self._lingering <= 0:
+            self.close()
 
     # the connection
 
@@ -494,11 +527,11 @@ class Connection(asyncio.Protocol):
         if self._transport is None:
             return
         idle = time.monotonic() - self._last_active
-        if idle >= IDLE_TIMEOUT_S and self._busy is None:  # a stream under way is not idle
+        if idle >= self._idle_timeout and self._busy is None:  # a stream under way is not idle
             self._transport.close()
             self._detach()
         else:
-            self._idle = asyncio.get_running_loop().call_later(IDLE_TIMEOUT_S - idle, self._check_idle)
+            self._idle = asyncio.get_running_loop().call_later(self._idle_timeout - idle, self._check_idle)
 
     def close(self) -> None:
         if self._transport is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from collections import deque
 from typing import Any
 
 from aiohttp import web
@@ -31,9 +32,10 @@ class SseSession(Session):
 
     The gateway calls `deliver` for each message and `flush` once it has
     routed everything one batch of server output produced, so that a burst
-    of messages for a session goes out in one write. Messages count as
-    queued while the socket cannot take them: more than `queue_limit` of
-    those and the client is too slow.
+    of messages for a session goes out in one write. A message counts as
+    queued from delivery until the socket has taken all of it (what is
+    written but still in the transport's buffer is tracked by offset): more
+    than `queue_limit` of those and the client is too slow.
     """
 
     transport = "sse"
@@ -43,7 +45,9 @@ class SseSession(Session):
         self._limit = queue_limit
         self._parts: list[bytes] = []  # framed events not yet written
         self._waiting = 0  # events in _parts
-        self._backlog = 0  # events written while the socket was backed up
+        self._written = 0  # bytes handed to the transport, ever
+        self._unsent: deque[tuple[int, int]] = deque()  # (offset their write ends at, events): not yet taken
+        self._queued = 0  # events in _unsent
         self._out: asyncio.Transport | None = None
         self._chunked = True
         self._ended: asyncio.Future[None] | None = None
@@ -51,6 +55,7 @@ class SseSession(Session):
     def attach(self, out: asyncio.Transport, chunked: bool) -> None:
         """Start writing to `out` (the stream's headers are sent); what was delivered before goes first."""
         self._out, self._chunked = out, chunked
+        self._written = out.get_write_buffer_size()  # the headers and the endpoint event, if still there
         self.flush()
 
     async def wait_ended(self) -> None:
@@ -61,7 +66,7 @@ class SseSession(Session):
     def deliver(self, data: bytes, related: RequestId | None, final: bool) -> bool:
         self._parts += (_EVENT, data, _END)
         self._waiting += 1
-        return self._waiting + self._backlog <= self._limit
+        return self._waiting + self._queued <= self._limit or self._waiting + self._taken() <= self._limit
 
     def flush(self) -> None:
         out = self._out
@@ -73,11 +78,26 @@ class SseSession(Session):
         parts = self._parts
         if self._chunked:
             parts = [b"%x\r\n" % sum(map(len, parts)), *parts, b"\r\n"]
-        backed_up = out.get_write_buffer_size() > 0
-        out.write(b"".join(parts))
-        self._backlog = self._backlog + self._waiting if backed_up else 0
+        data = b"".join(parts)
+        out.write(data)
+        self._written += len(data)
+        if self._waiting:
+            self._unsent.append((self._written, self._waiting))
+            self._queued += self._waiting
+        self._taken()
         self._parts = []
         self._waiting = 0
+
+    def _taken(self) -> int:
+        """Forget the writes the socket has taken whole; the events still queued."""
+        out = self._out
+        if out is None:
+            return self._queued
+        taken_to = self._written - out.get_write_buffer_size()
+        unsent = self._unsent
+        while unsent and unsent[0][0] <= taken_to:
+            self._queued -= unsent.popleft()[1]
+        return self._queued
 
     def attached(self) -> bool:
         return not self.ended
@@ -93,6 +113,7 @@ class SseSession(Session):
             self._out.abort()
         else:
             self.flush()
+        self._out = None  # aiohttp ends the response; nothing more may go to that connection
         if self._ended is not None and not self._ended.done():
             self._ended.set_result(None)
 
