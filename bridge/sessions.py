@@ -1,4 +1,4 @@
-"""Client sessions: id, owner, a bounded outbound queue, idle tracking.
+"""Client sessions: id, owner, idle tracking; transports say how messages reach the client.
 
 A transport subclasses `Session` to say how messages reach its client. The
 gateway only calls `deliver` (which must never block: a full queue returns
@@ -8,65 +8,14 @@ batch of input produced is delivered) and `end`.
 
 from __future__ import annotations
 
-import asyncio
 import secrets
 import time
-from collections import deque
-from typing import Generic, TypeVar
 
 from .jsonrpc import RequestId
-
-T = TypeVar("T")
 
 
 def new_session_id() -> str:
     return secrets.token_hex(16)  # 128 bits from the OS CSPRNG
-
-
-class Outbox(Generic[T]):
-    """A bounded FIFO that one writer drains in batches (one socket write per batch)."""
-
-    __slots__ = ("_items", "_limit", "_waiter", "closed")
-
-    def __init__(self, limit: int) -> None:
-        self._items: deque[T] = deque()
-        self._limit = limit
-        self._waiter: asyncio.Future[None] | None = None
-        self.closed = False
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def put(self, item: T) -> bool:
-        if self.closed:
-            return True
-        if len(self._items) >= self._limit:
-            return False
-        self._items.append(item)
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-        return True
-
-    async def get_batch(self) -> list[T] | None:
-        """Everything queued, waiting for at least one item; None once closed and empty."""
-        while not self._items:
-            if self.closed:
-                return None
-            self._waiter = asyncio.get_running_loop().create_future()
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
-        batch = list(self._items)
-        self._items.clear()
-        return batch
-
-    def close(self) -> None:
-        self.closed = True
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
 
 
 class Session:

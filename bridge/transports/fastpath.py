@@ -444,7 +444,8 @@ class Connection(asyncio.Protocol):
         self._last_active = time.monotonic()
         if self._transport is None:
             return
-        self._transport.resume_reading()
+        if not self._write_paused:
+            self._transport.resume_reading()
         if self._pending and self._head is None:
             data, self._pending = self._pending, b""
             self._parse(data)
