@@ -389,10 +389,10 @@ class Connection(asyncio.Protocol):
         try:
             sse.take(gateway, session, common.decode_body(body, gateway))
         except web.HTTPException as exc:
-            self._reply(head, exc.status, (exc.text or "").encode(), _JSON, _extra(exc.headers))
+            self._reply_error(head, exc)
         except Exception:
             logs.get().exception("internal_error", where="message_post", server=head.server, session=session.id)
-            self._reply(head, 500, common.error_text(jsonrpc.INTERNAL_ERROR, "internal error").encode(), _JSON, None)
+            self._reply_error(head, None)
         else:
             self._reply(head, 202, _ACCEPTED_BODY, _TEXT, None)
 
@@ -402,7 +402,7 @@ class Connection(asyncio.Protocol):
         try:
             payload = common.decode_body(body, gateway)
         except web.HTTPException as exc:
-            self._reply(head, exc.status, (exc.text or "").encode(), _JSON, _extra(exc.headers))
+            self._reply_error(head, exc)
             return
         post = streamable.PostHead(
             gateway,
@@ -421,7 +421,7 @@ class Connection(asyncio.Protocol):
             await streamable.answer_post(post, payload, reply)
         except web.HTTPException as exc:
             if not reply.streaming:
-                self._reply(head, exc.status, (exc.text or "").encode(), _JSON, _extra(exc.headers))
+                self._reply_error(head, exc)
                 return
             self.close()  # nothing can be said once the stream is under way
         except asyncio.CancelledError:
@@ -431,7 +431,7 @@ class Connection(asyncio.Protocol):
         except Exception:
             logs.get().exception("internal_error", where="mcp_post", server=head.server, session=head.session_id)
             if not reply.streaming:
-                self._reply(head, 500, common.error_text(jsonrpc.INTERNAL_ERROR, "internal error").encode(), _JSON, None)
+                self._reply_error(head, None)
                 return
             self.close()
         if reply.streaming and self._transport is not None:
@@ -446,7 +446,7 @@ class Connection(asyncio.Protocol):
             return
         if not self._write_paused:
             self._transport.resume_reading()
-        if self._pending and self._head is None:
+        if self._pending:
             data, self._pending = self._pending, b""
             self._parse(data)
 
@@ -467,6 +467,13 @@ class Connection(asyncio.Protocol):
         common.limit_unacked(transport)
         cors = cors_headers(self._app[common.LIVE].guard, head.origin)
         transport.write(render_stream_head({**headers, **cors} if cors else headers, head.close))
+
+    def _reply_error(self, head: Head, exc: web.HTTPException | None) -> None:
+        """The answer to a request that failed: its HTTP error, or 500 for a bug (None)."""
+        if exc is None:
+            self._reply(head, 500, common.error_text(jsonrpc.INTERNAL_ERROR, "internal error").encode(), _JSON, None)
+        else:
+            self._reply(head, exc.status, (exc.text or "").encode(), _JSON, _extra(exc.headers))
 
     def _reply(
         self, head: Head, status: int, body: bytes, content_type: bytes, headers: dict[str, str] | None, linger: bool = False
