@@ -144,6 +144,11 @@ async def serve(config: Config, reload_config: Callable[[], Config]) -> None:
             server.close()
         connections.close_all()
         await runner.cleanup()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            # Stopped: closing the loop would restore the default action, and a second
+            # signal during the interpreter's exit would turn a clean stop into a kill.
+            loop.remove_signal_handler(sig)
+            signal.signal(sig, signal.SIG_IGN)
     log.info("stopped")
 
 

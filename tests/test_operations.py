@@ -8,6 +8,7 @@ a process exit or a bounded poll of an HTTP endpoint, each under a timeout.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import signal
@@ -21,7 +22,7 @@ from typing import Any
 import aiohttp
 import pytest
 import yaml
-from conftest import PY, ROOT, Bridge, faulty, pid_alive
+from conftest import PY, ROOT, Bridge, demo, faulty, pid_alive
 from prometheus_client.parser import text_string_to_metric_families
 from rawclient import RawSse, call
 
@@ -735,3 +736,19 @@ async def test_sigterm_drain_timeout_fails_hung_call(bridge: Any) -> None:
         assert not pid_alive(pid)
         assert [e["pid"] for e in b.named("server_stopped")] == [pid]
 
+
+
+async def test_repeated_sigterm_still_exits_cleanly(bridge: Any) -> None:
+    """An orchestrator may signal again while the daemon finishes: once stopping has begun,
+    no SIGTERM, however late in the exit, may turn the clean stop into a kill."""
+    async with bridge({"servers": {"demo": demo()}}) as b:
+        b.proc.send_signal(signal.SIGTERM)
+        await b.wait_for("stopping")
+        for _ in range(5000):  # every millisecond until it exits: at most 5 s
+            if b.proc.returncode is not None:
+                break
+            with contextlib.suppress(ProcessLookupError):
+                b.proc.send_signal(signal.SIGTERM)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(b.proc.wait()), 0.001)
+        assert await b.stop() == 0
