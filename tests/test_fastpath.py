@@ -513,3 +513,13 @@ async def test_a_head_sent_byte_by_byte_is_not_activity(bridge: Any) -> None:
             for _ in range(3):
                 await wire.send(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
                 assert (await wire.response())[0] == 200
+
+
+async def test_a_streamed_answer_to_connection_close_says_so_once_and_closes(daemon: Bridge) -> None:
+    async for wire in _wire(daemon):
+        session = await _mcp_session(wire)
+        await wire.send(mcp_post(echo(1), f"Mcp-Session-Id: {session}", "Connection: close"))
+        async with asyncio.timeout(10):
+            head = (await wire.reader.readuntil(b"\r\n\r\n")).decode().lower()
+        assert head.count("\r\nconnection:") == 1 and "\r\nconnection: close\r\n" in head, head
+        assert b'"t1"' in await asyncio.wait_for(wire.reader.read(), 10)  # the stream, then the close

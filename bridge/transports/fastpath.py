@@ -189,27 +189,26 @@ _PHRASES = {s.value: s.phrase.encode() for s in HTTPStatus}
 
 def render(status: int, body: bytes, content_type: bytes, headers: dict[str, str] | None, close: bool) -> bytes:
     """One whole response."""
-    lines = [
-        b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\nDate: %s\r\n"
-        % (status, _PHRASES.get(status, b""), content_type, len(body), _date())
-    ]
-    if headers:
-        lines.extend(f"{k}: {v}\r\n".encode("latin-1", "replace") for k, v in headers.items())
-    if close:
-        lines.append(b"Connection: close\r\n")
-    lines.append(b"\r\n")
-    lines.append(body)
-    return b"".join(lines)
+    first = b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\nDate: %s\r\n" % (
+        status, _PHRASES.get(status, b""), content_type, len(body), _date()
+    )
+    return b"".join(_head(first, headers, close)) + body
 
 
 def render_stream_head(headers: dict[str, str], close: bool) -> bytes:
     """The head of an SSE response, with chunked framing to follow."""
-    lines = [b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nDate: %s\r\n" % _date()]
-    lines.extend(f"{k}: {v}\r\n".encode("latin-1", "replace") for k, v in {**common.SSE_HEADERS, **headers}.items())
-    if close:
-        lines.append(b"Connection: close\r\n")
+    first = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nDate: %s\r\n" % _date()
+    return b"".join(_head(first, {**common.SSE_HEADERS, **headers}, close))
+
+
+def _head(first: bytes, headers: dict[str, str] | None, close: bool) -> list[bytes]:
+    if close:  # replaces a Connection header given, rather than adding a second one
+        headers = {**(headers or {}), "Connection": "close"}
+    lines = [first]
+    if headers:
+        lines.extend(f"{k}: {v}\r\n".encode("latin-1", "replace") for k, v in headers.items())
     lines.append(b"\r\n")
-    return b"".join(lines)
+    return lines
 
 
 class Connections:
