@@ -1,8 +1,9 @@
 """The multiplexer: everything that affects routing lives in this file.
 
 A `Mux` sits between one upstream MCP server process and the client sessions
-that share it. It does no IO and keeps no clock of its own: the gateway feeds
-it what it read and carries out the `Action`s it returns, in order.
+that share it. It does no IO: the gateway feeds it what it read and carries
+out the `Action`s it returns, in order. It reads time only from the `clock` it
+is given (tests pass a fake one) and asks for a wake-up with a `Timer` action.
 
 Rules
 -----
@@ -44,11 +45,14 @@ Theory of operation
 Sessions are opened and closed by the shells. Each client message passes
 through `from_client`, each server message through `from_server`; process
 lifecycle events through `server_started`, `server_exited`, `server_failed`;
-time through `expire`. Each returns a list of actions. Only `from_client`
-raises, and only `ProtocolError` for a message that is not valid JSON-RPC,
-before any state changes. Everything else the peers get wrong becomes an
-error reply or a `Discard` to log. In per-session mode the same code runs
-with one session and passes `initialize` and `ping` through.
+time through `expire` and `timer`. Each returns a list of actions. What a peer
+gets wrong never raises: `from_client` raises `ProtocolError` for a message
+that is not valid JSON-RPC, before any state changes, and everything else
+becomes an error reply or a `Discard` to log. What the shell gets wrong does:
+naming a session that is not open is a `KeyError`, opening one twice a
+`ValueError`. In per-session mode the same code runs with one session and
+passes `initialize` and `ping` through; subscriptions and the log level are
+tracked as in shared mode, for routing and for the replay after a restart.
 """
 
 from __future__ import annotations
@@ -374,13 +378,16 @@ class Mux:
         return [*self._send_call(call, msg), Timer(self.attribution_window)]
 
     def _holder_active(self) -> bool:
+        return self._holder_left() > 0
+
+    def _holder_left(self) -> float:
+        """Seconds the holder may still ask in; 0 once it asked, finished or had its window."""
         holder = self._holder
-        return (
-            holder is not None
-            and not holder.asked
-            and holder.upstream_id in self._calls
-            and (not holder.sent or holder.sent_at >= self._clock() - self.attribution_window)
-        )
+        if holder is None or holder.asked or holder.upstream_id not in self._calls:
+            return 0.0
+        if not holder.sent:
+            return self.attribution_window
+        return max(0.0, holder.sent_at + self.attribution_window - self._clock())
 
     def _settle(self, out: list[Action]) -> list[Action]:
         """After any event: if the holder is done asking, let the next held call through."""
@@ -392,7 +399,11 @@ class Mux:
         return out
 
     def timer(self) -> list[Action]:
-        return self._settle([])
+        out = self._settle([])
+        left = self._holder_left()
+        if self._held and left and not out:
+            out.append(Timer(left))  # fired early: the window is not over yet
+        return out
 
     def _send_call(self, call: Call, msg: Message) -> list[Action]:
         if self.state is State.READY:
@@ -483,14 +494,7 @@ class Mux:
         del self._subscribers[uri]
         peer.subscriptions.discard(uri)
         if self.state is not State.READY:
-            # The next process is only told of live subscriptions: nothing to undo
-            # upstream, but a subscribe still queued must not reach it either.
-            out: list[Action] = []
-            for call in [c for c in peer.calls.values() if c.subscribe_uri == uri and not c.sent]:
-                self._forget_call(call)
-                self._unqueue(call)
-                out.append(self._reply(peer, call.client_id, {}))  # type: ignore[arg-type]
-            return [*out, self._reply(peer, msg["id"], {})]
+            return [*self._unsubscribe_queued(uri), self._reply(peer, msg["id"], {})]
         return self._forward_call(peer, msg)
 
     def _set_level(self, peer: Peer, msg: Message) -> list[Action]:
@@ -705,7 +709,7 @@ class Mux:
             peer = self._peers[call.session]
             if not peer.initialized or (wanted is not None and not _can_handle(peer.capabilities, wanted, msg)):
                 continue
-            if not call.asked and call.sent_at >= fresh_since and self.attribution_window:
+            if not call.asked and call.sent_at > fresh_since and self.attribution_window:
                 return peer, call
             if call.asked and (asker is None or call.asked > asker.asked):
                 asker = call
@@ -787,7 +791,9 @@ class Mux:
         self._cancelled.clear()
         if self.shared:
             params = bridge_initialize_params(*self._client_info)
-        elif self._client_init is not None:
+        elif self._client_init is not None and self.init_result is not None:
+            # Only an initialize the last process answered is replayed: one still
+            # queued for this process reaches it by itself, and must be the only one.
             params = self._client_init
         else:
             self.state = State.READY
@@ -946,8 +952,20 @@ class Mux:
             return []
         del self._subscribers[uri]
         if self.state is not State.READY:
-            return []
+            return self._unsubscribe_queued(uri)
         return [self._internal_call("resources/unsubscribe", {"uri": uri})]
+
+    def _unsubscribe_queued(self, uri: str) -> list[Action]:
+        """The last subscriber left while no process is ready. The next process is only
+        told of live subscriptions, so there is nothing to undo upstream; but the
+        subscribe that is still queued (whichever session sent it: the first one to
+        subscribe, not necessarily the last to leave) must not reach it either."""
+        out: list[Action] = []
+        for call in [c for c in self._calls.values() if c.subscribe_uri == uri and not c.sent]:
+            self._forget_call(call)
+            self._unqueue(call)
+            out.append(ToSession(call.session, jsonrpc.result(call.client_id, {}), call.client_id, True, call))  # type: ignore[arg-type]
+        return out
 
     def _wanted_level(self) -> int | None:
         levels = [p.level for p in self._peers.values() if p.level is not None]
@@ -1012,8 +1030,14 @@ _CLIENT_REQUESTS: dict[str, Callable[[Mux, Peer, Message], list[Action]]] = {
     "tasks/result": Mux._owned_task,
     "tasks/cancel": Mux._owned_task,
 }
+# Per-session mode: the client's own initialize and ping reach its process, and tasks are
+# all its own; subscriptions and the log level are still tracked, so that updates are
+# routed by the same rule as in shared mode and a restarted process gets them replayed.
 _PASSTHROUGH_REQUESTS: dict[str, Callable[[Mux, Peer, Message], list[Action]]] = {
     "initialize": Mux._passthrough_initialize,
+    "resources/subscribe": Mux._subscribe,
+    "resources/unsubscribe": Mux._unsubscribe,
+    "logging/setLevel": Mux._set_level,
 }
 _CLIENT_NOTIFICATIONS: dict[str, Callable[[Mux, Peer, Message], list[Action]]] = {
     "notifications/initialized": Mux._initialized,

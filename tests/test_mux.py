@@ -124,6 +124,60 @@ def test_per_session_mode_passes_initialize_and_ping_through_and_replays_after_r
     assert to_server(actions) == [note("notifications/initialized")]
 
 
+def per_session_mux() -> tuple[Mux, dict[str, Any]]:
+    """A per-session mux whose one session "a" is initialized through to its server."""
+    mux = Mux(shared=False)
+    mux.open_session("a")
+    mux.server_started()
+    params = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "c"}}
+    (fwd,) = to_server(mux.from_client("a", req(1, "initialize", **params)))
+    mux.from_server(jsonrpc.result(fwd["id"], INIT_RESULT))
+    return mux, params
+
+
+def test_per_session_initialize_sent_before_the_process_started_reaches_it_once() -> None:
+    """Found by the per-session state machine: a Streamable POST routes the client's
+    initialize before the process is up; the new process got it replayed by the bridge
+    and then again from the backlog."""
+    mux = Mux(shared=False)
+    mux.open_session("a")
+    assert to_server(mux.from_client("a", req(1, "initialize", protocolVersion="2025-06-18", capabilities={}, clientInfo={}))) == []
+    sent = to_server(mux.server_started())
+    assert [(m["method"], m["id"]) for m in sent] == [("initialize", sent[0]["id"])]
+    (reply,) = to_session(mux.from_server(jsonrpc.result(sent[0]["id"], INIT_RESULT)), "a")
+    assert reply["id"] == 1
+
+
+def test_per_session_mode_routes_updates_to_its_subscriber() -> None:
+    """Found with server-everything: a passed-through subscribe left no subscriber,
+    so the server's updates were routed to nobody."""
+    mux, _ = per_session_mux()
+    (sub,) = to_server(mux.from_client("a", req(2, "resources/subscribe", uri="demo://doc")))
+    assert to_session(mux.from_server(jsonrpc.result(sub["id"], {})), "a") == [jsonrpc.result(2, {})]
+    update = note("notifications/resources/updated", uri="demo://doc")
+    assert to_session(mux.from_server(update), "a") == [update]
+    (unsub,) = to_server(mux.from_client("a", req(3, "resources/unsubscribe", uri="demo://doc")))
+    mux.from_server(jsonrpc.result(unsub["id"], {}))
+    assert to_session(mux.from_server(note("notifications/resources/updated", uri="demo://doc"))) == []
+
+
+def test_per_session_mode_replays_subscriptions_and_level_after_a_restart() -> None:
+    mux, params = per_session_mux()
+    (sub,) = to_server(mux.from_client("a", req(2, "resources/subscribe", uri="demo://doc")))
+    mux.from_server(jsonrpc.result(sub["id"], {}))
+    (level,) = to_server(mux.from_client("a", req(3, "logging/setLevel", level="error")))
+    mux.from_server(jsonrpc.result(level["id"], {}))
+    mux.server_exited()
+    (init,) = to_server(mux.server_started())
+    assert init["params"] == params
+    replay = to_server(mux.from_server(jsonrpc.result(init["id"], INIT_RESULT)))
+    assert [(m["method"], m.get("params")) for m in replay] == [
+        ("notifications/initialized", None),
+        ("resources/subscribe", {"uri": "demo://doc"}),
+        ("logging/setLevel", {"level": "error"}),
+    ]
+
+
 # --------------------------------------------------------------- id rewriting
 
 
@@ -311,7 +365,8 @@ def test_a_held_call_goes_when_the_holder_finishes_or_its_window_ends() -> None:
     assert to_server(mux.from_client("b", req(1, "tools/call"))) == []
     assert to_server(mux.from_client("c", req(1, "tools/call"))) == []
     (b_call,) = to_server(mux.from_server(jsonrpc.result(first["id"], {})))  # a finished without asking
-    assert mux.timer() == []  # b's window is still open
+    (rearmed,) = mux.timer()  # b's window is still open
+    assert isinstance(rearmed, Timer)
     clock.now += 0.3
     actions = mux.timer()
     (c_call,) = to_server(actions)
@@ -319,6 +374,30 @@ def test_a_held_call_goes_when_the_holder_finishes_or_its_window_ends() -> None:
     (action,) = mux.from_server(sample("s1"))
     assert action.session == "c"  # type: ignore[union-attr]
     assert b_call["id"] != c_call["id"]
+
+
+def test_a_timer_at_the_window_edge_releases_the_next_held_call() -> None:
+    clock = Clock()
+    mux = ready_mux("a", "b", capabilities=SAMPLERS, attribution_window=0.25, clock=clock)
+    mux.from_client("a", req(1, "tools/call"))
+    assert to_server(mux.from_client("b", req(1, "tools/call", who="b"))) == []
+    clock.now += 0.25  # exactly when the timer was asked for
+    (released,) = to_server(mux.timer())
+    assert released["params"]["who"] == "b"
+
+
+def test_a_timer_that_fires_early_arms_again() -> None:
+    """An event loop may run a timer a little before its time: the held call must not
+    then wait for some unrelated event to be released."""
+    clock = Clock()
+    mux = ready_mux("a", "b", capabilities=SAMPLERS, attribution_window=0.25, clock=clock)
+    mux.from_client("a", req(1, "tools/call"))
+    mux.from_client("b", req(1, "tools/call", who="b"))
+    clock.now += 0.2499
+    (again,) = mux.timer()
+    assert isinstance(again, Timer) and again.delay == pytest.approx(0.0001)
+    clock.now += again.delay
+    assert len(to_server(mux.timer())) == 1
 
 
 def test_a_held_call_that_is_cancelled_is_never_sent() -> None:
@@ -460,6 +539,37 @@ def test_updates_for_sub_resources_reach_subscribers_of_the_parent() -> None:
     mux.from_client("b", req(1, "resources/subscribe", uri="file:///dirt"))
     (b,) = mux.from_server(note("notifications/resources/updated", uri="file:///dir/x.txt"))
     assert b.sessions == ("a",)  # type: ignore[union-attr]
+
+
+def test_a_subscribe_queued_by_one_session_is_withdrawn_when_the_last_subscriber_leaves() -> None:
+    """Regression (tests/test_mux_properties.py found it): while the server was down, b's
+    subscribe was queued, a joined it, both left, then a subscribed again. The last one
+    to leave was a, so only a's queued calls were withdrawn; b's subscribe stayed queued
+    and the next process got the uri twice."""
+    mux = ready_mux("a", "b")
+    mux.server_exited()
+    assert to_server(mux.from_client("b", req(1, "resources/subscribe", uri="res://b"))) == []
+    assert to_session(mux.from_client("a", req(1, "resources/subscribe", uri="res://b")), "a") == [jsonrpc.result(1, {})]
+    assert to_session(mux.from_client("b", req(2, "resources/unsubscribe", uri="res://b")), "b") == [jsonrpc.result(2, {})]
+    actions = mux.from_client("a", req(2, "resources/unsubscribe", uri="res://b"))
+    assert to_session(actions, "b") == [jsonrpc.result(1, {})]  # b's subscribe is answered, never sent
+    assert to_session(actions, "a") == [jsonrpc.result(2, {})]
+    mux.from_client("a", req(3, "resources/subscribe", uri="res://b"))
+    (init,) = to_server(mux.server_started())
+    sent = to_server(mux.from_server(jsonrpc.result(init["id"], INIT_RESULT)))
+    assert [m["params"]["uri"] for m in sent if m.get("method") == "resources/subscribe"] == ["res://b"]
+
+
+def test_a_session_closing_withdraws_a_subscribe_another_session_queued() -> None:
+    mux = ready_mux("a", "b")
+    mux.server_exited()
+    mux.from_client("b", req(1, "resources/subscribe", uri="res://b"))
+    mux.from_client("a", req(1, "resources/subscribe", uri="res://b"))
+    mux.from_client("b", req(2, "resources/unsubscribe", uri="res://b"))
+    assert to_session(mux.close_session("a"), "b") == [jsonrpc.result(1, {})]
+    (init,) = to_server(mux.server_started())
+    sent = to_server(mux.from_server(jsonrpc.result(init["id"], INIT_RESULT)))
+    assert [m for m in sent if m.get("method") == "resources/subscribe"] == []
 
 
 def test_the_last_subscriber_leaving_unsubscribes_upstream() -> None:

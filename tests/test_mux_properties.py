@@ -50,10 +50,13 @@ class Client:
 
 
 class MuxMachine(RuleBasedStateMachine):
+    shared = True
+    max_sessions = 4
+
     def __init__(self) -> None:
         super().__init__()
         self.now = 0.0
-        self.mux = Mux(shared=True, clock=lambda: self.now, max_inflight=50, attribution_window=1.0)
+        self.mux = Mux(shared=self.shared, clock=lambda: self.now, max_inflight=50, attribution_window=1.0)
         self.clients: dict[str, Client] = {}
         self.closed: set[str] = set()
         self.server_pending: dict[int, dict[str, Any]] = {}  # upstream id -> tools/call message
@@ -61,6 +64,7 @@ class MuxMachine(RuleBasedStateMachine):
         self.next_server_request = 0
         self.server_alive = False
         self.server_subscribed: set[str] = set()
+        self.server_initialized = False
         self.counter = 0
 
     # ------------------------------------------------------------------ engine
@@ -108,6 +112,8 @@ class MuxMachine(RuleBasedStateMachine):
             assert uri in self.server_subscribed, f"server unsubscribed from {uri} it never subscribed to"
             self.server_subscribed.discard(uri)
         elif method == "initialize":
+            assert not self.server_initialized, "a process was initialized twice"
+            self.server_initialized = True
             self.server_subscribed.clear()  # a new process starts with none
             result = {"protocolVersion": "2025-06-18", "capabilities": {"logging": {}}, "serverInfo": {"name": "m", "version": "1"}}
         return self.mux.from_server({"jsonrpc": "2.0", "id": msg["id"], "result": result})
@@ -159,7 +165,7 @@ class MuxMachine(RuleBasedStateMachine):
         self.server_alive = True
         self.run(self.mux.server_started())
 
-    @precondition(lambda self: len(self.clients) < 4)
+    @precondition(lambda self: self.counter < self.max_sessions if not self.shared else len(self.clients) < self.max_sessions)
     @rule(sampling=st.booleans())
     def open_session(self, sampling: bool) -> None:
         self.counter += 1
@@ -294,6 +300,7 @@ class MuxMachine(RuleBasedStateMachine):
     @rule()
     def server_dies(self) -> None:
         self.server_alive = False
+        self.server_initialized = False
         self.server_pending.clear()
         for sid in self.server_asked:
             self.server_asked[sid] = max(self.server_asked[sid], 1)  # a dead server needs no answer
@@ -322,7 +329,7 @@ class MuxMachine(RuleBasedStateMachine):
     @invariant()
     def tables_match_clients(self) -> None:
         for sid, client in self.clients.items():
-            inflight = {r for r, m in client.outstanding.items() if m != "initialize"}
+            inflight = {r for r, m in client.outstanding.items() if m != "initialize" or not self.shared}
             assert self.mux.inflight(sid) <= len(client.outstanding)
             assert inflight >= set(self.mux.peer(sid).calls), f"mux holds calls {sid} no longer waits for"
 
@@ -351,7 +358,52 @@ class MuxMachine(RuleBasedStateMachine):
         assert self.mux.is_idle(), "mux tables not empty after every session closed"
 
 
+class PerSessionMuxMachine(MuxMachine):
+    """The same rules in per-session mode: one session, whose own initialize reaches the
+    server (and is replayed to the next process after a restart)."""
+
+    shared = False
+    max_sessions = 1
+
+
 MuxMachine.TestCase.settings = settings(
     max_examples=300, stateful_step_count=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
+PerSessionMuxMachine.TestCase.settings = MuxMachine.TestCase.settings
 TestMux = MuxMachine.TestCase
+TestPerSessionMux = PerSessionMuxMachine.TestCase
+
+
+class _Picks:
+    """Stands in for Hypothesis' data object: hands out the recorded draws in order."""
+
+    def __init__(self, *values: Any) -> None:
+        self._values = deque(values)
+
+    def draw(self, strategy: Any) -> Any:
+        return self._values.popleft()
+
+
+def test_regression_subscribed_twice_around_a_restart() -> None:
+    """The sequence Hypothesis kept (shared/repro/mux-subscribed-twice), step by step:
+    the server died; b subscribed (queued), a joined, both left, a subscribed again;
+    the restarted server got res://b twice."""
+    m = MuxMachine()
+    m.start()
+    m.server_answers_late(upstream_id=1)
+    m.open_session(sampling=False)
+    m.set_level(_Picks("s1"), level="debug")
+    m.open_session(sampling=False)
+    m.open_session(sampling=False)
+    m.server_dies()
+    m.open_session(sampling=False)
+    m.set_level(_Picks("s1"), level="debug")
+    m.subscription(_Picks("s2"), subscribe=True, uri="res://b")
+    m.subscription(_Picks("s1"), subscribe=False, uri="res://a")
+    m.subscription(_Picks("s1"), subscribe=True, uri="res://b")
+    m.subscription(_Picks("s2"), subscribe=False, uri="res://b")
+    m.subscription(_Picks("s1"), subscribe=False, uri="res://b")
+    m.subscription(_Picks("s1"), subscribe=False, uri="res://a")
+    m.subscription(_Picks("s1"), subscribe=True, uri="res://b")
+    m.tables_match_clients()
+    m.teardown()
