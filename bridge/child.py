@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import os
 import signal
 import subprocess
@@ -76,8 +77,21 @@ class LineFramer:
         return len(self._buf) + self._dropping
 
 
+class Write(enum.Enum):
+    SENT = "sent"
+    FULL = "full"  # the server has not read what it was sent: nothing more until it does
+    GONE = "gone"  # stdin is closed
+
+
 class Child:
-    """A running stdio MCP server in its own process group."""
+    """A running stdio MCP server in its own process group.
+
+    What it has not read of its stdin is bounded by `input_limit` bytes: a write
+    that would go past it is refused (`Write.FULL`). `on_input_blocked(True)` is
+    called once more than half of that is waiting, `on_input_blocked(False)`
+    once it has read it down again, so the owner can tell a server that stopped
+    reading from one that is merely busy.
+    """
 
     def __init__(
         self,
@@ -88,9 +102,11 @@ class Child:
         env: Mapping[str, str] | None = None,  # the whole environment; None: the daemon's
         cwd: str | None = None,
         max_line: int,
+        input_limit: int,
         on_line: Callable[[bytes], None],
         on_oversize: Callable[[int, bytes, bytes], None],
         on_batch: Callable[[], None] = lambda: None,
+        on_input_blocked: Callable[[bool], None] = lambda blocked: None,
     ) -> None:
         self.server = server
         self.command = command
@@ -101,6 +117,8 @@ class Child:
         self.returncode: int | None = None
         self._stdout = LineFramer(max_line, on_line, on_oversize)
         self._on_batch = on_batch
+        self.input_limit = input_limit
+        self._on_input_blocked = on_input_blocked
         self._stderr = LineFramer(STDERR_LINE_LIMIT, self._stderr_line, self._stderr_oversize)
         self._transport: asyncio.SubprocessTransport | None = None
         self._stdin: asyncio.WriteTransport | None = None
@@ -126,16 +144,21 @@ class Child:
         )
         self._log = self._log.bind(pid=self.pid)
 
-    def send(self, data: bytes) -> bool:
-        """Write one framed message (ending in a newline); False if stdin is gone."""
+    def send(self, data: bytes) -> Write:
+        """Write one framed message (ending in a newline), unless stdin is gone or full."""
         stdin = self._stdin
         if stdin is None or stdin.is_closing():
-            return False
+            return Write.GONE
+        if stdin.get_write_buffer_size() + len(data) > self.input_limit:
+            return Write.FULL
         stdin.write(data)
-        return True
+        return Write.SENT
 
-    def set_line_limit(self, limit: int) -> None:
-        self._stdout.limit = limit
+    def set_limits(self, max_line: int, input_limit: int) -> None:
+        self._stdout.limit = max_line
+        self.input_limit = input_limit
+        if self._stdin is not None:
+            self._stdin.set_write_buffer_limits(high=input_limit // 2)
 
     def stdin_buffered(self) -> int:
         stdin = self._stdin
@@ -169,6 +192,8 @@ class Child:
         # has a transport to reap the process with.
         self._transport = transport
         self._stdin = transport.get_pipe_transport(0)  # type: ignore[assignment]
+        if self._stdin is not None:
+            self._stdin.set_write_buffer_limits(high=self.input_limit // 2)
         self.pid = transport.get_pid()
 
     def _data(self, fd: int, data: bytes) -> None:
@@ -219,6 +244,12 @@ class _Protocol(asyncio.SubprocessProtocol):
 
     def process_exited(self) -> None:
         self._child._process_exited()
+
+    def pause_writing(self) -> None:
+        self._child._on_input_blocked(True)
+
+    def resume_writing(self) -> None:
+        self._child._on_input_blocked(False)
 
     def connection_lost(self, exc: Any) -> None:
         self._child._connection_lost()

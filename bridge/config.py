@@ -96,6 +96,13 @@ class Limits(Struct):
     drain_timeout: Duration = Duration(10)
     initialize_timeout: Duration = Duration(30)
     keepalive_timeout: Duration = Duration(75)  # an idle client connection is closed after this
+    max_subscriptions: PositiveInt = 1000  # per session
+    server_backlog: PositiveInt = 1024  # messages waiting for a (re)starting server
+    server_input_buffer: Size | None = None  # bytes written to a server that it has not read; None: 16 x max_message_bytes
+    server_input_stall: Duration = Duration(30)  # a server whose input stays over half the bound this long is restarted
+
+    def input_buffer(self) -> int:
+        return self.server_input_buffer if self.server_input_buffer is not None else 16 * self.max_message_bytes
 
 
 class SSE(Struct):
@@ -321,6 +328,8 @@ def _semantic_problems(config: Config) -> list[str]:
         for j, server_name in enumerate(token.servers):
             if server_name != "*" and server_name not in config.servers:
                 problems.append(f"{where}.servers[{j}]: no server named {server_name!r}")
+    if config.limits.input_buffer() < config.limits.max_message_bytes:
+        problems.append("limits.server_input_buffer: smaller than limits.max_message_bytes (no message would fit)")
     if not config.metrics.path.startswith("/") or config.metrics.path.startswith("/servers/"):
         problems.append("metrics.path: must start with '/' and not be under /servers/")
     problems += listen_problems(config)

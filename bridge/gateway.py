@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from . import __version__, jsonrpc, logs
-from .child import Child
+from .child import Child, Write
 from .config import Limits, Server
 from .jsonrpc import ProtocolError
 from .metrics import ServerMetrics
@@ -44,14 +44,19 @@ class Upstream:
     def __init__(self, gateway: Gateway, label: str) -> None:
         self.gateway = gateway
         cfg = gateway.server
+        limits = gateway.limits
         self.mux = Mux(
             shared=cfg.mode == "shared",
             roots=cfg.roots,
-            max_inflight=gateway.limits.max_inflight,
+            max_inflight=limits.max_inflight,
+            max_backlog=limits.server_backlog,
+            max_subscriptions=limits.max_subscriptions,
             attribution_window=cfg.attribution_window,
             client_info=("mcp-bridge", __version__),
         )
         self._timer: asyncio.TimerHandle | None = None
+        self._stall: asyncio.TimerHandle | None = None  # armed while the server's input is backed up
+        self.refused = 0  # messages not written since its input backed up
         self.child: Child | None = None
         self.supervisor = Supervisor(
             server=label,
@@ -71,15 +76,48 @@ class Upstream:
             env=self.gateway.child_env,
             cwd=cfg.cwd,
             max_line=self.gateway.limits.max_message_bytes,
+            input_limit=self.gateway.limits.input_buffer(),
             on_line=self.on_line,
             on_oversize=self.on_oversize,
             on_batch=self.gateway.flush,
+            on_input_blocked=self.on_input_blocked,
         )
 
-    def send(self, data: bytes) -> None:
+    def send(self, data: bytes) -> bool:
+        """Write to the process; False when its input is full and the message was not written."""
         child = self.child
-        if child is None or not child.send(data):
+        result = Write.GONE if child is None else child.send(data)
+        if result is Write.SENT:
+            return True
+        if result is Write.GONE:
+            # It is exiting: the exit fails what is in flight.
             self._log.warning("server_write_failed", size=len(data))
+            return True
+        self.refused += 1
+        return False
+
+    def on_input_blocked(self, blocked: bool) -> None:
+        """More than half of limits.server_input_buffer waits in the server's stdin (or no longer)."""
+        child = self.child
+        limits = self.gateway.limits
+        if blocked:
+            self._log.warning("server_input_blocked", pid=self._pid(), buffered=child.stdin_buffered() if child else None)
+            self._stall = asyncio.get_running_loop().call_later(limits.server_input_stall, self._stalled)
+        else:
+            self._log.info("server_input_resumed", pid=self._pid(), refused=self.refused)
+            self._cancel_stall()
+
+    def _stalled(self) -> None:
+        self._stall = None
+        limits = self.gateway.limits
+        self._log.error("server_stalled", pid=self._pid(), refused=self.refused, after_s=limits.server_input_stall)
+        self.supervisor.restart(f"server stopped reading its input for {limits.server_input_stall:g}s")
+
+    def _cancel_stall(self) -> None:
+        self.refused = 0
+        if self._stall is not None:
+            self._stall.cancel()
+            self._stall = None
 
     # Supervisor events.
 
@@ -89,6 +127,7 @@ class Upstream:
 
     def on_exited(self, code: int | None, delay: float) -> None:
         self.child = None
+        self._cancel_stall()
         self.gateway.metrics.restarts += 1
         reason = "server process could not be started" if code is None else f"server process exited with code {code}"
         self.gateway.apply(self, self.mux.server_exited(reason))
@@ -133,6 +172,7 @@ class Upstream:
     async def stop(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
+        self._cancel_stall()
         await self.supervisor.stop()
 
     def ready(self) -> bool:
@@ -194,9 +234,12 @@ class Gateway:
         self.limits = limits
         self.max_sessions = self.server.max_sessions or limits.max_sessions
         for upstream in self.upstreams():
-            upstream.mux.max_inflight = limits.max_inflight
+            mux = upstream.mux
+            mux.max_inflight, mux.max_backlog, mux.max_subscriptions = (
+                limits.max_inflight, limits.server_backlog, limits.max_subscriptions,
+            )  # fmt: skip
             if upstream.child is not None:
-                upstream.child.set_line_limit(limits.max_message_bytes)
+                upstream.child.set_limits(limits.max_message_bytes, limits.input_buffer())
 
     # ----------------------------------------------------------------- sessions
 
@@ -266,13 +309,19 @@ class Gateway:
     # ------------------------------------------------------------------ actions
 
     def apply(self, upstream: Upstream, actions: list[Action], flush: bool = True) -> None:
+        """Carry out `actions` in order. What the mux says about a message the server's
+        input had no room for is appended to `actions` and carried out in turn."""
         slow: list[Session] = []
         metrics = self.metrics
         unflushed = self._unflushed
         for action in actions:
             cls = action.__class__
             if cls is ToServer:
-                upstream.send(encode(action.message) + b"\n")  # type: ignore[union-attr]
+                message = action.message  # type: ignore[union-attr]
+                if not upstream.send(encode(message) + b"\n"):
+                    metrics.dropped_messages += 1
+                    if "method" in message and "id" in message:
+                        actions += upstream.mux.not_written(message["id"], "server is not reading its input (limits.server_input_buffer)")
             elif cls is ToSession:
                 session = self.sessions.get(action.session)  # type: ignore[union-attr]
                 if session is None:

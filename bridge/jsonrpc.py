@@ -29,6 +29,7 @@ SERVER_UNAVAILABLE: Final = -32003
 TOO_MANY_REQUESTS: Final = -32004
 SESSION_CLOSED: Final = -32005
 RESPONSE_TOO_LARGE: Final = -32006
+SERVER_BUSY: Final = -32007  # the server is not reading its input
 
 _decoder = msgspec.json.Decoder()
 encode = msgspec.json.Encoder().encode

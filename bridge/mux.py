@@ -213,13 +213,17 @@ class Mux:
         shared: bool = True,
         roots: Iterable[str] | None = None,
         max_inflight: int = 0,
+        max_backlog: int = 0,
+        max_subscriptions: int = 0,
         attribution_window: float = 0.0,
         client_info: tuple[str, str] = ("mcp-bridge", "0"),
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.shared = shared
         self.roots = None if roots is None else tuple(roots)
-        self.max_inflight = max_inflight
+        self.max_inflight = max_inflight  # per session; 0: no limit (as for the two below)
+        self.max_backlog = max_backlog  # messages waiting for a process that is not ready
+        self.max_subscriptions = max_subscriptions  # per session
         self.attribution_window = attribution_window
         self.state = State.DOWN
         self.init_result: dict[str, Any] | None = None
@@ -410,15 +414,37 @@ class Mux:
             call.sent = True
             call.sent_at = self._clock()
             return [ToServer(msg)]
+        if self._backlog_full():
+            return [self._fail(call, jsonrpc.SERVER_UNAVAILABLE, self._backlog_full_reason())]
         self._backlog.append(msg)
         return []
 
     def _to_server(self, msg: Message) -> list[Action]:
         if self.state is State.READY:
             return [ToServer(msg)]
-        if self.state is not State.FAILED:
-            self._backlog.append(msg)
+        if self.state is State.FAILED:
+            return []
+        if self._backlog_full():
+            return [Discard(self._backlog_full_reason(), {"method": msg.get("method", "response")})]
+        self._backlog.append(msg)
         return []
+
+    def _backlog_full(self) -> bool:
+        return bool(self.max_backlog) and len(self._backlog) >= self.max_backlog
+
+    def _backlog_full_reason(self) -> str:
+        return f"server is not ready and {len(self._backlog)} messages wait for it (limits.server_backlog)"
+
+    def not_written(self, upstream_id: RequestId, reason: str) -> list[Action]:
+        """The shell could not write this request to the process (its input is full):
+        the call ends with an error, as if the server had refused it."""
+        call = self._calls.get(upstream_id) if upstream_id.__class__ is int else None  # type: ignore[arg-type]
+        if call is None or not call.sent:
+            return []
+        if call.session is None:
+            self._forget_call(call)
+            return [Discard(f"the bridge's {call.method} was not written", {"reason": reason})]
+        return self._settle([self._fail(call, jsonrpc.SERVER_BUSY, reason)])
 
     def _reply(self, peer: Peer, client_id: RequestId, value: Any) -> ToSession:
         return ToSession(peer.id, jsonrpc.result(client_id, value), client_id, True)
@@ -467,6 +493,13 @@ class Mux:
         uri = _param(msg, "uri")
         if uri.__class__ is not str:
             return [self._reply_error(peer, msg["id"], jsonrpc.INVALID_PARAMS, "resources/subscribe needs a string uri")]
+        if self.max_subscriptions and uri not in peer.subscriptions and len(peer.subscriptions) >= self.max_subscriptions:
+            return [
+                self._reply_error(
+                    peer, msg["id"], jsonrpc.TOO_MANY_REQUESTS,
+                    f"too many subscriptions (limit {self.max_subscriptions}, limits.max_subscriptions)",
+                )
+            ]  # fmt: skip
         subscribers = self._subscribers.get(uri)
         if subscribers:
             subscribers.add(peer.id)

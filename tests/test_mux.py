@@ -725,3 +725,44 @@ def test_closing_every_session_leaves_no_state() -> None:
         if "id" in msg and "method" in msg:  # the bridge's own unsubscribe
             mux.from_server(jsonrpc.result(msg["id"], {}))
     assert mux.is_idle()
+
+
+# ------------------------------------------------------------------- bounds
+
+
+def test_a_session_may_hold_only_so_many_subscriptions() -> None:
+    mux = ready_mux("a", "b", max_subscriptions=2)
+    for i, uri in enumerate(("res://1", "res://2")):
+        (sub,) = to_server(mux.from_client("a", req(i, "resources/subscribe", uri=uri)))
+        mux.from_server(jsonrpc.result(sub["id"], {}))
+    (refused,) = to_session(mux.from_client("a", req(9, "resources/subscribe", uri="res://3")), "a")
+    assert refused["error"]["code"] == jsonrpc.TOO_MANY_REQUESTS
+    assert "limits.max_subscriptions" in refused["error"]["message"]
+    assert to_session(mux.from_client("a", req(10, "resources/subscribe", uri="res://1")), "a") == [jsonrpc.result(10, {})]
+    assert len(to_server(mux.from_client("b", req(1, "resources/subscribe", uri="res://3")))) == 1  # b has its own count
+
+
+def test_the_backlog_for_a_server_that_is_not_ready_is_bounded() -> None:
+    mux = ready_mux("a", max_backlog=2)
+    mux.server_exited()
+    assert mux.from_client("a", req(1, "tools/call")) == []
+    assert mux.from_client("a", note("notifications/x")) == []
+    (over,) = to_session(mux.from_client("a", req(2, "tools/call")), "a")
+    assert over["error"]["code"] == jsonrpc.SERVER_UNAVAILABLE and "limits.server_backlog" in over["error"]["message"]
+    (dropped,) = mux.from_client("a", note("notifications/y"))
+    assert isinstance(dropped, Discard) and "limits.server_backlog" in dropped.reason
+    assert mux.inflight("a") == 1
+    (init,) = to_server(mux.server_started())
+    sent = to_server(mux.from_server(jsonrpc.result(init["id"], INIT_RESULT)))
+    assert [m.get("method") for m in sent] == ["notifications/initialized", "tools/call", "notifications/x"]
+
+
+def test_a_call_the_server_had_no_room_for_fails_with_server_busy() -> None:
+    mux = ready_mux("a", "b", capabilities=SAMPLERS, attribution_window=0.25)
+    (first,) = to_server(mux.from_client("a", req(1, "tools/call")))
+    assert to_server(mux.from_client("b", req(1, "tools/call", who="b"))) == []
+    actions = mux.not_written(first["id"], "full")
+    assert to_session(actions, "a") == [jsonrpc.error(1, jsonrpc.SERVER_BUSY, "full")]
+    assert [m["params"]["who"] for m in to_server(actions)] == ["b"]  # the holder is gone: the next goes
+    assert mux.inflight("a") == 0
+    assert mux.not_written(first["id"], "full") == []

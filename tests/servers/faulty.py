@@ -92,6 +92,7 @@ TOOLS = [
     {"name": "pid", "description": "Return the process id.", "inputSchema": _schema()},
     {"name": "env", "description": "Return an environment variable.", "inputSchema": _schema(name="string")},
     {"name": "cwd", "description": "Return the working directory.", "inputSchema": _schema()},
+    {"name": "deaf", "description": "Reply, then never read stdin again.", "inputSchema": _schema()},
     {
         "name": "emit",
         "description": "Write each of `lines` (text) and `raw` (base64 bytes) to stdout as a line, then reply.",
@@ -134,6 +135,10 @@ def call_tool(request_id: Any, name: str, args: JSON) -> None:
         reply(request_id, text(os.environ.get(str(args.get("name", "")), "")))
     elif name == "cwd":
         reply(request_id, text(os.getcwd()))
+    elif name == "deaf":
+        reply(request_id, text("deaf"))
+        note("deaf")
+        time.sleep(3600)  # the reader loop stops here: stdin fills up
     elif name == "emit":
         lines = [str(line).encode("utf-8", "surrogatepass") for line in args.get("lines") or []]
         lines += [base64.b64decode(str(item)) for item in args.get("raw") or []]
