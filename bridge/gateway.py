@@ -32,6 +32,7 @@ KEEPALIVE_PASSES = 5  # checks per keepalive interval: comments come every 4/5 t
 KEEPALIVE_SLICE = 64  # keepalives written between yields to the event loop
 # Session ends the bridge chose, counted as drops (a client closing its stream is not one).
 DROP_REASONS = frozenset({"slow", "idle", "server_gone", "shutdown"})
+NOT_READING = "server is not reading its input (limits.server_input_buffer)"
 
 
 class SessionLimitError(Exception):
@@ -315,41 +316,39 @@ class Gateway:
         metrics = self.metrics
         unflushed = self._unflushed
         for action in actions:
-            cls = action.__class__
-            if cls is ToServer:
-                message = action.message  # type: ignore[union-attr]
-                if not upstream.send(encode(message) + b"\n"):
-                    metrics.dropped_messages += 1
-                    if "method" in message and "id" in message:
-                        actions += upstream.mux.not_written(message["id"], "server is not reading its input (limits.server_input_buffer)")
-            elif cls is ToSession:
-                session = self.sessions.get(action.session)  # type: ignore[union-attr]
-                if session is None:
-                    continue
-                data = encode(action.message)  # type: ignore[union-attr]
-                metrics.bytes_out += len(data)
-                unflushed[session] = None
-                if not session.deliver(data, action.related, action.final):  # type: ignore[union-attr]
-                    slow.append(session)
-                call = action.call  # type: ignore[union-attr]
-                if call is not None:
-                    metrics.request_done(call.method, time.monotonic() - call.started)
-            elif cls is Broadcast:
-                data = encode(action.message)  # type: ignore[union-attr]
-                for sid in action.sessions:  # type: ignore[union-attr]
+            match action:
+                case ToServer(message):
+                    if not upstream.send(encode(message) + b"\n"):
+                        metrics.dropped_messages += 1
+                        if "method" in message and "id" in message:
+                            actions += upstream.mux.not_written(message["id"], NOT_READING)
+                case ToSession(sid, message, related, final, call):
                     session = self.sessions.get(sid)
-                    if session is not None:
-                        metrics.bytes_out += len(data)
-                        unflushed[session] = None
-                        if not session.deliver(data, None, False):
-                            slow.append(session)
-            elif cls is Discard:
-                metrics.dropped_messages += 1
-                self.log.warning("message_dropped", reason=action.reason, **action.detail)  # type: ignore[union-attr]
-            elif cls is RestartServer:
-                upstream.supervisor.restart(action.reason)  # type: ignore[union-attr]
-            elif cls is Timer:
-                upstream.set_timer(action.delay)  # type: ignore[union-attr]
+                    if session is None:
+                        continue
+                    data = encode(message)
+                    metrics.bytes_out += len(data)
+                    unflushed[session] = None
+                    if not session.deliver(data, related, final):
+                        slow.append(session)
+                    if call is not None:
+                        metrics.request_done(call.method, time.monotonic() - call.started)
+                case Broadcast(sids, message):
+                    data = encode(message)
+                    for sid in sids:
+                        session = self.sessions.get(sid)
+                        if session is not None:
+                            metrics.bytes_out += len(data)
+                            unflushed[session] = None
+                            if not session.deliver(data, None, False):
+                                slow.append(session)
+                case Discard(reason, detail):
+                    metrics.dropped_messages += 1
+                    self.log.warning("message_dropped", reason=reason, **detail)
+                case RestartServer(reason):
+                    upstream.supervisor.restart(reason)
+                case Timer(delay):
+                    upstream.set_timer(delay)
         for session in dict.fromkeys(slow):  # once each, however many messages it missed
             self.log.warning("session_too_slow", session=session.id, queue_limit=self.limits.session_queue)
             self.close_session(session, "slow")

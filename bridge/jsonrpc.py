@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 import re
-from typing import Any, Final
+from typing import Any, Final, TypeGuard
 
 import msgspec
 
@@ -64,7 +64,7 @@ def decode(data: bytes | str) -> Any:
         raise ProtocolError(PARSE_ERROR, "parse error: JSON nested too deeply") from None
 
 
-def is_id(value: object) -> bool:
+def is_id(value: object) -> TypeGuard[RequestId]:
     # bool is an int subclass and floats are not MCP ids: compare exact types.
     cls = value.__class__
     return cls is int or cls is str

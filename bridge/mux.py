@@ -61,9 +61,9 @@ import enum
 import itertools
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from . import jsonrpc
 from .jsonrpc import Kind, Message, ProtocolError, RequestId
@@ -73,6 +73,8 @@ LATEST_PROTOCOL_VERSION = PROTOCOL_VERSIONS[-1]
 LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
 _LEVEL_INDEX = {name: i for i, name in enumerate(LOG_LEVELS)}
 RELATED_TASK = "io.modelcontextprotocol/related-task"
+K = TypeVar("K")
+V = TypeVar("V")
 # Late replies to cancelled calls are expected; remember this many to drop them quietly.
 _CANCELLED_MEMORY = 4096
 # Requests that cannot make the server ask the client anything: never held back.
@@ -184,13 +186,11 @@ _CAPABILITY_FOR = {
 
 def negotiate(client_version: object, server_version: str) -> str:
     """The version to tell a client: its own when we know it and the server speaks it."""
-    if client_version not in PROTOCOL_VERSIONS:
+    if not isinstance(client_version, str) or client_version not in PROTOCOL_VERSIONS:
         return server_version
-    if server_version in PROTOCOL_VERSIONS and PROTOCOL_VERSIONS.index(client_version) > PROTOCOL_VERSIONS.index(  # type: ignore[arg-type]
-        server_version
-    ):
+    if server_version in PROTOCOL_VERSIONS and PROTOCOL_VERSIONS.index(client_version) > PROTOCOL_VERSIONS.index(server_version):
         return server_version
-    return client_version  # type: ignore[return-value]
+    return client_version
 
 
 def bridge_initialize_params(client_name: str, version: str) -> dict[str, Any]:
@@ -438,7 +438,7 @@ class Mux:
     def not_written(self, upstream_id: RequestId, reason: str) -> list[Action]:
         """The shell could not write this request to the process (its input is full):
         the call ends with an error, as if the server had refused it."""
-        call = self._calls.get(upstream_id) if upstream_id.__class__ is int else None  # type: ignore[arg-type]
+        call = self._calls.get(upstream_id) if upstream_id.__class__ is int else None
         if call is None or not call.sent:
             return []
         if call.session is None:
@@ -490,8 +490,8 @@ class Mux:
         return [self._reply(peer, msg["id"], {})]
 
     def _subscribe(self, peer: Peer, msg: Message) -> list[Action]:
-        uri = _param(msg, "uri")
-        if uri.__class__ is not str:
+        uri = _text(msg, "uri")
+        if uri is None:
             return [self._reply_error(peer, msg["id"], jsonrpc.INVALID_PARAMS, "resources/subscribe needs a string uri")]
         if self.max_subscriptions and uri not in peer.subscriptions and len(peer.subscriptions) >= self.max_subscriptions:
             return [
@@ -515,8 +515,8 @@ class Mux:
         return out
 
     def _unsubscribe(self, peer: Peer, msg: Message) -> list[Action]:
-        uri = _param(msg, "uri")
-        if uri.__class__ is not str:
+        uri = _text(msg, "uri")
+        if uri is None:
             return [self._reply_error(peer, msg["id"], jsonrpc.INVALID_PARAMS, "resources/unsubscribe needs a string uri")]
         subscribers = self._subscribers.get(uri)
         if uri not in peer.subscriptions or subscribers is None or len(subscribers) > 1:
@@ -531,7 +531,7 @@ class Mux:
         return self._forward_call(peer, msg)
 
     def _set_level(self, peer: Peer, msg: Message) -> list[Action]:
-        level = _LEVEL_INDEX.get(_param(msg, "level"))  # type: ignore[arg-type]
+        level = _lookup(_LEVEL_INDEX, _text(msg, "level"))
         if level is None:
             return [self._reply_error(peer, msg["id"], jsonrpc.INVALID_PARAMS, f"level must be one of {', '.join(LOG_LEVELS)}")]
         peer.level = level
@@ -539,11 +539,12 @@ class Mux:
         if wanted == self._upstream_level:
             return [self._reply(peer, msg["id"], {})]
         self._upstream_level = wanted
-        msg["params"]["level"] = LOG_LEVELS[wanted]  # type: ignore[index]
+        assert wanted is not None  # this session's level counts
+        msg["params"]["level"] = LOG_LEVELS[wanted]
         return self._forward_call(peer, msg)
 
     def _owned_task(self, peer: Peer, msg: Message) -> list[Action]:
-        task_id = _param(msg, "taskId")
+        task_id = _text(msg, "taskId")
         if task_id not in peer.tasks:
             return [self._reply_error(peer, msg["id"], jsonrpc.INVALID_PARAMS, f"unknown task {task_id!r}")]
         return self._forward_call(peer, msg)
@@ -554,7 +555,7 @@ class Mux:
         return [] if self.shared else self._to_server(msg)
 
     def _client_cancelled(self, peer: Peer, msg: Message) -> list[Action]:
-        call = peer.calls.get(_param(msg, "requestId"))  # type: ignore[arg-type]
+        call = _lookup(peer.calls, _id(msg, "requestId"))
         if call is None:
             return []
         self._forget_call(call)
@@ -562,7 +563,7 @@ class Mux:
             self._unqueue(call)
             return []
         self._remember_cancelled(call.upstream_id)
-        msg["params"]["requestId"] = call.upstream_id  # type: ignore[index]
+        msg["params"]["requestId"] = call.upstream_id
         return self._to_server(msg)
 
     def _roots_changed(self, peer: Peer, msg: Message) -> list[Action]:
@@ -612,7 +613,7 @@ class Mux:
 
     def _server_response(self, msg: Message) -> list[Action]:
         upstream_id = msg["id"]
-        call = self._calls.get(upstream_id)  # type: ignore[arg-type]
+        call = self._calls.get(upstream_id)
         if call is None or not call.sent:  # a call still held back has an id the server has not seen
             if upstream_id in self._cancelled:
                 return []
@@ -631,7 +632,7 @@ class Mux:
 
     def response_too_large(self, upstream_id: RequestId | None, size: int) -> list[Action]:
         """The server answered a call with a line too long to carry: fail that call."""
-        call = self._calls.get(upstream_id) if upstream_id.__class__ is int else None  # type: ignore[arg-type]
+        call = self._calls.get(upstream_id) if upstream_id.__class__ is int else None
         if call is None or call.session is None or not call.sent:
             return [Discard("server line over limits.max_message_bytes", {"size": size, "id": upstream_id})]
         message = f"response of {size} bytes is over the limit (limits.max_message_bytes)"
@@ -649,8 +650,8 @@ class Mux:
         return []
 
     def _after_subscribe(self, peer: Peer, call: Call, msg: Message) -> list[Action]:
-        if "error" in msg:
-            self._undo_subscribe(call)
+        if "error" in msg and call.subscribe_uri is not None:
+            self._undo_subscribe(call.subscribe_uri, peer.id)
         return []
 
     def _after_task_call(self, peer: Peer, call: Call, msg: Message) -> list[Action]:
@@ -664,7 +665,7 @@ class Mux:
     def _after_task_list(self, peer: Peer, call: Call, msg: Message) -> list[Action]:
         result = msg.get("result")
         if self.shared and result.__class__ is dict and result.get("tasks").__class__ is list:
-            result["tasks"] = [t for t in result["tasks"] if t.__class__ is dict and _scalar(t.get("taskId")) in peer.tasks]
+            result["tasks"] = [t for t in result["tasks"] if t.__class__ is dict and t.get("taskId") in peer.tasks]
         return []
 
     def _internal_response(self, call: Call, msg: Message) -> list[Action]:
@@ -749,7 +750,7 @@ class Mux:
             newest = call
         chosen = asker or newest
         if chosen is not None:
-            return self._peers[chosen.session], chosen  # type: ignore[index]
+            return self._peers[_caller(chosen)[0]], chosen
         able = [p for p in self._peers.values() if p.initialized and (wanted is None or _can_handle(p.capabilities, wanted, msg))]
         return max(able, key=lambda p: p.last_active, default=None), None
 
@@ -760,10 +761,11 @@ class Mux:
         sid = None
         meta = params.get("_meta")
         if meta.__class__ is dict and meta.get(RELATED_TASK).__class__ is dict:
-            sid = self._task_owner.get(_scalar(meta[RELATED_TASK].get("taskId")))  # type: ignore[arg-type]
+            task_id = meta[RELATED_TASK].get("taskId")
+            sid = _lookup(self._task_owner, task_id if isinstance(task_id, str) else None)
         if sid is None and msg["method"].startswith("tasks/"):
-            sid = self._client_task_owner.get(_param(msg, "taskId"))  # type: ignore[arg-type]
-        return self._peers.get(sid) if sid is not None else None
+            sid = _lookup(self._client_task_owner, _text(msg, "taskId"))
+        return _lookup(self._peers, sid)
 
     # Server notifications.
 
@@ -772,25 +774,25 @@ class Mux:
         return [Broadcast(targets, msg)] if targets else []
 
     def _server_progress(self, msg: Message) -> list[Action]:
-        token = _param(msg, "progressToken")
-        call = self._calls.get(token) if token.__class__ is int else None  # type: ignore[arg-type]
+        token = _id(msg, "progressToken")
+        call = self._calls.get(token) if isinstance(token, int) else None
         if call is None or call.session is None or call.token is None:
             return [Discard("progress for an unknown token", {"token": token})] if token not in self._cancelled else []
-        msg["params"]["progressToken"] = call.token  # type: ignore[index]
+        msg["params"]["progressToken"] = call.token
         return [ToSession(call.session, msg, call.client_id)]
 
     def _server_cancelled(self, msg: Message) -> list[Action]:
-        downstream_id = self._server_request_ids.get(_param(msg, "requestId"))  # type: ignore[arg-type]
+        downstream_id = _lookup(self._server_request_ids, _id(msg, "requestId"))
         if downstream_id is None:
             return []
         req = self._server_requests[downstream_id]
         self._forget_server_request(req)
-        msg["params"]["requestId"] = downstream_id  # type: ignore[index]
+        msg["params"]["requestId"] = downstream_id
         return [ToSession(req.session, msg, req.related)]
 
     def _resource_updated(self, msg: Message) -> list[Action]:
-        uri = _param(msg, "uri")
-        if uri.__class__ is not str:
+        uri = _text(msg, "uri")
+        if uri is None:
             return [Discard("resources/updated without a uri", {})]
         targets: set[str] = set()
         for sub, sessions in self._subscribers.items():
@@ -799,15 +801,17 @@ class Mux:
         return [Broadcast(tuple(targets), msg)] if targets else []
 
     def _log_message(self, msg: Message) -> list[Action]:
-        level = _LEVEL_INDEX.get(_param(msg, "level"), len(LOG_LEVELS))  # type: ignore[arg-type]
+        level = _lookup(_LEVEL_INDEX, _text(msg, "level"))
+        if level is None:
+            level = len(LOG_LEVELS)  # an unknown level reaches every session
         targets = tuple(p.id for p in self._peers.values() if p.initialized and (p.level is None or level >= p.level))
         return [Broadcast(targets, msg)] if targets else []
 
     def _task_status(self, msg: Message) -> list[Action]:
-        return self._owned_notification(msg, self._task_owner.get(_param(msg, "taskId")))  # type: ignore[arg-type]
+        return self._owned_notification(msg, _lookup(self._task_owner, _text(msg, "taskId")))
 
     def _elicitation_complete(self, msg: Message) -> list[Action]:
-        return self._owned_notification(msg, self._elicitation_owner.get(_param(msg, "elicitationId")))  # type: ignore[arg-type]
+        return self._owned_notification(msg, _lookup(self._elicitation_owner, _text(msg, "elicitationId")))
 
     def _owned_notification(self, msg: Message, owner: str | None) -> list[Action]:
         if owner is None:
@@ -926,7 +930,7 @@ class Mux:
     def _flush_backlog(self) -> list[Action]:
         backlog, self._backlog = self._backlog, []
         for msg in backlog:
-            call = self._calls.get(msg.get("id")) if "method" in msg and "id" in msg else None  # type: ignore[arg-type]
+            call = self._calls.get(msg["id"]) if "method" in msg and "id" in msg else None
             if call is not None:
                 call.sent = True
                 call.sent_at = self._clock()
@@ -942,27 +946,27 @@ class Mux:
     def _fail(self, call: Call, code: int, message: str) -> ToSession:
         """End a client's call with an error from the bridge, undoing what it would have done."""
         self._forget_call(call)
+        session, client_id = _caller(call)
         if call.subscribe_uri is not None:
-            self._undo_subscribe(call)
-        return ToSession(call.session, jsonrpc.error(call.client_id, code, message), call.client_id, True, call)  # type: ignore[arg-type]
+            self._undo_subscribe(call.subscribe_uri, session)
+        return ToSession(session, jsonrpc.error(client_id, code, message), client_id, True, call)
 
-    def _undo_subscribe(self, call: Call) -> None:
-        uri, session = call.subscribe_uri, call.session
-        subscribers = self._subscribers.get(uri)  # type: ignore[arg-type]
+    def _undo_subscribe(self, uri: str, session: str) -> None:
+        subscribers = self._subscribers.get(uri)
         if subscribers is not None:
-            subscribers.discard(session)  # type: ignore[arg-type]
+            subscribers.discard(session)
             if not subscribers:
-                del self._subscribers[uri]  # type: ignore[arg-type]
-        peer = self._peers.get(session)  # type: ignore[arg-type]
+                del self._subscribers[uri]
+        peer = self._peers.get(session)
         if peer is not None:
-            peer.subscriptions.discard(uri)  # type: ignore[arg-type]
+            peer.subscriptions.discard(uri)
 
     def _forget_call(self, call: Call) -> None:
         self._calls.pop(call.upstream_id, None)
-        if call.session is not None:
+        if call.session is not None and call.client_id is not None:
             peer = self._peers.get(call.session)
             if peer is not None:
-                peer.calls.pop(call.client_id, None)  # type: ignore[arg-type]
+                peer.calls.pop(call.client_id, None)
 
     def _forget_server_request(self, req: ServerRequest) -> None:
         self._server_requests.pop(req.downstream_id, None)
@@ -997,7 +1001,8 @@ class Mux:
         for call in [c for c in self._calls.values() if c.subscribe_uri == uri and not c.sent]:
             self._forget_call(call)
             self._unqueue(call)
-            out.append(ToSession(call.session, jsonrpc.result(call.client_id, {}), call.client_id, True, call))  # type: ignore[arg-type]
+            session, client_id = _caller(call)
+            out.append(ToSession(session, jsonrpc.result(client_id, {}), client_id, True, call))
         return out
 
     def _wanted_level(self) -> int | None:
@@ -1014,22 +1019,39 @@ class Mux:
         return [self._internal_call("logging/setLevel", {"level": LOG_LEVELS[wanted]})]
 
 
-def _param(msg: Message, name: str) -> str | int | float | None:
-    """A scalar parameter, or None: every field the mux looks up by is a string or a number,
-    and a peer that sends a list or an object there must not break a table lookup."""
+# Every field the mux looks a table up by is a string or an id: a peer that sends a
+# number, a list or an object there must not break (or match) a lookup.
+
+
+def _text(msg: Message, name: str) -> str | None:
+    """A string parameter, or None."""
     params = msg.get("params")
-    return _scalar(params.get(name)) if params.__class__ is dict else None
+    value = params.get(name) if params.__class__ is dict else None
+    return value if isinstance(value, str) else None
 
 
-def _scalar(value: object) -> str | int | float | None:
-    return value if value.__class__ in (str, int, float) else None  # type: ignore[return-value]
+def _id(msg: Message, name: str) -> RequestId | None:
+    """A parameter that names a request or a token (a string or an integer), or None."""
+    params = msg.get("params")
+    value = params.get(name) if params.__class__ is dict else None
+    return value if jsonrpc.is_id(value) else None
+
+
+def _lookup(table: Mapping[K, V], key: K | None) -> V | None:
+    return None if key is None else table.get(key)
+
+
+def _caller(call: Call) -> tuple[str, RequestId]:
+    """The session and id a client's call is answered with (the bridge's own calls have none)."""
+    assert call.session is not None and call.client_id is not None, f"{call.method} is the bridge's own call"
+    return call.session, call.client_id
 
 
 def _task_id(result: object) -> str | None:
-    if result.__class__ is dict:
-        task = result.get("task")  # type: ignore[union-attr]
-        if task.__class__ is dict and task.get("taskId").__class__ is str:
-            return task["taskId"]
+    if isinstance(result, dict):
+        task = result.get("task")
+        if isinstance(task, dict) and isinstance(task.get("taskId"), str):
+            return str(task["taskId"])
     return None
 
 
