@@ -258,7 +258,7 @@ class Gateway:
             upstream = Upstream(self, f"{self.name}[{session.id[:8]}]")
             upstream.supervisor.start()
         self._upstreams[session.id] = upstream
-        upstream.mux.open_session(session.id)
+        upstream.mux.open_session(session.id, session.owner)
         self.metrics.sessions_opened[session.transport] += 1
         self.log.info("session_opened", session=session.id, transport=session.transport, owner=session.owner)
 
@@ -342,9 +342,10 @@ class Gateway:
                             unflushed[session] = None
                             if not session.deliver(data, None, False):
                                 slow.append(session)
-                case Discard(reason, detail):
+                case Discard(reason, detail, log):
                     metrics.dropped_messages += 1
-                    self.log.warning("message_dropped", reason=reason, **detail)
+                    if log:
+                        self.log.warning("message_dropped", reason=reason, **detail)
                 case RestartServer(reason):
                     upstream.supervisor.restart(reason)
                 case Timer(delay):

@@ -22,9 +22,12 @@ Rules
    mode calls that may lead to a question, from sessions that can be asked,
    go to the server one at a time until the one in front asks, finishes or
    has had `attribution_window` seconds; the question then belongs to it.
-   With no such session, or when that session leaves, the server gets an
-   error at once. `ping` and, with configured roots, `roots/list` are
-   answered here.
+   Held calls take turns by principal (the one served least recently goes
+   next), so one principal's queue delays another's by one window at most.
+   A request about no call in flight goes to a session only when every
+   session able to answer is one principal's. With no such session, or when
+   that session leaves, the server gets an error at once. `ping` and, with
+   configured roots, `roots/list` are answered here.
 5. Shared state. In shared mode the bridge initializes the server itself,
    answers each client's `initialize` from the cached result and absorbs
    `notifications/initialized`; `ping` is answered here. Subscriptions are
@@ -33,8 +36,12 @@ Rules
    Tasks belong to the session that created them.
 6. Notifications from the server go to the sessions they concern: progress
    to the caller, `resources/updated` to subscribers, task and elicitation
-   notices to their owner, log messages by level, anything else to every
-   initialized session.
+   notices to their owner, list changes to every initialized session. Log
+   messages (by level) and anything else are about the calls in flight, if
+   any: they go only to the sessions of the principal whose calls those are,
+   and are dropped while calls of several principals are in flight; with
+   none in flight they are about the server and go to every session.
+   Principals are trust boundaries: when in doubt, nothing crosses one.
 7. Restarts. When the process exits every call sent to it fails at once;
    calls that arrive while it is down wait in the backlog. A new process is
    initialized (with the bridge's or the client's own `initialize`) and gets
@@ -111,10 +118,12 @@ class Broadcast(NamedTuple):
 
 
 class Discard(NamedTuple):
-    """Something a peer sent was dropped; the gateway logs it once."""
+    """Something a peer sent was dropped; the gateway counts it, and logs it once unless
+    dropping it is routine (`log` False: a server's chatter nobody may see)."""
 
     reason: str
     detail: dict[str, Any]
+    log: bool = True
 
 
 class RestartServer(NamedTuple):
@@ -162,6 +171,7 @@ class Peer:
     """What the mux knows of one client session."""
 
     id: str
+    principal: str | None = None  # who opened it: a trust boundary (None: no auth configured)
     calls: dict[RequestId, Call] = field(default_factory=dict)
     server_requests: dict[int, ServerRequest] = field(default_factory=dict)
     capabilities: dict[str, Any] = field(default_factory=dict)
@@ -206,6 +216,62 @@ def bridge_initialize_params(client_name: str, version: str) -> dict[str, Any]:
     }
 
 
+class _Turns:
+    """Calls held back for attribution (rule 4): one queue per principal, first in, first
+    out within it, and the principal served least recently goes next. So one principal's
+    waiting calls delay another's by at most the one attribution window under way, however
+    many they are."""
+
+    __slots__ = ("_queues", "_served", "_turn", "_count")
+
+    def __init__(self) -> None:
+        self._queues: dict[str | None, deque[Message]] = {}
+        self._served: dict[str | None, int] = {}  # principal -> turn it was last let through at
+        self._turn = itertools.count()
+        self._count = 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    def push(self, principal: str | None, msg: Message) -> None:
+        queue = self._queues.get(principal)
+        if queue is None:
+            queue = self._queues[principal] = deque()
+        queue.append(msg)
+        self._count += 1
+
+    def pop(self) -> Message:
+        principal = min(self._queues, key=lambda p: self._served.get(p, -1))
+        queue = self._queues[principal]
+        msg = queue.popleft()
+        if not queue:
+            del self._queues[principal]
+        self._count -= 1
+        return msg
+
+    def served(self, principal: str | None) -> None:
+        self._served[principal] = next(self._turn)
+
+    def forget(self, principal: str | None) -> None:
+        """The principal has no session left here."""
+        self._served.pop(principal, None)
+
+    def remove(self, upstream_id: int) -> bool:
+        for principal, queue in self._queues.items():
+            for i, msg in enumerate(queue):
+                if msg["id"] == upstream_id:
+                    del queue[i]
+                    self._count -= 1
+                    if not queue:
+                        del self._queues[principal]
+                    return True
+        return False
+
+    def clear(self) -> None:
+        self._queues.clear()
+        self._count = 0
+
+
 class Mux:
     def __init__(
         self,
@@ -243,7 +309,7 @@ class Mux:
         self._backlog: list[Message] = []
         # Calls held back until the one call allowed to ask (`_holder`) asks,
         # finishes or has had `attribution_window` seconds (rule 4).
-        self._held: deque[Message] = deque()
+        self._held = _Turns()
         self._holder: Call | None = None
         self._cancelled: OrderedDict[int, None] = OrderedDict()
         # Per-session mode replays the client's own initialize after a restart.
@@ -252,10 +318,10 @@ class Mux:
 
     # ----------------------------------------------------------------- sessions
 
-    def open_session(self, session: str) -> None:
+    def open_session(self, session: str, principal: str | None = None) -> None:
         if session in self._peers:
             raise ValueError(f"session {session!r} already open")
-        self._peers[session] = Peer(session, last_active=next(self._seq))
+        self._peers[session] = Peer(session, principal, last_active=next(self._seq))
 
     def close_session(self, session: str) -> list[Action]:
         peer = self._peers.pop(session, None)
@@ -282,6 +348,8 @@ class Mux:
                 owner.pop(name, None)
         if peer.level is not None:
             out += self._sync_level()
+        if not any(p.principal == peer.principal for p in self._peers.values()):
+            self._held.forget(peer.principal)
         return self._settle(out)
 
     def sessions(self) -> list[str]:
@@ -371,7 +439,7 @@ class Mux:
         msg["id"] = upstream_id
         if self.attribution_window and peer.can_answer and call.method not in _INERT:
             if self._holder_active():
-                self._held.append(msg)
+                self._held.push(peer.principal, msg)
                 return []
             return self._hold_with(call, msg)
         return self._send_call(call, msg)
@@ -379,6 +447,7 @@ class Mux:
     def _hold_with(self, call: Call, msg: Message) -> list[Action]:
         """Let `call` through as the one call that may ask the clients something now."""
         self._holder = call
+        self._held.served(self._peers[_caller(call)[0]].principal)
         return [*self._send_call(call, msg), Timer(self.attribution_window)]
 
     def _holder_active(self) -> bool:
@@ -396,7 +465,7 @@ class Mux:
     def _settle(self, out: list[Action]) -> list[Action]:
         """After any event: if the holder is done asking, let the next held call through."""
         while self._held and not self._holder_active():
-            msg = self._held.popleft()
+            msg = self._held.pop()
             call = self._calls.get(msg["id"])
             if call is not None:
                 out += self._hold_with(call, msg)
@@ -608,7 +677,7 @@ class Mux:
             return self._server_response(msg)
         if kind is Kind.NOTIFICATION:
             handler = _SERVER_NOTIFICATIONS.get(msg["method"])
-            return (handler or Mux._broadcast)(self, msg)
+            return (handler or Mux._unowned_notification)(self, msg)
         return self._server_request(msg)
 
     def _server_response(self, msg: Message) -> list[Action]:
@@ -751,8 +820,12 @@ class Mux:
         chosen = asker or newest
         if chosen is not None:
             return self._peers[_caller(chosen)[0]], chosen
+        # No call in flight: the request is about no one's call. It may still go to a session
+        # when every session able to answer is one principal's; never across principals.
         able = [p for p in self._peers.values() if p.initialized and (wanted is None or _can_handle(p.capabilities, wanted, msg))]
-        return max(able, key=lambda p: p.last_active, default=None), None
+        if len({p.principal for p in able}) != 1:
+            return None, None
+        return max(able, key=lambda p: p.last_active), None
 
     def _owner_of(self, msg: Message) -> Peer | None:
         params = msg.get("params")
@@ -770,8 +843,36 @@ class Mux:
     # Server notifications.
 
     def _broadcast(self, msg: Message) -> list[Action]:
+        """A server-level notice (a list changed): every session may know it."""
         targets = tuple(p.id for p in self._peers.values() if p.initialized)
         return [Broadcast(targets, msg)] if targets else []
+
+    def _unowned_notification(self, msg: Message, level: int | None = None) -> list[Action]:
+        """A notification nothing names an owner for (a log message, a method the bridge does
+        not know). While calls are in flight it may be about them, so it goes only to the
+        principal whose calls those are, and with calls of several principals in flight it
+        cannot be attributed and is dropped; with none in flight it is about the server,
+        and goes to every session (at `level` or a lower threshold)."""
+        busy = self._busy_principals()
+        if len(busy) > 1:
+            return [Discard("notification during calls of several principals", {"method": msg["method"]}, log=False)]
+        targets = tuple(
+            p.id
+            for p in self._peers.values()
+            if p.initialized and (not busy or p.principal in busy) and (level is None or p.level is None or level >= p.level)
+        )
+        return [Broadcast(targets, msg)] if targets else []
+
+    def _busy_principals(self) -> set[str | None]:
+        """The principals with calls the server is working on now (two at most: enough to decide)."""
+        busy: set[str | None] = set()
+        peers = self._peers
+        for call in self._calls.values():
+            if call.sent and call.session is not None:
+                busy.add(peers[call.session].principal)
+                if len(busy) > 1:
+                    break
+        return busy
 
     def _server_progress(self, msg: Message) -> list[Action]:
         token = _id(msg, "progressToken")
@@ -802,10 +903,7 @@ class Mux:
 
     def _log_message(self, msg: Message) -> list[Action]:
         level = _lookup(_LEVEL_INDEX, _text(msg, "level"))
-        if level is None:
-            level = len(LOG_LEVELS)  # an unknown level reaches every session
-        targets = tuple(p.id for p in self._peers.values() if p.initialized and (p.level is None or level >= p.level))
-        return [Broadcast(targets, msg)] if targets else []
+        return self._unowned_notification(msg, len(LOG_LEVELS) if level is None else level)  # unknown: shown to all
 
     def _task_status(self, msg: Message) -> list[Action]:
         return self._owned_notification(msg, _lookup(self._task_owner, _text(msg, "taskId")))
@@ -937,11 +1035,12 @@ class Mux:
         return [ToServer(m) for m in backlog]
 
     def _unqueue(self, call: Call) -> None:
-        for queue in (self._backlog, self._held):
-            for i, msg in enumerate(queue):
-                if msg.get("id") == call.upstream_id and "method" in msg:
-                    del queue[i]
-                    return
+        if self._held.remove(call.upstream_id):
+            return
+        for i, msg in enumerate(self._backlog):
+            if msg.get("id") == call.upstream_id and "method" in msg:
+                del self._backlog[i]
+                return
 
     def _fail(self, call: Call, code: int, message: str) -> ToSession:
         """End a client's call with an error from the bridge, undoing what it would have done."""
@@ -1106,6 +1205,9 @@ _AFTER_RESPONSE: dict[str, Callable[[Mux, Peer, Call, Message], list[Action]]] =
     "tasks/list": Mux._after_task_list,
 }
 _SERVER_NOTIFICATIONS: dict[str, Callable[[Mux, Message], list[Action]]] = {
+    "notifications/tools/list_changed": Mux._broadcast,
+    "notifications/prompts/list_changed": Mux._broadcast,
+    "notifications/resources/list_changed": Mux._broadcast,
     "notifications/progress": Mux._server_progress,
     "notifications/cancelled": Mux._server_cancelled,
     "notifications/resources/updated": Mux._resource_updated,

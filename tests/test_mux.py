@@ -766,3 +766,74 @@ def test_a_call_the_server_had_no_room_for_fails_with_server_busy() -> None:
     assert [m["params"]["who"] for m in to_server(actions)] == ["b"]  # the holder is gone: the next goes
     assert mux.inflight("a") == 0
     assert mux.not_written(first["id"], "full") == []
+
+
+# --------------------------------------------------------------- principals
+
+
+def two_principals(**kwargs: Any) -> Mux:
+    """a1, a2 belong to alice, b1 to bob; all can sample."""
+    mux = ready_mux(**kwargs)
+    for sid, principal in (("a1", "alice"), ("a2", "alice"), ("b1", "bob")):
+        mux.open_session(sid, principal)
+        mux.from_client(sid, req(0, "initialize", protocolVersion="2025-06-18", capabilities={"sampling": {}}, clientInfo={}))
+    return mux
+
+
+def test_a_server_request_about_no_call_never_crosses_principals() -> None:
+    mux = two_principals()
+    (refused,) = mux.from_server(sample("s1"))
+    assert isinstance(refused, ToServer) and refused.message["error"]["code"] == jsonrpc.METHOD_NOT_FOUND
+    mux.close_session("b1")
+    (asked,) = mux.from_server(sample("s2"))  # one principal left: its most recent session may answer
+    assert isinstance(asked, ToSession) and asked.session == "a2"
+
+
+def test_a_server_request_during_a_call_goes_to_that_calls_session() -> None:
+    mux = two_principals(attribution_window=0.25)
+    mux.from_client("b1", req(1, "tools/call"))
+    (asked,) = mux.from_server(sample("s1"))
+    assert isinstance(asked, ToSession) and (asked.session, asked.related) == ("b1", 1)
+
+
+def test_log_messages_go_to_the_principal_whose_calls_are_in_flight() -> None:
+    mux = two_principals()
+    log = note("notifications/message", level="info", data="x")
+    (everyone,) = mux.from_server(log)  # no call in flight: about the server
+    assert isinstance(everyone, Broadcast) and set(everyone.sessions) == {"a1", "a2", "b1"}
+    (call,) = to_server(mux.from_client("a1", req(1, "tools/call")))
+    (alices,) = mux.from_server(log)
+    assert isinstance(alices, Broadcast) and set(alices.sessions) == {"a1", "a2"}
+    mux.from_client("b1", req(1, "tools/call"))
+    (dropped,) = mux.from_server(log)  # whose is it? nobody can tell: nobody gets it
+    assert isinstance(dropped, Discard) and not dropped.log
+    custom = note("notifications/vendor/thing", x=1)
+    assert isinstance(mux.from_server(custom)[0], Discard)
+    mux.from_server(jsonrpc.result(call["id"], {}))
+    (bobs,) = mux.from_server(custom)
+    assert isinstance(bobs, Broadcast) and bobs.sessions == ("b1",)
+
+
+def test_list_changes_are_about_the_server_and_reach_everyone() -> None:
+    mux = two_principals()
+    mux.from_client("a1", req(1, "tools/call"))
+    mux.from_client("b1", req(1, "tools/call"))
+    for method in ("tools", "prompts", "resources"):
+        (changed,) = mux.from_server(note(f"notifications/{method}/list_changed"))
+        assert isinstance(changed, Broadcast) and set(changed.sessions) == {"a1", "a2", "b1"}
+
+
+def test_held_calls_take_turns_by_principal() -> None:
+    """alice keeps three calls waiting; bob's call goes next, not after all of hers."""
+    clock = Clock()
+    mux = two_principals(attribution_window=0.25, clock=clock)
+    sent = to_server(mux.from_client("a1", req(1, "tools/call", who="a1-1")))
+    for rid in (2, 3, 4):
+        sent += to_server(mux.from_client("a1", req(rid, "tools/call", who=f"a1-{rid}")))
+    assert [m["params"]["who"] for m in sent] == ["a1-1"]
+    assert to_server(mux.from_client("b1", req(1, "tools/call", who="b1-1"))) == []
+    order = []
+    for _ in range(4):
+        clock.now += 0.25
+        order += [m["params"]["who"] for m in to_server(mux.timer())]
+    assert order == ["b1-1", "a1-2", "a1-3", "a1-4"]

@@ -30,6 +30,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from bridge.mux import LOG_LEVELS, Action, Broadcast, Discard, Mux, RestartServer, State, Timer, ToServer, ToSession
 
 URIS = ("res://a", "res://b", "res://b/child")
+PRINCIPALS = ("alice", "bob")  # sessions alternate between two principals
 LEVELS = list(LOG_LEVELS)
 
 
@@ -47,6 +48,7 @@ class Client:
         self.subscriptions: set[str] = set()
         self.subscribing: dict[Any, str] = {}  # request id -> uri, until answered
         self.initialized = False
+        self.principal: str | None = None
 
 
 class MuxMachine(RuleBasedStateMachine):
@@ -154,6 +156,8 @@ class MuxMachine(RuleBasedStateMachine):
             assert any(uri == s or uri.startswith(s + "/") for s in client.subscriptions), f"{sid} not subscribed to {uri}"
         elif method == "notifications/cancelled":
             client.server_requests.pop(msg["params"]["requestId"], None)
+        elif method == "notifications/custom/thing":
+            assert client.initialized
         else:
             assert method == "notifications/tools/list_changed"
             assert client.initialized
@@ -171,7 +175,8 @@ class MuxMachine(RuleBasedStateMachine):
         self.counter += 1
         sid = f"s{self.counter}"
         client = self.clients[sid] = Client(sid, sampling)
-        self.mux.open_session(sid)
+        client.principal = PRINCIPALS[self.counter % len(PRINCIPALS)]
+        self.mux.open_session(sid, client.principal)
         caps = {"sampling": {}} if sampling else {}
         client.outstanding["init"] = "initialize"
         self.send(client, {"jsonrpc": "2.0", "id": "init", "method": "initialize", "params": {"protocolVersion": "2025-06-18", "capabilities": caps, "clientInfo": {}}})
@@ -275,7 +280,12 @@ class MuxMachine(RuleBasedStateMachine):
         self.next_server_request += 1
         sid = f"q{self.next_server_request}"
         self.server_asked[sid] = 0
-        self.run(self.mux.from_server({"jsonrpc": "2.0", "id": sid, "method": "sampling/createMessage", "params": {"messages": [], "maxTokens": 1}}))
+        actions = self.mux.from_server({"jsonrpc": "2.0", "id": sid, "method": "sampling/createMessage", "params": {"messages": [], "maxTokens": 1}})
+        if not self.server_pending:  # about no call: never to a session when several principals could answer
+            able = {c.principal for c in self.clients.values() if c.sampling and c.initialized}
+            if len(able) > 1:
+                assert not any(isinstance(a, ToSession) for a in actions), "an unattributable request reached a session"
+        self.run(actions)
 
     @precondition(lambda self: any(c.server_requests for c in self.clients.values()))
     @rule(data=st.data())
@@ -286,15 +296,25 @@ class MuxMachine(RuleBasedStateMachine):
         self.send(client, {"jsonrpc": "2.0", "id": downstream_id, "result": {"role": "assistant", "content": {"type": "text", "text": "x"}, "model": "m"}})
 
     @precondition(lambda self: self.server_alive)
-    @rule(kind=st.sampled_from(["list_changed", "log", "updated"]), level=st.sampled_from(LEVELS), uri=st.sampled_from(URIS))
+    @rule(kind=st.sampled_from(["list_changed", "log", "updated", "custom"]), level=st.sampled_from(LEVELS), uri=st.sampled_from(URIS))
     def server_notifies(self, kind: str, level: str, uri: str) -> None:
         if kind == "list_changed":
             msg = {"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}
         elif kind == "log":
             msg = {"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": level, "data": "x"}}
+        elif kind == "custom":
+            msg = {"jsonrpc": "2.0", "method": "notifications/custom/thing", "params": {"x": 1}}
         else:
             msg = {"jsonrpc": "2.0", "method": "notifications/resources/updated", "params": {"uri": uri}}
-        self.run(self.mux.from_server(msg))
+        actions = self.mux.from_server(msg)
+        if kind in ("log", "custom"):
+            # About the calls in flight, if any: only their principal may see it.
+            busy = {self.clients[m["params"]["who"]].principal for m in self.server_pending.values() if m["params"]["who"] in self.clients}
+            for action in actions:
+                if isinstance(action, Broadcast):
+                    assert len(busy) <= 1, f"{kind} delivered while principals {busy} have calls in flight"
+                    assert all(self.clients[sid].principal in busy for sid in action.sessions) or not busy, (busy, action.sessions)
+        self.run(actions)
 
     @precondition(lambda self: self.server_alive)
     @rule()
