@@ -25,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from rawclient import RawSse, call
 
 from bridge import config as bridge_config
+from bridge.gateway import child_env
 from bridge.security import OPEN_PATHS
 
 DEPLOY = ROOT / "deploy"
@@ -50,6 +51,8 @@ EXPECTED_FILES = [
 # Stand-ins for real tokens (the config wants at least 16 characters).
 CLIENT_TOKEN = "client-token-for-tests-0123456789"
 METRICS_TOKEN = "metrics-token-for-tests-0123456789"
+# Variables the deploy files set for the daemon itself; every other one they set is for the servers.
+DAEMON_ONLY = frozenset({"VIRTUAL_ENV", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE"})
 # Labels Prometheus adds to every scraped series (static config or the Operator's ServiceMonitor).
 TARGET_LABELS = frozenset({"job", "instance", "namespace", "pod", "service", "endpoint", "container"})
 METRIC = re.compile(r"\bmcp_bridge_[A-Za-z0-9_]+")
@@ -301,6 +304,12 @@ def dockerignore_patterns() -> list[str]:
     return [line.strip() for line in lines if line.strip() and not line.strip().startswith("#")]
 
 
+def assert_servers_get(env: dict[str, str]) -> None:
+    """What a deploy file sets for the servers must be what servers get (README "Server environment")."""
+    seen = child_env(bridge_config.Server(command="x"), env)
+    assert set(env) - DAEMON_ONLY <= set(seen), set(env) - DAEMON_ONLY - set(seen)
+
+
 # ------------------------------------------------------------------ every file parses
 
 
@@ -378,14 +387,17 @@ def test_dockerfile_agrees_with_the_daemon() -> None:
     assert ["config/docker.yaml", config_path()] in copies, copies
     assert one(runtime, "STOPSIGNAL") == "SIGTERM"
 
-    # Node.js/npm/npx and uv/uvx are in the image; their caches live under /tmp.
+    # Node.js/npm/npx and uv/uvx are in the image; their caches live under /tmp, set
+    # where the servers see it: npm's global config, and variables servers get.
     runs = " ".join(a for i, a in runtime if i in ("RUN", "COPY"))
     for tool in ("node", "npm", "npx", "uvx"):
         assert re.search(rf"\b{tool}\b", runs), f"{tool} is not installed or checked in the runtime stage"
+    assert re.search(r"\bcache=/tmp/\S+ .*> /usr/local/etc/npmrc", runs), "npm's cache belongs in its global config"
     env = dockerfile_env()
-    for key in ("NPM_CONFIG_CACHE", "UV_CACHE_DIR", "XDG_CACHE_HOME"):
+    for key in ("XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME"):
         assert env[key].startswith("/tmp/"), (key, env.get(key))
     assert env["HOME"] == "/home/mcp"
+    assert_servers_get(env)
 
 
 def test_dockerignore_keeps_what_the_dockerfile_copies() -> None:
@@ -698,11 +710,11 @@ def test_systemd_unit_is_hardened_and_wired_to_the_daemon() -> None:
     assert "Service.MemoryDenyWriteExecute" not in unit, "Node's JIT needs writable+executable memory"
     assert int(value("LimitNOFILE")) >= 65536
     assert value("RestartPreventExitStatus") == "2"
-    # npx/uvx get writable caches in the CacheDirectory.
-    cache = "/var/cache/" + value("CacheDirectory")
+    # uvx gets its cache in the CacheDirectory, tools and Pythons and npm's cache in the StateDirectory.
     env = dict(item.split("=", 1) for item in unit["Service.Environment"])
-    for key in ("NPM_CONFIG_CACHE", "UV_CACHE_DIR"):
-        assert env[key].startswith(cache + "/"), (key, env.get(key))
+    assert env["XDG_CACHE_HOME"] == "/var/cache/" + value("CacheDirectory")
+    assert env["XDG_DATA_HOME"] == env["HOME"] == "/var/lib/" + value("StateDirectory")
+    assert_servers_get(env)
 
 
 # ------------------------------------------------------------------ metric names against a live /metrics
