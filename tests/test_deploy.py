@@ -93,23 +93,23 @@ def configmap_config_text() -> str:
     return k8s("ConfigMap")["data"]["servers.yaml"]
 
 
-def deployment_env(tokens: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment the Deployment gives the container: Secret keys resolved from
-    secret.yaml, or from `tokens` (Secret key -> value) when given."""
+def kube_config_text(tmp_path: Path, tokens: dict[str, str] | None = None) -> str:
+    """The ConfigMap's config as a pod reads it: the Secret's keys (from secret.yaml, or
+    `tokens`: key -> value) laid out under tmp_path as the Deployment mounts them, and
+    the config's paths moved there."""
     secret = k8s("Secret")
-    data = dict(secret.get("stringData", {}))
-    if tokens is not None:
-        data = {key: tokens[key] for key in data}
-    env = {}
-    for item in container().get("env", []):
-        if "value" in item:
-            env[item["name"]] = item["value"]
-            continue
-        ref = item["valueFrom"]["secretKeyRef"]
-        assert ref["name"] == secret["metadata"]["name"], ref
-        assert ref["key"] in data, f"{ref['key']} is not a key of the Secret"
-        env[item["name"]] = data[ref["key"]]
-    return env
+    data = dict(secret["stringData"]) if tokens is None else tokens
+    volumes = {v["name"]: v for v in k8s("Deployment")["spec"]["template"]["spec"]["volumes"]}
+    (mount,) = [m for m in container()["volumeMounts"] if "secret" in volumes[m["name"]]]
+    assert volumes[mount["name"]]["secret"]["secretName"] == secret["metadata"]["name"]
+    assert mount.get("readOnly") is True and "subPath" not in mount, "a subPath mount never sees a changed Secret"
+    root = tmp_path / mount["mountPath"].lstrip("/")
+    root.mkdir(parents=True, exist_ok=True)
+    for key, value in data.items():
+        (root / key).write_text(value)
+    text = configmap_config_text()
+    assert mount["mountPath"] + "/" in text
+    return text.replace(mount["mountPath"] + "/", f"{root}/")
 
 
 def real_tokens() -> dict[str, str]:
@@ -426,14 +426,17 @@ def test_dockerignore_keeps_what_the_dockerfile_copies() -> None:
 
 
 @pytest.mark.parametrize("which", ["docker", "kubernetes"])
-def test_shipped_config_validates_and_binds_safely(which: str) -> None:
+def test_shipped_config_validates_and_binds_safely(which: str, tmp_path: Path) -> None:
     if which == "docker":
         text, env = (
             DOCKER_CONFIG.read_text(),
             {"MCP_BRIDGE_TOKEN": CLIENT_TOKEN, "MCP_BRIDGE_METRICS_TOKEN": METRICS_TOKEN},
         )
+        tokens = set(env.values())
     else:
-        text, env = configmap_config_text(), deployment_env(real_tokens())
+        # Tokens come from files, the environment holds none.
+        text, env, tokens = kube_config_text(tmp_path, real_tokens()), {}, set(real_tokens().values())
+        assert "env" not in container(), "tokens belong in files, not in the environment servers might see"
     # Exactly the variables the environment provides are read.
     assert config_vars(text) == set(env), (config_vars(text), set(env))
     config = bridge_config.parse(text, which, env)
@@ -444,28 +447,35 @@ def test_shipped_config_validates_and_binds_safely(which: str) -> None:
     assert not config.security.allowed_hosts, "a Host allow-list off loopback refuses the pod IP Prometheus scrapes"
     # One token may only scrape: no server at all.
     (metrics_only,) = [t for t in config.security.tokens if t.servers == ()]
-    assert metrics_only.token == env["MCP_BRIDGE_METRICS_TOKEN"]
+    assert metrics_only.token in tokens and {t.token for t in config.security.tokens} == tokens
     assert config.metrics.enabled and config.metrics.path == "/metrics"
 
-    # Without its tokens the daemon refuses to start, naming each variable ...
+    # Without its tokens the daemon refuses to start, naming each variable or file ...
+    if which == "docker":
+        missing_text, needed = text, set(env)
+        short_text, short_env = text, {var: "CHANGE-ME" for var in env}
+    else:
+        missing_text = kube_config_text(tmp_path / "none", {})
+        needed = {f"security.tokens[{i}].token_file: cannot read" for i in range(len(tokens))}
+        short_text, short_env = kube_config_text(tmp_path / "placeholders"), {}
     with pytest.raises(bridge_config.ConfigError) as missing:
-        bridge_config.parse(text, which, {})
-    for var in env:
+        bridge_config.parse(missing_text, which, {})
+    for var in needed:
         assert any(var in problem for problem in missing.value.problems), missing.value.problems
     # ... and with tokens too short to be real ones (the Secret's placeholders) too.
     with pytest.raises(bridge_config.ConfigError) as short:
-        bridge_config.parse(text, which, {var: "CHANGE-ME" for var in env})
+        bridge_config.parse(short_text, which, short_env)
     assert any("too short" in problem for problem in short.value.problems), short.value.problems
 
 
-def test_placeholder_secret_fails_closed() -> None:
+def test_placeholder_secret_fails_closed(tmp_path: Path) -> None:
     """Applied as shipped, the Secret's placeholders must not become working tokens: each
     one alone is enough to make the daemon refuse the config."""
     placeholders = k8s("Secret")["stringData"]
     for key in placeholders:
         tokens = {**real_tokens(), key: placeholders[key]}
         with pytest.raises(bridge_config.ConfigError) as refused:
-            bridge_config.parse(configmap_config_text(), "configmap", deployment_env(tokens))
+            bridge_config.parse(kube_config_text(tmp_path, tokens), "configmap", {})
         assert any("too short" in problem for problem in refused.value.problems), (key, refused.value.problems)
 
 
@@ -564,24 +574,20 @@ def test_kubernetes_manifests_agree_with_the_daemon_and_the_image() -> None:
         assert pdb["spec"]["maxUnavailable"] >= 1
 
 
-def test_servicemonitor_scrapes_with_the_metrics_token() -> None:
+def test_servicemonitor_scrapes_with_the_metrics_token(tmp_path: Path) -> None:
     monitor = k8s("ServiceMonitor")
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
     service = k8s("Service")
     assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
     (endpoint,) = monitor["spec"]["endpoints"]
     assert endpoint["port"] == service["spec"]["ports"][0]["name"]
-    config = bridge_config.parse(configmap_config_text(), "configmap", deployment_env(real_tokens()))
+    config = bridge_config.parse(kube_config_text(tmp_path, real_tokens()), "configmap", {})
     assert endpoint["path"] == config.metrics.path
-    # The credentials are the Secret key the Deployment hands to the metrics-only token.
+    # The credentials are the Secret key whose file the metrics-only token reads.
     credentials = endpoint["authorization"]["credentials"]
     assert endpoint["authorization"].get("type", "Bearer") == "Bearer"
     assert credentials["name"] == k8s("Secret")["metadata"]["name"]
-    by_key = {
-        item["valueFrom"]["secretKeyRef"]["key"]: item["name"] for item in container()["env"] if "valueFrom" in item
-    }
-    var = by_key[credentials["key"]]
-    (token,) = [t for t in config.security.tokens if t.token == deployment_env(real_tokens())[var]]
+    (token,) = [t for t in config.security.tokens if t.token == real_tokens()[credentials["key"]]]
     assert token.servers == (), "the scrape token should reach /metrics and no server"
 
 
@@ -650,10 +656,10 @@ def worst_stop_seconds(text: str, env: dict[str, str]) -> float:
     return config.limits.drain_timeout + 2 * max(s.shutdown_timeout for s in config.servers.values())
 
 
-def test_stop_timeouts_outlast_drain_and_shutdown() -> None:
+def test_stop_timeouts_outlast_drain_and_shutdown(tmp_path: Path) -> None:
     docker_env = {"MCP_BRIDGE_TOKEN": CLIENT_TOKEN, "MCP_BRIDGE_METRICS_TOKEN": METRICS_TOKEN}
     docker = worst_stop_seconds(DOCKER_CONFIG.read_text(), docker_env)
-    kube = worst_stop_seconds(configmap_config_text(), deployment_env(real_tokens()))
+    kube = worst_stop_seconds(kube_config_text(tmp_path, real_tokens()), {})
     local = worst_stop_seconds((ROOT / "config" / "servers.yaml").read_text(), {})
     assert min(docker, kube, local) >= 20  # the defaults: 10s drain + 2 x 5s
 
