@@ -11,6 +11,7 @@ import difflib
 import ipaddress
 import os
 import re
+import stat
 import types
 import typing
 from collections.abc import Mapping
@@ -26,7 +27,7 @@ LogLevel = Literal["debug", "info", "warning", "error", "critical"]
 SERVER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 ENV_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\*?$")  # a variable name, or a prefix ending in *
 MIN_TOKEN = 16
-SECRET_FILE_MAX = 64 * 1024  # a secret is small; /dev/zero is not
+SECRET_FILE_MAX = 64 * 1024
 
 
 class Duration(float):
@@ -228,8 +229,14 @@ def _interpolate(node: Any, path: str, environ: Mapping[str, str], problems: lis
 
 def _read_secret_file(path: str) -> str:
     """A file holding a secret, whole. Errors never quote its content."""
-    with open(path, "rb") as file:
-        data = file.read(SECRET_FILE_MAX + 1)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO must not stall the daemon's loop
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError("not a regular file")  # nor a device (/dev/zero) fill its memory
+        with open(fd, "rb", closefd=False) as file:
+            data = file.read(SECRET_FILE_MAX + 1)
+    finally:
+        os.close(fd)
     if len(data) > SECRET_FILE_MAX:
         raise ValueError(f"larger than {SECRET_FILE_MAX} bytes")
     try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import msgspec
@@ -209,20 +210,23 @@ def test_an_unreadable_file_is_a_problem_naming_its_key_and_file_never_its_conte
     nul.write_text("secret\0value")
     huge = tmp_path / "huge"
     huge.write_text("secret" * 20_000)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)  # nobody writes: reading it would block forever
     found = problems(
         f"""
 servers:
   s:
     command: "${{file:{missing}}}"
-    env: {{A: "${{file:{tmp_path}}}", B: "${{file:{binary}}}", C: "${{file:{nul}}}", D: "${{file:{huge}}}"}}
+    env: {{A: "${{file:{tmp_path}}}", B: "${{file:{binary}}}", C: "${{file:{nul}}}", D: "${{file:{huge}}}", E: "${{file:{fifo}}}"}}
 """
     )
     assert found == [
         f"servers.s.command: cannot read {missing}: No such file or directory",
-        f"servers.s.env.A: cannot read {tmp_path}: Is a directory",
+        f"servers.s.env.A: cannot read {tmp_path}: not a regular file",
         f"servers.s.env.B: cannot read {binary}: not UTF-8 text",
         f"servers.s.env.C: cannot read {nul}: contains a NUL byte",
         f"servers.s.env.D: cannot read {huge}: larger than 65536 bytes",
+        f"servers.s.env.E: cannot read {fifo}: not a regular file",
     ], found
     assert not any("secret" in p.replace(str(tmp_path), "") for p in found)
 
