@@ -44,11 +44,17 @@ RUN apt-get update \
     && apt-get install -y --no-install-recommends tini ca-certificates \
     && rm -rf /var/lib/apt/lists/*
 
+# npm's settings live in its global config file, not in NPM_CONFIG_* variables:
+# servers get only a minimal environment (README "Server environment"), and
+# npx must find its cache under /tmp whatever the config passes on.
 COPY --from=node /usr/local/bin/node /usr/local/bin/node
 COPY --from=node /usr/local/lib/node_modules/npm /usr/local/lib/node_modules/npm
 RUN ln -s ../lib/node_modules/npm/bin/npm-cli.js /usr/local/bin/npm \
     && ln -s ../lib/node_modules/npm/bin/npx-cli.js /usr/local/bin/npx \
-    && node --version && npm --version && npx --version
+    && mkdir -p /usr/local/etc \
+    && printf '%s\n' cache=/tmp/.npm update-notifier=false fund=false audit=false > /usr/local/etc/npmrc \
+    && node --version && npm --version && npx --version \
+    && test "$(npm config get cache)" = /tmp/.npm
 
 # The daemon and uv in one virtualenv; its bin/ is on PATH (and the daemon
 # appends its own bin/ to the servers' PATH anyway).
@@ -66,22 +72,19 @@ COPY config/docker.yaml /etc/mcp-bridge/servers.yaml
 
 # Everything the servers' tools write goes under /tmp (an emptyDir or tmpfs
 # when the root filesystem is read-only; it must allow exec: npx and uvx run
-# what they download). HOME is writable when it is a volume too. uv and Node
-# trust the image's CA store, so a CA added to it (update-ca-certificates in a
-# derived image) also works for what npx and uvx download.
+# what they download). HOME is writable when it is a volume too. Only
+# variables that reach the servers (README "Server environment") set where:
+# uv keeps its cache, tools and Pythons under the XDG directories
+# (/tmp/.cache/uv, /tmp/.local/share/uv/...), npm per /usr/local/etc/npmrc.
+# uv (SSL_CERT_FILE) and Node (NODE_EXTRA_CA_CERTS) trust the image's CA
+# store, so a CA added to it (update-ca-certificates in a derived image) also
+# works for what npx and uvx download. PYTHON* are the daemon's own.
 ENV HOME=/home/mcp \
     XDG_CACHE_HOME=/tmp/.cache \
     XDG_CONFIG_HOME=/tmp/.config \
     XDG_DATA_HOME=/tmp/.local/share \
     XDG_STATE_HOME=/tmp/.local/state \
-    NPM_CONFIG_CACHE=/tmp/.npm \
-    NPM_CONFIG_UPDATE_NOTIFIER=false \
-    NPM_CONFIG_FUND=false \
-    NPM_CONFIG_AUDIT=false \
-    UV_CACHE_DIR=/tmp/.cache/uv \
-    UV_TOOL_DIR=/tmp/.local/share/uv/tools \
-    UV_PYTHON_INSTALL_DIR=/tmp/.local/share/uv/python \
-    UV_SYSTEM_CERTS=true \
+    SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt \
     NODE_EXTRA_CA_CERTS=/etc/ssl/certs/ca-certificates.crt \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1

@@ -11,6 +11,7 @@ import difflib
 import ipaddress
 import os
 import re
+import stat
 import types
 import typing
 from collections.abc import Mapping
@@ -24,6 +25,9 @@ PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
 Port = Annotated[int, msgspec.Meta(ge=0, le=65535)]
 LogLevel = Literal["debug", "info", "warning", "error", "critical"]
 SERVER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+ENV_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\*?$")  # a variable name, or a prefix ending in *
+MIN_TOKEN = 16
+SECRET_FILE_MAX = 64 * 1024
 
 
 class Duration(float):
@@ -74,8 +78,9 @@ class Listen(Struct):
 
 class Token(Struct):
     name: str
-    token: str | None = None
+    token: str | None = None  # with token_file: the file's content, filled in by parse
     sha256: str | None = None
+    token_file: str | None = None
     servers: tuple[str, ...] = ("*",)
 
 
@@ -134,6 +139,7 @@ class Server(Struct):
     command: str
     args: tuple[str, ...] = ()
     env: dict[str, str] = {}
+    inherit_env: tuple[str, ...] = ()  # daemon variables passed on, beyond the minimal ones
     cwd: str | None = None
     mode: Literal["shared", "per-session"] = "shared"
     roots: tuple[str, ...] | None = None
@@ -189,13 +195,15 @@ def parse(text: str, source: str = "<config>", environ: Mapping[str, str] | None
         raise ConfigError(source, problems)
     config = msgspec.convert(data, Config, strict=False, dec_hook=_dec_hook)
     problems = _semantic_problems(config)
+    config = _read_token_files(config, problems)
     if problems:
         raise ConfigError(source, problems)
     return config
 
 
-# ${VAR} and ${VAR:-default}; $${ escapes a literal ${.
-_VAR = re.compile(r"\$(\$?)\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+# ${VAR}, ${VAR:-default} and ${file:PATH} (not ${file:-x}: that is a variable named file);
+# $${ escapes a literal ${.
+_VAR = re.compile(r"\$(\$?)\{(?:file:([^}-][^}]*)|([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?)\}")
 
 
 def _interpolate(node: Any, path: str, environ: Mapping[str, str], problems: list[str]) -> Any:
@@ -207,9 +215,15 @@ def _interpolate(node: Any, path: str, environ: Mapping[str, str], problems: lis
         return node
 
     def substitute(match: re.Match[str]) -> str:
-        escaped, name, default = match.groups()
+        escaped, file, name, default = match.groups()
         if escaped:
             return match.group(0)[1:]
+        if file is not None:
+            try:
+                return _read_secret_file(file).rstrip("\r\n")
+            except (OSError, ValueError) as exc:
+                problems.append(f"{path}: cannot read {file}: {_why(exc)}")
+                return ""
         if name in environ:
             return environ[name]
         if default is not None:
@@ -218,6 +232,52 @@ def _interpolate(node: Any, path: str, environ: Mapping[str, str], problems: lis
         return ""
 
     return _VAR.sub(substitute, node)
+
+
+def _read_secret_file(path: str) -> str:
+    """A file holding a secret, whole. Errors never quote its content."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO must not stall the daemon's loop
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError("not a regular file")  # nor a device (/dev/zero) fill its memory
+        with open(fd, "rb", closefd=False) as file:
+            data = file.read(SECRET_FILE_MAX + 1)
+    finally:
+        os.close(fd)
+    if len(data) > SECRET_FILE_MAX:
+        raise ValueError(f"larger than {SECRET_FILE_MAX} bytes")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError("not UTF-8 text") from None  # its message would quote a byte of the secret
+    if "\0" in text:
+        raise ValueError("contains a NUL byte")
+    return text
+
+
+def _why(exc: OSError | ValueError) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror  # without the path, which the problem names already
+    return str(exc)
+
+
+def _read_token_files(config: Config, problems: list[str]) -> Config:
+    """Each token_file's token, read now: at start and on every reload, so a rotated file takes effect."""
+    tokens = list(config.security.tokens)
+    for i, token in enumerate(tokens):
+        if token.token_file is None or token.token is not None or token.sha256 is not None:
+            continue  # no file, or more than one source (already reported)
+        where = f"security.tokens[{i}].token_file"
+        try:
+            secret = _read_secret_file(token.token_file).strip()
+        except (OSError, ValueError) as exc:
+            problems.append(f"{where}: cannot read {token.token_file}: {_why(exc)}")
+            continue
+        if len(secret) < MIN_TOKEN:
+            problems.append(f"{where}: the token in {token.token_file} is too short (at least {MIN_TOKEN} characters)")
+        tokens[i] = msgspec.structs.replace(token, token=secret)
+    security = msgspec.structs.replace(config.security, tokens=tuple(tokens))
+    return msgspec.structs.replace(config, security=security)
 
 
 def _join(path: str, key: object) -> str:
@@ -313,16 +373,21 @@ def _semantic_problems(config: Config) -> list[str]:
         for i, root in enumerate(server.roots or ()):
             if not root.startswith("file://"):
                 problems.append(f"{where}.roots[{i}]: roots must be file:// URIs, got {root!r}")
+        for i, pattern in enumerate(server.inherit_env):
+            if not ENV_PATTERN.match(pattern):
+                problems.append(
+                    f"{where}.inherit_env[{i}]: expected a variable name or a prefix ending in '*' (like AWS_*), got {pattern!r}"
+                )
     seen: set[str] = set()
     for i, token in enumerate(config.security.tokens):
         where = f"security.tokens[{i}]"
         if token.name in seen:
             problems.append(f"{where}.name: duplicate token name {token.name!r}")
         seen.add(token.name)
-        if (token.token is None) == (token.sha256 is None):
-            problems.append(f"{where}: give exactly one of 'token' and 'sha256'")
-        elif token.token is not None and len(token.token) < 16:
-            problems.append(f"{where}.token: too short (at least 16 characters)")
+        if sum(source is not None for source in (token.token, token.sha256, token.token_file)) != 1:
+            problems.append(f"{where}: give exactly one of 'token', 'sha256' and 'token_file'")
+        elif token.token is not None and len(token.token) < MIN_TOKEN:
+            problems.append(f"{where}.token: too short (at least {MIN_TOKEN} characters)")
         elif token.sha256 is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", token.sha256):
             problems.append(f"{where}.sha256: expected 64 hex digits")
         for j, server_name in enumerate(token.servers):

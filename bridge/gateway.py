@@ -13,7 +13,7 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from . import __version__, jsonrpc, logs
@@ -190,7 +190,7 @@ class Gateway:
         self.max_sessions = server.max_sessions or limits.max_sessions
         self.sessions: dict[str, Session] = {}
         self.log = logs.get(server=name)
-        self.child_env = _child_env(server.env)
+        self.child_env = child_env(server, os.environ)
         self._shared: Upstream | None = None
         self._upstreams: dict[str, Upstream] = {}  # session id -> its upstream
         self._stopping: set[asyncio.Task[None]] = set()
@@ -431,10 +431,31 @@ class Gateway:
         return None
 
 
-def _child_env(overrides: dict[str, str]) -> dict[str, str]:
+# What every server gets of the daemon's environment (a name, or a prefix ending
+# in `*`). Nothing else: the bridge's tokens and keys, and other servers'
+# secrets, live in the rest. Listed in the README ("Server environment").
+CHILD_ENV = (
+    # to run at all: programs, user, shell, terminal, temporary files, time zone, locale
+    "PATH", "HOME", "USER", "LOGNAME", "SHELL", "TERM", "TMPDIR", "TZ", "LANG", "LANGUAGE", "LC_*",
+    # where tools keep caches and settings (uv and others; read-only containers point them at a volume)
+    "XDG_CONFIG_HOME", "XDG_CACHE_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME", "XDG_RUNTIME_DIR",
+    "XDG_CONFIG_DIRS", "XDG_DATA_DIRS",
+    # the network as the host reaches it: npx/uvx downloads and servers' own calls
+    "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "no_proxy", "all_proxy",
+    "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "NODE_EXTRA_CA_CERTS",
+)
+
+
+def child_env(server: Server, environ: Mapping[str, str]) -> dict[str, str]:
+    """A server's environment: the CHILD_ENV and `inherit_env` variables of `environ`,
+    then the server's own `env` over them."""
+    patterns = CHILD_ENV + server.inherit_env
+    names = {p for p in patterns if not p.endswith("*")}
+    prefixes = tuple(p[:-1] for p in patterns if p.endswith("*"))
+    env = {k: v for k, v in environ.items() if k in names or k.startswith(prefixes)}
+    env.update(server.env)
     # Commands installed beside the bridge (its own venv's bin/) should resolve
     # even when that directory is not on PATH; appended, so it shadows nothing.
-    env = {**os.environ, **overrides}
     own_bin = os.path.dirname(sys.executable)
     path = env.get("PATH", "")
     if own_bin not in path.split(os.pathsep):

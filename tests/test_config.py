@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import msgspec
@@ -123,7 +124,7 @@ metrics: {path: /servers/metrics}
         "servers.bad name: name must be",
         "servers.bad name.roots[0]: roots must be file:// URIs",
         "servers.ok.restart.backoff_initial: larger than backoff_max",
-        "security.tokens[0]: give exactly one of 'token' and 'sha256'",
+        "security.tokens[0]: give exactly one of 'token', 'sha256' and 'token_file'",
         "security.tokens[0].servers[0]: no server named 'nope'",
         "security.tokens[1].name: duplicate token name 'a'",
         "security.tokens[1].token: too short",
@@ -179,3 +180,95 @@ def test_shipped_example_config_is_valid() -> None:
 def test_configs_compare_by_value() -> None:
     assert parse(MINIMAL, environ={}) == parse(MINIMAL, environ={})
     assert msgspec.structs.replace(parse(MINIMAL, environ={}).listen, port=1) != parse(MINIMAL, environ={}).listen
+
+
+# ------------------------------------------------------------------ secrets from files
+
+
+def test_file_interpolation_reads_the_file_and_strips_trailing_newlines(tmp_path: Path) -> None:
+    secret = tmp_path / "api key"
+    secret.write_text("s3cret value\n\n")
+    pem = tmp_path / "cert.pem"
+    pem.write_text("line one\nline two\r\n")
+    text = f"""
+servers:
+  s:
+    command: x
+    env: {{KEY: "${{file:{secret}}}", PEM: "${{file:{pem}}}", MIXED: "k=${{file:{secret}}};", LITERAL: "$${{file:{secret}}}"}}
+"""
+    env = parse(text, environ={}).servers["s"].env
+    assert env == {"KEY": "s3cret value", "PEM": "line one\nline two", "MIXED": "k=s3cret value;", "LITERAL": f"${{file:{secret}}}"}
+    # ${file:-x} is still a variable named `file` with a default, not a file named "-x".
+    assert parse("servers: {s: {command: '${file:-dflt}'}}", environ={}).servers["s"].command == "dflt"
+
+
+def test_an_unreadable_file_is_a_problem_naming_its_key_and_file_never_its_content(tmp_path: Path) -> None:
+    missing = tmp_path / "missing"
+    binary = tmp_path / "binary"
+    binary.write_bytes(b"secret\xff\xfe")
+    nul = tmp_path / "nul"
+    nul.write_text("secret\0value")
+    huge = tmp_path / "huge"
+    huge.write_text("secret" * 20_000)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)  # nobody writes: reading it would block forever
+    found = problems(
+        f"""
+servers:
+  s:
+    command: "${{file:{missing}}}"
+    env: {{A: "${{file:{tmp_path}}}", B: "${{file:{binary}}}", C: "${{file:{nul}}}", D: "${{file:{huge}}}", E: "${{file:{fifo}}}"}}
+"""
+    )
+    assert found == [
+        f"servers.s.command: cannot read {missing}: No such file or directory",
+        f"servers.s.env.A: cannot read {tmp_path}: not a regular file",
+        f"servers.s.env.B: cannot read {binary}: not UTF-8 text",
+        f"servers.s.env.C: cannot read {nul}: contains a NUL byte",
+        f"servers.s.env.D: cannot read {huge}: larger than 65536 bytes",
+        f"servers.s.env.E: cannot read {fifo}: not a regular file",
+    ], found
+    assert not any("secret" in p.replace(str(tmp_path), "") for p in found)
+
+
+def test_token_file_holds_the_token_stripped(tmp_path: Path) -> None:
+    path = tmp_path / "token"
+    path.write_text("  file-token-0123456789abcdef \n")
+    config = parse(MINIMAL + f"security: {{tokens: [{{name: ops, token_file: {path}}}]}}\n", environ={})
+    (token,) = config.security.tokens
+    assert token.token == "file-token-0123456789abcdef" and token.token_file == str(path)
+    # Read again on every load: a rotated file gives the new token.
+    path.write_text("rotated-token-0123456789abcdef")
+    again = parse(MINIMAL + f"security: {{tokens: [{{name: ops, token_file: {path}}}]}}\n", environ={})
+    assert again.security.tokens[0].token == "rotated-token-0123456789abcdef"
+
+
+def test_token_file_problems(tmp_path: Path) -> None:
+    short = tmp_path / "short"
+    short.write_text("CHANGE-ME\n")
+    good = tmp_path / "good"
+    good.write_text("good-token-0123456789abcdef")
+    text = f"""{MINIMAL}
+security:
+  tokens:
+    - {{name: a, token_file: {tmp_path / "missing"}}}
+    - {{name: b, token_file: {short}}}
+    - {{name: c, token_file: {good}, token: also-given-0123456789}}
+    - {{name: d, token_file: {good}, sha256: "{"0" * 64}"}}
+"""
+    found = problems(text)
+    assert found == [
+        "security.tokens[2]: give exactly one of 'token', 'sha256' and 'token_file'",
+        "security.tokens[3]: give exactly one of 'token', 'sha256' and 'token_file'",
+        f"security.tokens[0].token_file: cannot read {tmp_path / 'missing'}: No such file or directory",
+        f"security.tokens[1].token_file: the token in {short} is too short (at least 16 characters)",
+    ], found
+    assert not any("CHANGE-ME" in p or "good-token" in p for p in found), found
+
+
+def test_inherit_env_takes_names_and_prefixes() -> None:
+    config = parse("servers: {s: {command: x, inherit_env: [AWS_REGION, 'AWS_*', _X1]}}", environ={})
+    assert config.servers["s"].inherit_env == ("AWS_REGION", "AWS_*", "_X1")
+    found = problems("servers: {s: {command: x, inherit_env: ['*', 'A*B', '1X', 'A-B', 'OK']}}")
+    assert [p.split(":")[0] for p in found] == [f"servers.s.inherit_env[{i}]" for i in range(4)], found
+    assert "expected a variable name or a prefix ending in '*' (like AWS_*), got '*'" in found[0]

@@ -25,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from rawclient import RawSse, call
 
 from bridge import config as bridge_config
+from bridge.gateway import child_env
 from bridge.security import OPEN_PATHS
 
 DEPLOY = ROOT / "deploy"
@@ -50,6 +51,8 @@ EXPECTED_FILES = [
 # Stand-ins for real tokens (the config wants at least 16 characters).
 CLIENT_TOKEN = "client-token-for-tests-0123456789"
 METRICS_TOKEN = "metrics-token-for-tests-0123456789"
+# Variables the deploy files set for the daemon itself; every other one they set is for the servers.
+DAEMON_ONLY = frozenset({"VIRTUAL_ENV", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE"})
 # Labels Prometheus adds to every scraped series (static config or the Operator's ServiceMonitor).
 TARGET_LABELS = frozenset({"job", "instance", "namespace", "pod", "service", "endpoint", "container"})
 METRIC = re.compile(r"\bmcp_bridge_[A-Za-z0-9_]+")
@@ -90,23 +93,23 @@ def configmap_config_text() -> str:
     return k8s("ConfigMap")["data"]["servers.yaml"]
 
 
-def deployment_env(tokens: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment the Deployment gives the container: Secret keys resolved from
-    secret.yaml, or from `tokens` (Secret key -> value) when given."""
+def kube_config_text(tmp_path: Path, tokens: dict[str, str] | None = None) -> str:
+    """The ConfigMap's config as a pod reads it: the Secret's keys (from secret.yaml, or
+    `tokens`: key -> value) laid out under tmp_path as the Deployment mounts them, and
+    the config's paths moved there."""
     secret = k8s("Secret")
-    data = dict(secret.get("stringData", {}))
-    if tokens is not None:
-        data = {key: tokens[key] for key in data}
-    env = {}
-    for item in container().get("env", []):
-        if "value" in item:
-            env[item["name"]] = item["value"]
-            continue
-        ref = item["valueFrom"]["secretKeyRef"]
-        assert ref["name"] == secret["metadata"]["name"], ref
-        assert ref["key"] in data, f"{ref['key']} is not a key of the Secret"
-        env[item["name"]] = data[ref["key"]]
-    return env
+    data = dict(secret["stringData"]) if tokens is None else tokens
+    volumes = {v["name"]: v for v in k8s("Deployment")["spec"]["template"]["spec"]["volumes"]}
+    (mount,) = [m for m in container()["volumeMounts"] if "secret" in volumes[m["name"]]]
+    assert volumes[mount["name"]]["secret"]["secretName"] == secret["metadata"]["name"]
+    assert mount.get("readOnly") is True and "subPath" not in mount, "a subPath mount never sees a changed Secret"
+    root = tmp_path / mount["mountPath"].lstrip("/")
+    root.mkdir(parents=True, exist_ok=True)
+    for key, value in data.items():
+        (root / key).write_text(value)
+    text = configmap_config_text()
+    assert mount["mountPath"] + "/" in text
+    return text.replace(mount["mountPath"] + "/", f"{root}/")
 
 
 def real_tokens() -> dict[str, str]:
@@ -301,6 +304,12 @@ def dockerignore_patterns() -> list[str]:
     return [line.strip() for line in lines if line.strip() and not line.strip().startswith("#")]
 
 
+def assert_servers_get(env: dict[str, str]) -> None:
+    """What a deploy file sets for the servers must be what servers get (README "Server environment")."""
+    seen = child_env(bridge_config.Server(command="x"), env)
+    assert set(env) - DAEMON_ONLY <= set(seen), set(env) - DAEMON_ONLY - set(seen)
+
+
 # ------------------------------------------------------------------ every file parses
 
 
@@ -378,14 +387,17 @@ def test_dockerfile_agrees_with_the_daemon() -> None:
     assert ["config/docker.yaml", config_path()] in copies, copies
     assert one(runtime, "STOPSIGNAL") == "SIGTERM"
 
-    # Node.js/npm/npx and uv/uvx are in the image; their caches live under /tmp.
+    # Node.js/npm/npx and uv/uvx are in the image; their caches live under /tmp, set
+    # where the servers see it: npm's global config, and variables servers get.
     runs = " ".join(a for i, a in runtime if i in ("RUN", "COPY"))
     for tool in ("node", "npm", "npx", "uvx"):
         assert re.search(rf"\b{tool}\b", runs), f"{tool} is not installed or checked in the runtime stage"
+    assert re.search(r"\bcache=/tmp/\S+ .*> /usr/local/etc/npmrc", runs), "npm's cache belongs in its global config"
     env = dockerfile_env()
-    for key in ("NPM_CONFIG_CACHE", "UV_CACHE_DIR", "XDG_CACHE_HOME"):
+    for key in ("XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME"):
         assert env[key].startswith("/tmp/"), (key, env.get(key))
     assert env["HOME"] == "/home/mcp"
+    assert_servers_get(env)
 
 
 def test_dockerignore_keeps_what_the_dockerfile_copies() -> None:
@@ -414,14 +426,17 @@ def test_dockerignore_keeps_what_the_dockerfile_copies() -> None:
 
 
 @pytest.mark.parametrize("which", ["docker", "kubernetes"])
-def test_shipped_config_validates_and_binds_safely(which: str) -> None:
+def test_shipped_config_validates_and_binds_safely(which: str, tmp_path: Path) -> None:
     if which == "docker":
         text, env = (
             DOCKER_CONFIG.read_text(),
             {"MCP_BRIDGE_TOKEN": CLIENT_TOKEN, "MCP_BRIDGE_METRICS_TOKEN": METRICS_TOKEN},
         )
+        tokens = set(env.values())
     else:
-        text, env = configmap_config_text(), deployment_env(real_tokens())
+        # Tokens come from files, the environment holds none.
+        text, env, tokens = kube_config_text(tmp_path, real_tokens()), {}, set(real_tokens().values())
+        assert "env" not in container(), "tokens belong in files, not in the environment servers might see"
     # Exactly the variables the environment provides are read.
     assert config_vars(text) == set(env), (config_vars(text), set(env))
     config = bridge_config.parse(text, which, env)
@@ -432,28 +447,35 @@ def test_shipped_config_validates_and_binds_safely(which: str) -> None:
     assert not config.security.allowed_hosts, "a Host allow-list off loopback refuses the pod IP Prometheus scrapes"
     # One token may only scrape: no server at all.
     (metrics_only,) = [t for t in config.security.tokens if t.servers == ()]
-    assert metrics_only.token == env["MCP_BRIDGE_METRICS_TOKEN"]
+    assert metrics_only.token in tokens and {t.token for t in config.security.tokens} == tokens
     assert config.metrics.enabled and config.metrics.path == "/metrics"
 
-    # Without its tokens the daemon refuses to start, naming each variable ...
+    # Without its tokens the daemon refuses to start, naming each variable or file ...
+    if which == "docker":
+        missing_text, needed = text, set(env)
+        short_text, short_env = text, {var: "CHANGE-ME" for var in env}
+    else:
+        missing_text = kube_config_text(tmp_path / "none", {})
+        needed = {f"security.tokens[{i}].token_file: cannot read" for i in range(len(tokens))}
+        short_text, short_env = kube_config_text(tmp_path / "placeholders"), {}
     with pytest.raises(bridge_config.ConfigError) as missing:
-        bridge_config.parse(text, which, {})
-    for var in env:
+        bridge_config.parse(missing_text, which, {})
+    for var in needed:
         assert any(var in problem for problem in missing.value.problems), missing.value.problems
     # ... and with tokens too short to be real ones (the Secret's placeholders) too.
     with pytest.raises(bridge_config.ConfigError) as short:
-        bridge_config.parse(text, which, {var: "CHANGE-ME" for var in env})
+        bridge_config.parse(short_text, which, short_env)
     assert any("too short" in problem for problem in short.value.problems), short.value.problems
 
 
-def test_placeholder_secret_fails_closed() -> None:
+def test_placeholder_secret_fails_closed(tmp_path: Path) -> None:
     """Applied as shipped, the Secret's placeholders must not become working tokens: each
     one alone is enough to make the daemon refuse the config."""
     placeholders = k8s("Secret")["stringData"]
     for key in placeholders:
         tokens = {**real_tokens(), key: placeholders[key]}
         with pytest.raises(bridge_config.ConfigError) as refused:
-            bridge_config.parse(configmap_config_text(), "configmap", deployment_env(tokens))
+            bridge_config.parse(kube_config_text(tmp_path, tokens), "configmap", {})
         assert any("too short" in problem for problem in refused.value.problems), (key, refused.value.problems)
 
 
@@ -552,24 +574,20 @@ def test_kubernetes_manifests_agree_with_the_daemon_and_the_image() -> None:
         assert pdb["spec"]["maxUnavailable"] >= 1
 
 
-def test_servicemonitor_scrapes_with_the_metrics_token() -> None:
+def test_servicemonitor_scrapes_with_the_metrics_token(tmp_path: Path) -> None:
     monitor = k8s("ServiceMonitor")
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
     service = k8s("Service")
     assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
     (endpoint,) = monitor["spec"]["endpoints"]
     assert endpoint["port"] == service["spec"]["ports"][0]["name"]
-    config = bridge_config.parse(configmap_config_text(), "configmap", deployment_env(real_tokens()))
+    config = bridge_config.parse(kube_config_text(tmp_path, real_tokens()), "configmap", {})
     assert endpoint["path"] == config.metrics.path
-    # The credentials are the Secret key the Deployment hands to the metrics-only token.
+    # The credentials are the Secret key whose file the metrics-only token reads.
     credentials = endpoint["authorization"]["credentials"]
     assert endpoint["authorization"].get("type", "Bearer") == "Bearer"
     assert credentials["name"] == k8s("Secret")["metadata"]["name"]
-    by_key = {
-        item["valueFrom"]["secretKeyRef"]["key"]: item["name"] for item in container()["env"] if "valueFrom" in item
-    }
-    var = by_key[credentials["key"]]
-    (token,) = [t for t in config.security.tokens if t.token == deployment_env(real_tokens())[var]]
+    (token,) = [t for t in config.security.tokens if t.token == real_tokens()[credentials["key"]]]
     assert token.servers == (), "the scrape token should reach /metrics and no server"
 
 
@@ -638,10 +656,10 @@ def worst_stop_seconds(text: str, env: dict[str, str]) -> float:
     return config.limits.drain_timeout + 2 * max(s.shutdown_timeout for s in config.servers.values())
 
 
-def test_stop_timeouts_outlast_drain_and_shutdown() -> None:
+def test_stop_timeouts_outlast_drain_and_shutdown(tmp_path: Path) -> None:
     docker_env = {"MCP_BRIDGE_TOKEN": CLIENT_TOKEN, "MCP_BRIDGE_METRICS_TOKEN": METRICS_TOKEN}
     docker = worst_stop_seconds(DOCKER_CONFIG.read_text(), docker_env)
-    kube = worst_stop_seconds(configmap_config_text(), deployment_env(real_tokens()))
+    kube = worst_stop_seconds(kube_config_text(tmp_path, real_tokens()), {})
     local = worst_stop_seconds((ROOT / "config" / "servers.yaml").read_text(), {})
     assert min(docker, kube, local) >= 20  # the defaults: 10s drain + 2 x 5s
 
@@ -698,11 +716,11 @@ def test_systemd_unit_is_hardened_and_wired_to_the_daemon() -> None:
     assert "Service.MemoryDenyWriteExecute" not in unit, "Node's JIT needs writable+executable memory"
     assert int(value("LimitNOFILE")) >= 65536
     assert value("RestartPreventExitStatus") == "2"
-    # npx/uvx get writable caches in the CacheDirectory.
-    cache = "/var/cache/" + value("CacheDirectory")
+    # uvx gets its cache in the CacheDirectory, tools and Pythons and npm's cache in the StateDirectory.
     env = dict(item.split("=", 1) for item in unit["Service.Environment"])
-    for key in ("NPM_CONFIG_CACHE", "UV_CACHE_DIR"):
-        assert env[key].startswith(cache + "/"), (key, env.get(key))
+    assert env["XDG_CACHE_HOME"] == "/var/cache/" + value("CacheDirectory")
+    assert env["XDG_DATA_HOME"] == env["HOME"] == "/var/lib/" + value("StateDirectory")
+    assert_servers_get(env)
 
 
 # ------------------------------------------------------------------ metric names against a live /metrics

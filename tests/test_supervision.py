@@ -247,7 +247,12 @@ async def test_response_over_line_limit(bridge: Any) -> None:
 async def test_env_merged_and_cwd(bridge: Any, tmp_path: Path) -> None:
     workdir = tmp_path / "work dir"
     workdir.mkdir()
-    server = {**faulty(), "env": {"FROM_CONFIG": "config-value", "OVERRIDDEN": "from-config"}, "cwd": str(workdir)}
+    server = {
+        **faulty(),
+        "env": {"FROM_CONFIG": "config-value", "OVERRIDDEN": "from-config"},
+        "inherit_env": ["FROM_DAEMON", "OVERRIDDEN"],
+        "cwd": str(workdir),
+    }
     env = {"FROM_DAEMON": "daemon-value", "OVERRIDDEN": "from-daemon"}
     async with bridge({"servers": {"f": server}}, env=env) as b, RawSse(b.url("f")) as c:
         await c.initialize()

@@ -91,6 +91,7 @@ TOOLS = [
     {"name": "slow", "description": "Reply after N ms.", "inputSchema": _schema(ms="integer")},
     {"name": "pid", "description": "Return the process id.", "inputSchema": _schema()},
     {"name": "env", "description": "Return an environment variable.", "inputSchema": _schema(name="string")},
+    {"name": "environ", "description": "Return the whole environment as a JSON object.", "inputSchema": _schema()},
     {"name": "cwd", "description": "Return the working directory.", "inputSchema": _schema()},
     {"name": "deaf", "description": "Reply, then never read stdin again.", "inputSchema": _schema()},
     {
@@ -133,6 +134,8 @@ def call_tool(request_id: Any, name: str, args: JSON) -> None:
         reply(request_id, text(str(os.getpid())))
     elif name == "env":
         reply(request_id, text(os.environ.get(str(args.get("name", "")), "")))
+    elif name == "environ":
+        reply(request_id, text(json.dumps(dict(os.environ))))
     elif name == "cwd":
         reply(request_id, text(os.getcwd()))
     elif name == "deaf":
