@@ -141,7 +141,8 @@ class Server(Struct):
     env: dict[str, str] = {}
     inherit_env: tuple[str, ...] = ()  # daemon variables passed on, beyond the minimal ones
     cwd: str | None = None
-    mode: Literal["shared", "per-session"] = "shared"
+    mode: Literal["shared", "per-principal", "per-session"] = "shared"
+    principal_idle_timeout: Duration = Duration(300)  # per-principal: a process with no session is stopped after this
     roots: tuple[str, ...] | None = None
     restart: Restart = Restart()
     shutdown_timeout: Duration = Duration(5)

@@ -47,7 +47,7 @@ class Upstream:
         cfg = gateway.server
         limits = gateway.limits
         self.mux = Mux(
-            shared=cfg.mode == "shared",
+            shared=cfg.mode != "per-session",
             roots=cfg.roots,
             max_inflight=limits.max_inflight,
             max_backlog=limits.server_backlog,
@@ -111,7 +111,7 @@ class Upstream:
     def _stalled(self) -> None:
         self._stall = None
         limits = self.gateway.limits
-        self._log.error("server_stalled", pid=self._pid(), refused=self.refused, after_s=limits.server_input_stall)
+        self._log.error("server_stalled", pid=self._pid(), refused=self.refused, after_s=float(limits.server_input_stall))
         self.supervisor.restart(f"server stopped reading its input for {limits.server_input_stall:g}s")
 
     def _cancel_stall(self) -> None:
@@ -193,23 +193,23 @@ class Gateway:
         self.child_env = child_env(server, os.environ)
         self._shared: Upstream | None = None
         self._upstreams: dict[str, Upstream] = {}  # session id -> its upstream
+        self._by_principal: dict[str | None, Upstream] = {}  # per-principal mode
+        self._retiring: dict[str | None, asyncio.TimerHandle] = {}  # per-principal: processes with no session
         self._stopping: set[asyncio.Task[None]] = set()
         self._unflushed: dict[Session, None] = {}  # sessions delivered to since the last flush, in order
         self._ticker: asyncio.Task[None] | None = None
         self._pinger: asyncio.Task[None] | None = None
         self.accepting = True
 
-    @property
-    def shared(self) -> bool:
-        return self.server.mode == "shared"
-
     def upstreams(self) -> Iterable[Upstream]:
         if self._shared is not None:
             return (self._shared,)
+        if self.server.mode == "per-principal":
+            return self._by_principal.values()
         return self._upstreams.values()
 
     async def start(self) -> None:
-        if self.shared:
+        if self.server.mode == "shared":
             self._shared = Upstream(self, self.name)
             self._shared.supervisor.start()
         loop = asyncio.get_running_loop()
@@ -228,6 +228,9 @@ class Gateway:
         for task in (self._ticker, self._pinger):
             if task is not None:
                 task.cancel()
+        for timer in self._retiring.values():
+            timer.cancel()
+        self._retiring.clear()
         await asyncio.gather(*(u.stop() for u in self.upstreams()), *self._stopping)
 
     def update_limits(self, limits: Limits) -> None:
@@ -251,9 +254,10 @@ class Gateway:
             self.metrics.sessions_dropped["limit"] += 1
             raise SessionLimitError(f"server {self.name!r} has {len(self.sessions)} sessions (limit {self.max_sessions})")
         self.sessions[session.id] = session
-        if self.shared:
-            assert self._shared is not None
+        if self._shared is not None:
             upstream = self._shared
+        elif self.server.mode == "per-principal":
+            upstream = self._principal_upstream(session.owner)
         else:
             upstream = Upstream(self, f"{self.name}[{session.id[:8]}]")
             upstream.supervisor.start()
@@ -277,10 +281,12 @@ class Gateway:
         session.end(reason)
         if reason in DROP_REASONS:
             self.metrics.sessions_dropped[reason] += 1
-        if not self.shared:
-            task = asyncio.get_running_loop().create_task(upstream.stop())
-            self._stopping.add(task)
-            task.add_done_callback(self._stopping.discard)
+        if self.server.mode == "per-session":
+            self._stop_later(upstream)
+        elif self.server.mode == "per-principal" and not upstream.mux.sessions():
+            self._retiring[session.owner] = asyncio.get_running_loop().call_later(
+                self.server.principal_idle_timeout, self._retire, session.owner
+            )
         self.log.info(
             "session_closed",
             session=session.id,
@@ -288,6 +294,32 @@ class Gateway:
             reason=reason,
             duration_s=round(time.monotonic() - session.created, 3),
         )
+
+    def _principal_upstream(self, principal: str | None) -> Upstream:
+        """Per-principal mode: the process this principal's sessions share, started on first use."""
+        retiring = self._retiring.pop(principal, None)
+        if retiring is not None:
+            retiring.cancel()
+        upstream = self._by_principal.get(principal)
+        if upstream is None:
+            upstream = self._by_principal[principal] = Upstream(self, f"{self.name}[{principal or '-'}]")
+            upstream.supervisor.start()
+        return upstream
+
+    def _retire(self, principal: str | None) -> None:
+        """Per-principal mode: stop a process that has had no session for principal_idle_timeout."""
+        self._retiring.pop(principal, None)
+        upstream = self._by_principal.get(principal)
+        if upstream is None or upstream.mux.sessions():
+            return
+        del self._by_principal[principal]
+        self.log.info("server_retired", principal=principal, idle_s=float(self.server.principal_idle_timeout))
+        self._stop_later(upstream)
+
+    def _stop_later(self, upstream: Upstream) -> None:
+        task = asyncio.get_running_loop().create_task(upstream.stop())
+        self._stopping.add(task)
+        task.add_done_callback(self._stopping.discard)
 
     def negotiated_version(self, session: Session) -> str | None:
         """The protocol version this session's initialize settled on; None before (or after a failed) one."""
@@ -415,8 +447,7 @@ class Gateway:
 
     def readiness(self) -> str | None:
         """None when ready, else the reason this server cannot serve now."""
-        if self.shared:
-            assert self._shared is not None
+        if self._shared is not None:
             if self._shared.ready():
                 return None
             sup = self._shared.supervisor
@@ -425,8 +456,9 @@ class Gateway:
             return f"server is {sup.status.value}, protocol {self._shared.mux.state.value}"
         if shutil.which(self.server.command, path=self.child_env.get("PATH")) is None:
             return f"command {self.server.command!r} not found"
-        failed = [u for u in self._upstreams.values() if u.supervisor.status is Status.FAILED]
-        if failed and len(failed) == len(self._upstreams):
+        upstreams = list(self.upstreams())
+        failed = [u for u in upstreams if u.supervisor.status is Status.FAILED]
+        if failed and len(failed) == len(upstreams):
             return failed[0].supervisor.failure or "crash loop"
         return None
 

@@ -10,6 +10,7 @@ stderr (which the bridge logs as `server_stderr` events), one line each:
   faulty: initialize <{"client", "requested", "answered"} as JSON>
   faulty: hang <id> / faulty: slow <id>            the upstream id of such a call
   faulty: ping <id>                                a ping that reached the process
+  faulty: response <message as JSON>               an answer to a request it sent (see `emit`)
 
 Hostile-input tests send it arbitrary requests, so anything it cannot handle is
 answered with -32603 (or ignored, for a line it cannot parse) instead of
@@ -95,6 +96,11 @@ TOOLS = [
     {"name": "cwd", "description": "Return the working directory.", "inputSchema": _schema()},
     {"name": "deaf", "description": "Reply, then never read stdin again.", "inputSchema": _schema()},
     {
+        "name": "later",
+        "description": "Reply now; after `ms`, with no call in flight, write each of `lines` to stdout.",
+        "inputSchema": _schema(ms="integer", lines="array"),
+    },
+    {
         "name": "emit",
         "description": "Write each of `lines` (text) and `raw` (base64 bytes) to stdout as a line, then reply.",
         "inputSchema": _schema(lines="array", raw="array"),
@@ -138,6 +144,10 @@ def call_tool(request_id: Any, name: str, args: JSON) -> None:
         reply(request_id, text(json.dumps(dict(os.environ))))
     elif name == "cwd":
         reply(request_id, text(os.getcwd()))
+    elif name == "later":
+        lines = [str(line) for line in args.get("lines") or []]
+        reply(request_id, text("later"))
+        threading.Timer(int(args.get("ms", 100)) / 1000, write_lines, args=lines).start()
     elif name == "deaf":
         reply(request_id, text("deaf"))
         note("deaf")
@@ -153,8 +163,9 @@ def call_tool(request_id: Any, name: str, args: JSON) -> None:
 
 def handle(message: JSON) -> None:
     method, request_id = message.get("method"), message.get("id")
-    if method is None:
-        return  # responses are ignored
+    if method is None:  # a response to a request of ours
+        note(f"response {json.dumps(message, separators=(',', ':'))}")
+        return
     params = message.get("params") or {}
     if "id" not in message:
         note(f"notification {method} {json.dumps(params, separators=(',', ':'))}")

@@ -1,0 +1,142 @@
+"""Principals are trust boundaries: processes per principal, end to end.
+
+Real daemon, real server processes (tests/servers/faulty.py), two bearer tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from conftest import faulty, pid_alive
+from rawclient import RawSse, call
+from test_supervision import server_pid, tool
+
+ALICE = "alice-token-0123456789"
+BOB = "bob-token-0123456789ab"
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def two_tokens(server: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "servers": {"f": server},
+        "security": {"tokens": [{"name": "alice", "token": ALICE}, {"name": "bob", "token": BOB}]},
+    }
+
+
+async def test_per_principal_mode_gives_each_principal_its_own_process(bridge: Any) -> None:
+    config = two_tokens({**faulty(), "mode": "per-principal", "principal_idle_timeout": "1s"})
+    async with bridge(config) as b:
+        async with RawSse(b.url("f"), bearer(ALICE)) as a1, RawSse(b.url("f"), bearer(ALICE)) as a2:
+            await a1.initialize()
+            await a2.initialize()
+            alice_pid = await server_pid(a1)
+            assert await server_pid(a2) == alice_pid  # one principal's sessions share one process
+            async with RawSse(b.url("f"), bearer(BOB)) as b1:
+                await b1.initialize()
+                bob_pid = await server_pid(b1)
+                assert bob_pid != alice_pid
+            retired = await b.wait_for("server_retired", where=lambda e: e["principal"] == "bob", timeout=10)
+            assert retired["idle_s"] == 1
+            await b.wait_for("server_stopped", where=lambda e: e["pid"] == bob_pid, timeout=10)
+            assert not pid_alive(bob_pid)
+            assert pid_alive(alice_pid)  # alice still has sessions
+        async with RawSse(b.url("f"), bearer(ALICE)) as a3:  # back within the idle timeout: the same process
+            await a3.initialize()
+            assert await server_pid(a3) == alice_pid
+        assert b.named("server_retired")[-1]["principal"] == "bob"
+
+
+def _log(marker: str) -> str:
+    return json.dumps({"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": "info", "data": marker}})
+
+
+def _custom(marker: str) -> str:
+    return json.dumps({"jsonrpc": "2.0", "method": "notifications/vendor/secret", "params": {"data": marker}})
+
+
+def _ask(request_id: str, marker: str) -> str:
+    params = {"messages": [{"role": "user", "content": {"type": "text", "text": marker}}], "maxTokens": 1}
+    return json.dumps({"jsonrpc": "2.0", "id": request_id, "method": "sampling/createMessage", "params": params})
+
+
+def _mentions(messages: list[dict[str, Any]], marker: str) -> list[dict[str, Any]]:
+    return [m for m in messages if marker in json.dumps(m)]
+
+
+async def _drain(c: RawSse, barrier: str) -> list[dict[str, Any]]:
+    """Everything the session got before the bridge's answer to a ping sent now."""
+    await c.request("ping", request_id=barrier)
+    got, c._held[:] = list(c._held), []
+    return got
+
+
+async def test_nothing_of_one_principal_reaches_another_on_a_shared_server(bridge: Any) -> None:
+    """A hostile server sends log messages, vendor notifications and sampling requests
+    during alice's call, during bob's, during both, and during none. On the wire: bob's
+    session never carries anything of alice's calls, nor alice's of bob's; what is about
+    no call is either about the server (notifications: everyone) or refused (requests)."""
+    async with bridge(two_tokens(faulty())) as b:
+        async with RawSse(b.url("f"), bearer(ALICE)) as a, RawSse(b.url("f"), bearer(BOB)) as o:
+            for c in (a, o):
+                await c.initialize(capabilities={"sampling": {}})
+                await c.request("logging/setLevel", {"level": "debug"}, request_id="lvl")
+            seen: dict[str, list[dict[str, Any]]] = {"alice": [], "bob": []}
+
+            # During one principal's call: only that principal hears of it.
+            for owner, c in (("alice", a), ("bob", o)):
+                lines = [_log(f"{owner}-log"), _custom(f"{owner}-note"), _ask(f"ask-{owner}", f"{owner}-ask")]
+                reply = await tool(c, "emit", {"lines": lines}, request_id=f"emit-{owner}")
+                assert "result" in reply
+            for who, c in (("alice", a), ("bob", o)):
+                seen[who] += await _drain(c, "barrier-1")
+            for who, other in (("alice", "bob"), ("bob", "alice")):
+                assert len(_mentions(seen[who], f"{who}-log")) == 1
+                assert len(_mentions(seen[who], f"{who}-note")) == 1
+                assert len(_mentions(seen[who], f"{who}-ask")) == 1
+                assert _mentions(seen[who], other) == [], f"{who} got {other}'s traffic"
+
+            # During calls of both: nobody can tell whose it is, so nobody gets it.
+            status, _ = await a.post({"jsonrpc": "2.0", "id": "slow", "method": "tools/call", "params": call("slow", {"ms": 1500})})
+            assert status == 202
+            await b.wait_for("server_stderr", where=lambda e: e.get("line", "").startswith("faulty: slow"))
+            await tool(o, "emit", {"lines": [_log("both-log"), _custom("both-note")]}, request_id="emit-both")
+            await a.response("slow", timeout=10)
+            for who, c in (("alice", a), ("bob", o)):
+                got = await _drain(c, "barrier-2")
+                assert _mentions(got, "both-") == []
+                seen[who] += got
+
+            # During no call: notifications are about the server; a request is refused to it.
+            await tool(a, "later", {"ms": 100, "lines": [_log("idle-log"), _ask("ask-idle", "idle-ask")]}, request_id="later")
+            refused = await b.wait_for("server_stderr", where=lambda e: "ask-idle" in e.get("line", ""), timeout=10)
+            assert '"error"' in refused["line"]
+            for who, c in (("alice", a), ("bob", o)):
+                got = await _drain(c, "barrier-3")
+                assert len(_mentions(got, "idle-log")) == 1
+                assert _mentions(got, "idle-ask") == []
+                seen[who] += got
+            assert _mentions(seen["bob"], "alice-") == [] and _mentions(seen["alice"], "bob-") == []
+
+
+async def test_one_principals_queue_delays_anothers_call_by_one_window_at_most(bridge: Any) -> None:
+    """alice keeps three calls waiting for attribution; bob's call goes next."""
+    window = 0.5
+    async with bridge(two_tokens({**faulty(), "attribution_window": f"{window}s"})) as b:
+        async with RawSse(b.url("f"), bearer(ALICE)) as a, RawSse(b.url("f"), bearer(BOB)) as o:
+            for c in (a, o):
+                await c.initialize(capabilities={"sampling": {}})
+            for rid in range(4):
+                status, _ = await a.post({"jsonrpc": "2.0", "id": rid, "method": "tools/call", "params": call("slow", {"ms": 3000})})
+                assert status == 202
+            await b.wait_for("server_stderr", where=lambda e: e.get("line", "").startswith("faulty: slow"))
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            assert "result" in await tool(o, "echo", {"text": "bob"}, request_id="bob", timeout=10)
+            waited = loop.time() - started
+            # Behind all of alice's held calls it would wait three more windows (2 s).
+            assert waited < 2 * window, f"bob waited {waited:.2f}s behind alice's queue"
