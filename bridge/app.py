@@ -8,7 +8,7 @@ import time
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from . import logs, security
+from . import logs, policy, security
 from .config import Config
 from .gateway import Gateway
 from .metrics import Metrics
@@ -30,6 +30,7 @@ def create_app(config: Config) -> web.Application:
     app[GATEWAYS] = gateways
     for name, server in config.servers.items():
         gateways[name] = Gateway(name, server, config.limits, metrics.server(name), config.sse.keepalive)
+        gateways[name].set_views(*policy.views(config, name))
     app.router.add_get("/servers/{name}/sse", sse.stream, allow_head=False)  # a HEAD must not open a session
     app.router.add_post("/servers/{name}/messages", sse.post_message)
     app.router.add_post("/servers/{name}/mcp", streamable.post)
@@ -95,6 +96,7 @@ async def apply_config(app: web.Application, new: Config) -> None:
         gateways[name] = Gateway(name, new.servers[name], new.limits, metrics.server(name), new.sse.keepalive)
         await gateways[name].start()
     for name, gateway in gateways.items():
+        gateway.set_views(*policy.views(new, name))
         if name not in changed and name not in added:
             gateway.update_limits(new.limits)
             gateway.keepalive = new.sse.keepalive

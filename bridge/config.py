@@ -76,12 +76,23 @@ class Listen(Struct):
     tls: TLS | None = None
 
 
+class Filter(Struct):
+    """Names (or uris) by exact value or glob (`*`, `?`): deny wins over allow; no allow list allows all."""
+
+    allow: tuple[str, ...] | None = None
+    deny: tuple[str, ...] = ()
+
+
 class Token(Struct):
     name: str
     token: str | None = None  # with token_file: the file's content, filled in by parse
     sha256: str | None = None
     token_file: str | None = None
     servers: tuple[str, ...] = ("*",)
+    # Per server name: narrows what the server's own filters let through, for this token.
+    tools: dict[str, Filter] = {}
+    prompts: dict[str, Filter] = {}
+    resources: dict[str, Filter] = {}
 
 
 class Security(Struct):
@@ -148,6 +159,9 @@ class Server(Struct):
     shutdown_timeout: Duration = Duration(5)
     attribution_window: Duration = Duration(0.25)
     max_sessions: PositiveInt | None = None
+    tools: Filter = Filter()  # which tools clients see and may call
+    prompts: Filter = Filter()
+    resources: Filter = Filter()  # by uri
 
 
 class Config(Struct):
@@ -394,6 +408,10 @@ def _semantic_problems(config: Config) -> list[str]:
         for j, server_name in enumerate(token.servers):
             if server_name != "*" and server_name not in config.servers:
                 problems.append(f"{where}.servers[{j}]: no server named {server_name!r}")
+        for kind in ("tools", "prompts", "resources"):
+            for server_name in getattr(token, kind):
+                if server_name not in config.servers:
+                    problems.append(f"{where}.{kind}.{server_name}: no server named {server_name!r}")
     if config.limits.input_buffer() < config.limits.max_message_bytes:
         problems.append("limits.server_input_buffer: smaller than limits.max_message_bytes (no message would fit)")
     if not config.metrics.path.startswith("/") or config.metrics.path.startswith("/servers/"):

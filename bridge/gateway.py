@@ -19,9 +19,10 @@ from typing import Any
 from . import __version__, jsonrpc, logs
 from .child import Child, Write
 from .config import Limits, Server
-from .jsonrpc import ProtocolError
+from .jsonrpc import Message, ProtocolError
 from .metrics import ServerMetrics
-from .mux import Action, Broadcast, Discard, Mux, RestartServer, State, Timer, ToServer, ToSession
+from .mux import Abandoned, Action, Broadcast, Call, Discard, Mux, RestartServer, State, Timer, ToServer, ToSession
+from .policy import View
 from .sessions import Session
 from .supervisor import Status, Supervisor
 
@@ -200,6 +201,9 @@ class Gateway:
         self._ticker: asyncio.Task[None] | None = None
         self._pinger: asyncio.Task[None] | None = None
         self.accepting = True
+        self._default_view: View | None = None
+        self._views: dict[str, View | None] = {}  # principal -> what it may see (policy.views)
+        self.audit = logs.get(logger="mcp_bridge.audit", server=name)
 
     def upstreams(self) -> Iterable[Upstream]:
         if self._shared is not None:
@@ -245,6 +249,16 @@ class Gateway:
             if upstream.child is not None:
                 upstream.child.set_limits(limits.max_message_bytes, limits.input_buffer())
 
+    def set_views(self, default: View | None, by_principal: dict[str, View | None]) -> None:
+        """What each principal may see of this server (at start, and on every reload: open
+        sessions see the new views from their next message on)."""
+        self._default_view, self._views = default, by_principal
+        for sid, session in self.sessions.items():
+            self._upstreams[sid].mux.set_view(sid, self.view(session.owner))
+
+    def view(self, principal: str | None) -> View | None:
+        return self._default_view if principal is None else self._views.get(principal, self._default_view)
+
     # ----------------------------------------------------------------- sessions
 
     def open_session(self, session: Session) -> None:
@@ -262,7 +276,7 @@ class Gateway:
             upstream = Upstream(self, f"{self.name}[{session.id[:8]}]")
             upstream.supervisor.start()
         self._upstreams[session.id] = upstream
-        upstream.mux.open_session(session.id, session.owner)
+        upstream.mux.open_session(session.id, session.owner, self.view(session.owner))
         self.metrics.sessions_opened[session.transport] += 1
         self.log.info("session_opened", session=session.id, transport=session.transport, owner=session.owner)
 
@@ -365,6 +379,8 @@ class Gateway:
                         slow.append(session)
                     if call is not None:
                         metrics.request_done(call.method, time.monotonic() - call.started)
+                        if call.target is not None:
+                            self._audit(call, message)
                 case Broadcast(sids, message):
                     data = encode(message)
                     for sid in sids:
@@ -378,6 +394,9 @@ class Gateway:
                     metrics.dropped_messages += 1
                     if log:
                         self.log.warning("message_dropped", reason=reason, **detail)
+                case Abandoned(call):
+                    if call.target is not None:
+                        self._audit(call, None)
                 case RestartServer(reason):
                     upstream.supervisor.restart(reason)
                 case Timer(delay):
@@ -387,6 +406,28 @@ class Gateway:
             self.close_session(session, "slow")
         if flush:
             self.flush()
+
+    def _audit(self, call: Call, answer: Message | None) -> None:
+        """One `audit` event per tools/call, prompts/get and resources/read that ended: who, what,
+        how it ended (result, error, cancelled, timeout), how long it took. Never arguments or results."""
+        code = None
+        if answer is None:
+            outcome = "cancelled"
+        elif isinstance(error := answer.get("error"), dict):
+            code = error.get("code")
+            outcome = "timeout" if code == jsonrpc.REQUEST_TIMEOUT else "error"
+        else:
+            outcome = "result"
+        self.audit.info(
+            "audit",
+            principal=call.principal,
+            session=call.session,
+            method=call.method,
+            name=call.target,
+            outcome=outcome,
+            code=code,
+            duration_ms=round((time.monotonic() - call.started) * 1000, 3),
+        )
 
     def flush(self) -> None:
         """Write out what the sessions were given since the last flush: one write per session."""

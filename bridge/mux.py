@@ -74,6 +74,7 @@ from typing import Any, NamedTuple, TypeVar
 
 from . import jsonrpc
 from .jsonrpc import Kind, Message, ProtocolError, RequestId
+from .policy import View
 
 PROTOCOL_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
 LATEST_PROTOCOL_VERSION = PROTOCOL_VERSIONS[-1]
@@ -126,6 +127,12 @@ class Discard(NamedTuple):
     log: bool = True
 
 
+class Abandoned(NamedTuple):
+    """A client's call ended with no answer to its session: cancelled, or its session closed."""
+
+    call: Call
+
+
 class RestartServer(NamedTuple):
     reason: str
 
@@ -136,7 +143,7 @@ class Timer(NamedTuple):
     delay: float
 
 
-Action = ToServer | ToSession | Broadcast | Discard | RestartServer | Timer
+Action = ToServer | ToSession | Broadcast | Discard | Abandoned | RestartServer | Timer
 
 
 @dataclass(slots=True, eq=False)
@@ -154,6 +161,9 @@ class Call:
     subscribe_uri: str | None = None
     asked: int = 0  # when a server request was last attributed to this call (0: never)
     sent_at: float = 0.0
+    principal: str | None = None
+    target: str | None = None  # the tool or prompt name, or resource uri, of an audited call
+    hidden: str | None = None  # a probe for a name the session may not see: that name
 
 
 @dataclass(slots=True, eq=False)
@@ -172,6 +182,7 @@ class Peer:
 
     id: str
     principal: str | None = None  # who opened it: a trust boundary (None: no auth configured)
+    view: View | None = None  # the tools, prompts and resources it may see; None: all
     calls: dict[RequestId, Call] = field(default_factory=dict)
     server_requests: dict[int, ServerRequest] = field(default_factory=dict)
     capabilities: dict[str, Any] = field(default_factory=dict)
@@ -315,13 +326,20 @@ class Mux:
         # Per-session mode replays the client's own initialize after a restart.
         self._client_init: dict[str, Any] | None = None
         self._failure = "server unavailable"
+        # How the server answers a request for a tool, prompt or resource it does not have,
+        # learned by asking (see `_hidden`): kind -> the answer, with the probe's name in it.
+        self._unknown: dict[str, bytes] = {}
 
     # ----------------------------------------------------------------- sessions
 
-    def open_session(self, session: str, principal: str | None = None) -> None:
+    def open_session(self, session: str, principal: str | None = None, view: View | None = None) -> None:
         if session in self._peers:
             raise ValueError(f"session {session!r} already open")
-        self._peers[session] = Peer(session, principal, last_active=next(self._seq))
+        self._peers[session] = Peer(session, principal, view, last_active=next(self._seq))
+
+    def set_view(self, session: str, view: View | None) -> None:
+        """A reload changed what the session's principal may see: from its next message on."""
+        self._peers[session].view = view
 
     def close_session(self, session: str) -> list[Action]:
         peer = self._peers.pop(session, None)
@@ -330,6 +348,7 @@ class Mux:
         out: list[Action] = []
         for call in list(peer.calls.values()):
             self._forget_call(call)
+            out.append(Abandoned(call))
             if call.sent:
                 out.append(ToServer(_cancelled(call.upstream_id, "client session closed")))
             else:
@@ -402,6 +421,8 @@ class Mux:
     def _from_client(self, peer: Peer, msg: Message, kind: Kind) -> list[Action]:
         peer.last_active = next(self._seq)
         if kind is Kind.REQUEST:
+            if peer.view is not None and (hidden := self._hidden(peer, msg)) is not None:
+                return hidden
             handler = _CLIENT_REQUESTS.get(msg["method"]) if self.shared else _PASSTHROUGH_REQUESTS.get(msg["method"])
             if handler is None:
                 return self._forward_call(peer, msg)
@@ -427,8 +448,11 @@ class Mux:
             ]
         upstream_id = next(self._ids)
         params = msg.get("params")
-        call = Call(peer.id, client_id, upstream_id, msg["method"], self._clock())
+        method = msg["method"]
+        call = Call(peer.id, client_id, upstream_id, method, self._clock(), principal=peer.principal)
         if params is not None:
+            if (audited := _AUDITED.get(method)) is not None:
+                call.target = _text(msg, audited)
             meta = params.get("_meta")
             if meta.__class__ is dict and "progressToken" in meta:
                 call.token = meta["progressToken"]
@@ -443,6 +467,36 @@ class Mux:
                 return []
             return self._hold_with(call, msg)
         return self._send_call(call, msg)
+
+    def _hidden(self, peer: Peer, msg: Message) -> list[Action] | None:
+        """A request for a tool, prompt or resource the session may not see is answered as
+        the server answers one it does not have; None when the request is not one of those.
+        The first such request asks the server with a name it cannot have (and nothing of
+        the request's own); its answer, with the name put back, is the answer from then on."""
+        method = msg["method"]
+        what = _FILTERED.get(method)
+        if what is None:
+            return None
+        kind, key = what
+        name = _text(msg, key)
+        assert peer.view is not None
+        if name is None or peer.view.admits(kind, name):
+            return None
+        probe = _PROBES[kind]
+        template = self._unknown.get(kind)
+        if template is None:
+            client_id = msg["id"]
+            msg["method"] = "resources/read" if kind == "resources" else method
+            msg["params"] = {key: probe}
+            out = self._forward_call(peer, msg)
+            call = peer.calls.get(client_id)  # none if it was refused (a limit, a failed server)
+            if call is not None:
+                call.hidden, call.target, call.method = name, name, method
+            return out
+        call = Call(peer.id, msg["id"], 0, method, self._clock(), principal=peer.principal, target=name)
+        answer = jsonrpc.decode(template.replace(probe.encode(), _escaped(name)))
+        answer["id"] = msg["id"]
+        return [ToSession(peer.id, answer, msg["id"], True, call)]
 
     def _hold_with(self, call: Call, msg: Message) -> list[Action]:
         """Let `call` through as the one call that may ask the clients something now."""
@@ -630,10 +684,10 @@ class Mux:
         self._forget_call(call)
         if not call.sent:
             self._unqueue(call)
-            return []
+            return [Abandoned(call)]
         self._remember_cancelled(call.upstream_id)
         msg["params"]["requestId"] = call.upstream_id
-        return self._to_server(msg)
+        return [Abandoned(call), *self._to_server(msg)]
 
     def _roots_changed(self, peer: Peer, msg: Message) -> list[Action]:
         if self.roots is not None:
@@ -692,6 +746,8 @@ class Mux:
             return self._internal_response(call, msg)
         peer = self._peers[call.session]
         out: list[Action] = []
+        if call.hidden is not None:
+            self._learn_unknown(call, msg)
         after = _AFTER_RESPONSE.get(call.method)
         if after is not None:
             out += after(self, peer, call, msg)
@@ -709,6 +765,29 @@ class Mux:
             Discard("server line over limits.max_message_bytes", {"size": size, "id": upstream_id}),
             self._fail(call, jsonrpc.RESPONSE_TOO_LARGE, message),
         ]
+
+    def _learn_unknown(self, call: Call, msg: Message) -> None:
+        """The server's answer to a probe (see `_hidden`): keep it, and give it the hidden name."""
+        kind = _FILTERED[call.method][0]
+        probe = _PROBES[kind]
+        body = {k: v for k, v in msg.items() if k != "id"}
+        template = jsonrpc.encode(body)
+        self._unknown[kind] = template
+        assert call.hidden is not None
+        msg.clear()
+        msg.update(jsonrpc.decode(template.replace(probe.encode(), _escaped(call.hidden))))
+
+    def _after_list(self, peer: Peer, call: Call, msg: Message) -> list[Action]:
+        """Take out of a list result what the session may not see."""
+        view = peer.view
+        result = msg.get("result")
+        if view is None or not isinstance(result, dict):
+            return []
+        field, kind, key = _LISTS[call.method]
+        items = result.get(field)
+        if isinstance(items, list):
+            result[field] = [item for item in items if not isinstance(item, dict) or view.admits(kind, item.get(key))]
+        return []
 
     def _after_initialize(self, peer: Peer, call: Call, msg: Message) -> list[Action]:
         result = msg.get("result")
@@ -899,7 +978,9 @@ class Mux:
         for sub, sessions in self._subscribers.items():
             if uri == sub or uri.startswith(sub if sub.endswith("/") else sub + "/"):
                 targets |= sessions
-        return [Broadcast(tuple(targets), msg)] if targets else []
+        peers = self._peers
+        visible = tuple(sid for sid in targets if (view := peers[sid].view) is None or view.admits("resources", uri))
+        return [Broadcast(visible, msg)] if visible else []
 
     def _log_message(self, msg: Message) -> list[Action]:
         level = _lookup(_LEVEL_INDEX, _text(msg, "level"))
@@ -1158,6 +1239,31 @@ def _cancelled(request_id: RequestId, reason: str) -> Message:
     return jsonrpc.notification("notifications/cancelled", {"requestId": request_id, "reason": reason})
 
 
+def _escaped(name: str) -> bytes:
+    """`name` as it appears inside a JSON string."""
+    return jsonrpc.encode(name)[1:-1]
+
+
+# Requests that name something a view may hide: method -> (kind, the parameter naming it).
+_FILTERED = {
+    "tools/call": ("tools", "name"),
+    "prompts/get": ("prompts", "name"),
+    "resources/read": ("resources", "uri"),
+    "resources/subscribe": ("resources", "uri"),
+}
+# Names no server has: what a probe asks for instead of the hidden one.
+_PROBES = {"tools": "mcp-bridge-hidden-tool", "prompts": "mcp-bridge-hidden-prompt", "resources": "mcp-bridge://hidden"}
+# List results a view filters: method -> (the list's field, kind, the field naming an item).
+_LISTS = {
+    "tools/list": ("tools", "tools", "name"),
+    "prompts/list": ("prompts", "prompts", "name"),
+    "resources/list": ("resources", "resources", "uri"),
+    "resources/templates/list": ("resourceTemplates", "resources", "uriTemplate"),
+}
+# Calls audited (see the gateway): method -> the parameter naming what was used.
+_AUDITED = {"tools/call": "name", "prompts/get": "name", "resources/read": "uri"}
+
+
 def _can_handle(capabilities: dict[str, Any], wanted: str, msg: Message) -> bool:
     cap = capabilities.get(wanted)
     if cap.__class__ is not dict:
@@ -1200,6 +1306,10 @@ _CLIENT_NOTIFICATIONS: dict[str, Callable[[Mux, Peer, Message], list[Action]]] =
 }
 _AFTER_RESPONSE: dict[str, Callable[[Mux, Peer, Call, Message], list[Action]]] = {
     "initialize": Mux._after_initialize,
+    "tools/list": Mux._after_list,
+    "prompts/list": Mux._after_list,
+    "resources/list": Mux._after_list,
+    "resources/templates/list": Mux._after_list,
     "resources/subscribe": Mux._after_subscribe,
     "tools/call": Mux._after_task_call,
     "tasks/list": Mux._after_task_list,

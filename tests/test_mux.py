@@ -8,7 +8,7 @@ import pytest
 
 from bridge import jsonrpc
 from bridge.jsonrpc import ProtocolError
-from bridge.mux import Broadcast, Discard, Mux, RestartServer, State, Timer, ToServer, ToSession
+from bridge.mux import Abandoned, Broadcast, Discard, Mux, RestartServer, State, Timer, ToServer, ToSession
 
 INIT_RESULT = {"protocolVersion": "2025-06-18", "capabilities": {"tools": {}}, "serverInfo": {"name": "s", "version": "1"}}
 
@@ -405,7 +405,8 @@ def test_a_held_call_that_is_cancelled_is_never_sent() -> None:
     (first,) = to_server(mux.from_client("a", req(1, "tools/call")))
     mux.from_client("b", req(1, "tools/call", who="b"))
     mux.from_client("c", req(1, "tools/call", who="c"))
-    assert mux.from_client("b", note("notifications/cancelled", requestId=1)) == []
+    (abandoned,) = mux.from_client("b", note("notifications/cancelled", requestId=1))
+    assert isinstance(abandoned, Abandoned) and abandoned.call.method == "tools/call"
     (released,) = to_server(mux.from_server(jsonrpc.result(first["id"], {})))
     assert released["params"]["who"] == "c"
 

@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from bridge.mux import LOG_LEVELS, Action, Broadcast, Discard, Mux, RestartServer, State, Timer, ToServer, ToSession
+from bridge.mux import LOG_LEVELS, Abandoned, Action, Broadcast, Discard, Mux, RestartServer, State, Timer, ToServer, ToSession
 
 URIS = ("res://a", "res://b", "res://b/child")
 PRINCIPALS = ("alice", "bob")  # sessions alternate between two principals
@@ -85,6 +85,10 @@ class MuxMachine(RuleBasedStateMachine):
                     self.client_receives(sid, action.message)
             elif isinstance(action, RestartServer):
                 raise AssertionError(f"unexpected restart: {action.reason}")
+            elif isinstance(action, Abandoned):
+                # Only a call its client gave up on: cancelled, or its session closed.
+                sid, rid = action.call.session, action.call.client_id
+                assert sid in self.closed or rid in self.clients[sid].cancelled, f"{sid}/{rid} abandoned while awaited"
             else:
                 assert isinstance(action, (Discard, Timer))
 

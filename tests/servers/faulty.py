@@ -96,6 +96,11 @@ TOOLS = [
     {"name": "cwd", "description": "Return the working directory.", "inputSchema": _schema()},
     {"name": "deaf", "description": "Reply, then never read stdin again.", "inputSchema": _schema()},
     {
+        "name": "grow",
+        "description": "Add tools named `names` (each echoes), send tools/list_changed, then reply.",
+        "inputSchema": _schema(names="array"),
+    },
+    {
         "name": "later",
         "description": "Reply now; after `ms`, with no call in flight, write each of `lines` to stdout.",
         "inputSchema": _schema(ms="integer", lines="array"),
@@ -106,6 +111,9 @@ TOOLS = [
         "inputSchema": _schema(lines="array", raw="array"),
     },
 ]
+
+
+GROWN: set[str] = set()
 
 
 def call_tool(request_id: Any, name: str, args: JSON) -> None:
@@ -144,6 +152,14 @@ def call_tool(request_id: Any, name: str, args: JSON) -> None:
         reply(request_id, text(json.dumps(dict(os.environ))))
     elif name == "cwd":
         reply(request_id, text(os.getcwd()))
+    elif name == "grow":
+        for new in args.get("names") or []:
+            TOOLS.append({"name": str(new), "description": "Grown by grow.", "inputSchema": _schema(text="string")})
+            GROWN.add(str(new))
+        send({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
+        reply(request_id, text("grown"))
+    elif name in GROWN:
+        reply(request_id, text(f"{name}: {args.get('text', '')}"))
     elif name == "later":
         lines = [str(line) for line in args.get("lines") or []]
         reply(request_id, text("later"))
