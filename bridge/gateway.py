@@ -279,6 +279,8 @@ class Gateway:
                     continue
                 data = encode(action.message)  # type: ignore[union-attr]
                 metrics.bytes_out += len(data)
+                if "error" in (message := action.message):  # type: ignore[union-attr]
+                    metrics.error_sent(message["error"])
                 unflushed[session] = None
                 if not session.deliver(data, action.related, action.final):  # type: ignore[union-attr]
                     slow.append(session)
@@ -357,6 +359,9 @@ class Gateway:
 
     def inflight(self) -> int:
         return sum(u.mux.inflight() for u in self.upstreams())
+
+    def pids(self) -> list[int]:
+        return [u.child.pid for u in self.upstreams() if u.child is not None and u.child.pid is not None]
 
     def processes_up(self) -> int:
         return sum(1 for u in self.upstreams() if u.child is not None)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import re
 import signal
 import time
@@ -260,6 +261,13 @@ async def test_metrics_move_with_traffic(bridge: Any) -> None:
         assert m.count("mcp_bridge_sessions_dropped_total", server="lim", reason="limit") == 1
         assert m.count("mcp_bridge_sessions_dropped_total", server="lim", reason="slow") == 1
         assert not [k for k in m.values if k[0] == "mcp_bridge_sessions_dropped_total" and ("server", "f") in k[1]]
+        # Error responses sent to clients, by code: the server's (-32602, -32601) and the bridge's (-32000).
+        errors = {
+            dict(labels)["code"]: v
+            for (name, labels), v in m.values.items()
+            if name == "mcp_bridge_errors_total" and dict(labels)["server"] == "f"
+        }
+        assert errors == {"-32602": 1, "-32601": 1, "-32000": 1}, errors
         # Rejections by reason.
         assert m.count("mcp_bridge_rejections_total", reason="origin") == 1
         assert m.count("mcp_bridge_rejections_total", reason="host") == 1
@@ -428,7 +436,11 @@ async def test_ready_when_every_server_can_serve(bridge: Any) -> None:
 async def test_readyz_names_crash_looping_server(bridge: Any) -> None:
     config = {"servers": {"ok": faulty(), "bad": {**faulty(FAULTY_CRASH_ON_START="1"), "restart": LOOPING}}}
     async with bridge(config) as b:
-        await b.wait_for("server_crash_loop", where=lambda e: e.get("server") == "bad")
+        loop = await b.wait_for("server_crash_loop", where=lambda e: e.get("server") == "bad")
+        # What the server said last before each exit, in the events and in /status.
+        last_words = ["faulty: crashing on start as requested"]
+        assert loop["stderr_tail"] == last_words, loop
+        assert all(e["stderr_tail"] == last_words for e in b.named("server_exited") if e["server"] == "bad")
         async with RawSse(b.url("ok")) as c:  # served: `ok` is ready
             await c.initialize()
             assert text_of(await tool(c, "echo", {"text": "up"})) == "up"
@@ -446,6 +458,7 @@ async def test_readyz_names_crash_looping_server(bridge: Any) -> None:
         assert proc["state"] == "failed" and proc["pid"] is None, proc
         assert proc["restarts"] == 3 and proc["last_exit_code"] == 4, proc
         assert "crash loop" in proc["failure"], proc
+        assert proc["stderr_tail"] == last_words and proc["rss_bytes"] is None and proc["cpu_seconds"] is None, proc
         assert st["servers"]["ok"]["ready"] is True
 
 
@@ -479,6 +492,12 @@ async def test_status_shared_and_per_session(bridge: Any) -> None:
             for q in p["processes"]:
                 assert q["state"] == "running" and q["restarts"] == 0 and q["last_exit_code"] is None, q
                 assert 0 <= q["uptime_s"] < 120 and q["in_flight"] == (1 if q["pid"] == ppid1 else 0), q
+            # Each process's memory and CPU, as /proc tells the test (statm: resident pages).
+            for q in [sproc, *p["processes"]]:
+                resident = int(Path(f"/proc/{q['pid']}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+                assert 0.5 * resident <= q["rss_bytes"] <= 2 * resident, (q, resident)
+                assert isinstance(q["cpu_seconds"], float) and 0 <= q["cpu_seconds"] < 60, q
+                assert any(line.startswith("faulty: initialize ") for line in q["stderr_tail"]), q
 
             # A crash in each: restarts and last exit code show up, with the new pids.
             mark = len(b.events)
