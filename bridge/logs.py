@@ -3,9 +3,8 @@
 Events carry `server`, `session`, `method`, `pid` where they apply; message
 payloads are never logged above debug (method, id and size only).
 
-Everything goes out through one handler of the standard library's `logging`,
-whose formatter runs structlog's processors: the daemon's own events and
-whatever aiohttp, asyncio or warnings log come out in the same format, so
+Records of the standard library's `logging` (aiohttp, asyncio, warnings) run
+through the same processors as the daemon's own events, to the same stream:
 nothing a client or a library provokes can put a line of another shape (a
 traceback, say) into the JSON stream.
 """
@@ -36,30 +35,32 @@ def setup(fmt: Literal["json", "console"] = "json", level: str = "info") -> None
         if fmt == "json"
         else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
     )
-    formatter = structlog.stdlib.ProcessorFormatter(
-        # Only for records that did not come through structlog: which library logged it.
-        foreign_pre_chain=[structlog.stdlib.add_logger_name],
-        processors=[
-            structlog.stdlib.ProcessorFormatter.remove_processors_meta,
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            structlog.processors.format_exc_info,
-            renderer,
-        ],
+    chain = [
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        structlog.processors.format_exc_info,
+        renderer,
+    ]
+    # The daemon's own events go straight to stderr (a quarter of the cost of a trip
+    # through `logging`); records of `logging` take the same chain to the same stream.
+    structlog.configure(
+        processors=chain,
+        wrapper_class=structlog.make_filtering_bound_logger(LEVELS[level]),
+        logger_factory=structlog.WriteLoggerFactory(sys.stderr),
+        cache_logger_on_first_use=True,
     )
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(formatter)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            foreign_pre_chain=[structlog.stdlib.add_logger_name],  # which library logged it
+            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, *chain],
+        )
+    )
     handler.setLevel(LEVELS[level])
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(LEVELS[level])
     logging.captureWarnings(True)
-    structlog.configure(
-        processors=[structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
-        wrapper_class=structlog.make_filtering_bound_logger(LEVELS[level]),
-        logger_factory=structlog.stdlib.LoggerFactory(),
-        cache_logger_on_first_use=True,
-    )
     # aiohttp logs a request it cannot parse with a traceback (at debug when it is the
     # connection's first, e.g. TLS on the plain port): every level reaches the filter,
     # which turns it into a `bad_request` event; the handler's level judges the rest.
