@@ -1,11 +1,13 @@
 """Every Prometheus metric of mcp-bridge, defined once.
 
 Labels are bounded: `server` and `transport` come from the config and code,
-`method` is a known MCP method name or `other`, `direction` and `reason` are
-fixed vocabularies. On the per-message path a count is a plain integer added
-to a dict (no lock, no label lookup); prometheus-client turns the integers,
-and the state that already lives in the gateways (sessions open, requests in
-flight, process up), into metric families only when `/metrics` is scraped.
+`method` is a known MCP method name or `other`, `code` a known JSON-RPC error
+code or `other`, `direction` and `reason` are fixed vocabularies. On the
+per-message path a count is a plain integer added to a dict (no lock, no
+label lookup); prometheus-client turns the integers, the state that already
+lives in the gateways (sessions open, requests in flight, process up) and what
+/proc says of the server processes into metric families only when `/metrics`
+is scraped.
 """
 
 from __future__ import annotations
