@@ -400,6 +400,11 @@ async def test_console_log_format(tmp_path: Path) -> None:
                     break
         port = int(re.search(r"\bport=(\d+)", lines[-1]).group(1))  # type: ignore[union-attr]
         assert (await http_get(f"http://127.0.0.1:{port}/healthz"))[0] == 200
+        # aiohttp's own records come out in the same format: a malformed request is one line.
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /healthz HTTP/9.Z\r\nHost: 127.0.0.1\r\n\r\n")
+        assert (await asyncio.wait_for(reader.read(), 10)).startswith(b"HTTP/1.0 400")
+        writer.close()
         proc.send_signal(signal.SIGTERM)
         async with asyncio.timeout(20):
             _, rest = await proc.communicate()
@@ -417,6 +422,8 @@ async def test_console_log_format(tmp_path: Path) -> None:
     assert any(re.search(r"\binfo\b.*\blistening\b.*\bport=\d+", line) for line in text), text
     assert any("server_started" in line and "pid=" in line for line in text), text
     assert any("stopped" in line for line in text), text
+    assert any(re.search(r"\bwarning\b.*\bbad_request\b.*\breason=", line) for line in text), text
+    assert not any("Traceback" in line or "Error handling request" in line for line in text), text
 
 
 # ------------------------------------------------------------------------- health
