@@ -15,6 +15,7 @@ import json
 import logging
 import re
 import sys
+import threading
 from typing import Any, Literal
 
 import msgspec
@@ -61,6 +62,9 @@ def setup(fmt: Literal["json", "console"] = "json", level: str = "info") -> None
     root.handlers[:] = [handler]
     root.setLevel(LEVELS[level])
     logging.captureWarnings(True)
+    # The two places Python itself prints tracebacks to stderr, past `logging`.
+    sys.unraisablehook = _unraisable
+    threading.excepthook = _thread_died
     # aiohttp logs a request it cannot parse with a traceback (at debug when it is the
     # connection's first, e.g. TLS on the plain port): every level reaches the filter,
     # which turns it into a `bad_request` event; the handler's level judges the rest.
@@ -69,6 +73,17 @@ def setup(fmt: Literal["json", "console"] = "json", level: str = "info") -> None
     for old in [f for f in server.filters if isinstance(f, BadRequests)]:
         server.removeFilter(old)
     server.addFilter(BadRequests())
+
+
+def _unraisable(u: sys.UnraisableHookArgs) -> None:
+    """An exception in a finalizer or a callback, with nowhere to go."""
+    where = u.err_msg or "Exception ignored in"
+    logging.getLogger("python").error("%s: %r", where, u.object, exc_info=u.exc_value)
+
+
+def _thread_died(t: threading.ExceptHookArgs) -> None:
+    name = t.thread.name if t.thread is not None else None
+    logging.getLogger("python").error("Exception in thread %s", name, exc_info=t.exc_value)
 
 
 def _json(event: dict[str, Any], **_: Any) -> str:

@@ -9,11 +9,13 @@ not JSON as an `unparsed` event). A request aiohttp cannot parse becomes one
 from __future__ import annotations
 
 import asyncio
+import json
 import ssl
+import subprocess
 from typing import Any
 
 import aiohttp
-from conftest import Bridge, faulty
+from conftest import PY, ROOT, Bridge, faulty
 
 from bridge import logs
 
@@ -159,3 +161,24 @@ def test_throttle_counts_what_it_holds_back() -> None:
     assert [throttle.allow() for _ in range(3)] == [0, 0, 0]
     assert [throttle.allow() for _ in range(5)] == [None] * 5
     assert throttle.suppressed == 5
+
+
+def test_python_own_tracebacks_are_json_too() -> None:
+    """A finalizer that raises and a thread that dies: Python prints these past `logging`."""
+    script = """if True:
+        import threading
+        from bridge import logs
+        logs.setup("json", "info")
+        class Bad:
+            def __del__(self):
+                raise ValueError("100% in a finalizer")
+        Bad()
+        worker = threading.Thread(target=lambda: 1 / 0, name="worker")
+        worker.start()
+        worker.join()
+    """
+    done = subprocess.run([PY, "-c", script], cwd=ROOT, capture_output=True, timeout=30, check=True)
+    events = [json.loads(line) for line in done.stderr.splitlines()]
+    assert [(e["logger"], e["level"]) for e in events] == [("python", "error")] * 2, events
+    assert events[0]["event"].startswith("Exception ignored in") and "100% in a finalizer" in events[0]["exception"]
+    assert events[1]["event"] == "Exception in thread worker" and "ZeroDivisionError" in events[1]["exception"]
