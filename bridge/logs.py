@@ -3,10 +3,11 @@
 Events carry `server`, `session`, `method`, `pid` where they apply; message
 payloads are never logged above debug (method, id and size only).
 
-Records of the standard library's `logging` (aiohttp, asyncio, warnings) run
-through the same processors as the daemon's own events, to the same stream:
-nothing a client or a library provokes can put a line of another shape (a
-traceback, say) into the JSON stream.
+Records of the standard library's `logging` (aiohttp, asyncio, warnings, and
+the tracebacks Python prints itself for finalizers and threads) run through
+the same processors as the daemon's own events, to the same stream: nothing a
+client or a library provokes can put a line of another shape (a traceback,
+say) into the JSON stream.
 """
 
 from __future__ import annotations
