@@ -8,7 +8,7 @@ import time
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from . import logs, policy, security
+from . import logs, policy, procstat, security
 from .config import Config
 from .gateway import Gateway
 from .metrics import Metrics
@@ -130,6 +130,8 @@ def server_status(gateway: Gateway) -> dict[str, object]:
     for upstream in gateway.upstreams():
         sup = upstream.supervisor
         child = upstream.child
+        usage = procstat.usage(child.pid) if child is not None and child.pid is not None else None
+        last = sup.child  # the running process, or the last one to run
         processes.append(
             {
                 "pid": child.pid if child is not None else None,
@@ -141,6 +143,9 @@ def server_status(gateway: Gateway) -> dict[str, object]:
                 "failure": sup.failure,
                 "in_flight": upstream.mux.inflight(),
                 "tables": upstream.mux.table_sizes(),
+                "rss_bytes": usage.rss_bytes if usage is not None else None,
+                "cpu_seconds": usage.cpu_seconds if usage is not None else None,
+                "stderr_tail": last.stderr_tail() if last is not None else [],
             }
         )
     return {

@@ -14,12 +14,19 @@ import enum
 import os
 import signal
 import subprocess
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from . import logs
 
 STDERR_LINE_LIMIT = 16 * 1024
+# A server may write to stderr as fast as it likes; the log takes a burst of this many
+# lines per process, then this many a second, and says how many it left out.
+STDERR_BURST, STDERR_RATE = 100, 10.0
+# The last lines of stderr (each cut to a length) are kept, logged or not, for /status and
+# the exit events: what a crashing server said last, in at most 20 x 512 bytes per process.
+TAIL_LINES, TAIL_LINE_BYTES = 20, 512
 EDGE = 256  # bytes kept from each end of a dropped line
 
 
@@ -120,6 +127,8 @@ class Child:
         self.input_limit = input_limit
         self._on_input_blocked = on_input_blocked
         self._stderr = LineFramer(STDERR_LINE_LIMIT, self._stderr_line, self._stderr_oversize)
+        self._stderr_throttle = logs.Throttle(STDERR_RATE, STDERR_BURST)
+        self._stderr_tail: deque[bytes] = deque(maxlen=TAIL_LINES)
         self._transport: asyncio.SubprocessTransport | None = None
         self._stdin: asyncio.WriteTransport | None = None
         self._exited: asyncio.Future[int] | None = None
@@ -203,11 +212,23 @@ class Child:
         else:
             self._stderr.feed(data)
 
+    def stderr_tail(self) -> list[str]:
+        """The last lines the process wrote to stderr, oldest first."""
+        return [line.decode("utf-8", "replace").rstrip() for line in self._stderr_tail]
+
+    def stderr_suppressed(self) -> int:
+        """Lines of stderr left out of the log since the last one logged."""
+        return self._stderr_throttle.suppressed
+
     def _stderr_line(self, line: bytes) -> None:
-        self._log.info("server_stderr", line=line.decode("utf-8", "replace").rstrip())
+        self._stderr_tail.append(line[:TAIL_LINE_BYTES])
+        if (held := self._stderr_throttle.allow()) is not None:
+            self._log.info("server_stderr", line=line.decode("utf-8", "replace").rstrip(), **suppressed(held))
 
     def _stderr_oversize(self, size: int, head: bytes, tail: bytes) -> None:
-        self._log.warning("server_stderr_line_dropped", size=size, limit=STDERR_LINE_LIMIT)
+        self._stderr_tail.append(head[:TAIL_LINE_BYTES])
+        if (held := self._stderr_throttle.allow()) is not None:
+            self._log.warning("server_stderr_line_dropped", size=size, limit=STDERR_LINE_LIMIT, **suppressed(held))
 
     def _process_exited(self) -> None:
         # Whatever the leader left behind in its group dies with it; this also
@@ -230,6 +251,11 @@ class Child:
     def _connection_lost(self) -> None:
         if self._closed is not None and not self._closed.done():
             self._closed.set_result(None)
+
+
+def suppressed(held: int) -> dict[str, int]:
+    """The field saying how many stderr lines the log left out, when any were."""
+    return {"suppressed": held} if held else {}
 
 
 class _Protocol(asyncio.SubprocessProtocol):

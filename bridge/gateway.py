@@ -203,7 +203,7 @@ class Gateway:
         self.accepting = True
         self._default_view: View | None = None
         self._views: dict[str, View | None] = {}  # principal -> what it may see (policy.views)
-        self.audit = logs.get(logger="mcp_bridge.audit", server=name)
+        self.audit = logs.get(server=name).bind(logger="mcp_bridge.audit")  # operators route it by this name
 
     def upstreams(self) -> Iterable[Upstream]:
         if self._shared is not None:
@@ -374,6 +374,8 @@ class Gateway:
                         continue
                     data = encode(message)
                     metrics.bytes_out += len(data)
+                    if "error" in message:
+                        metrics.error_sent(message["error"])
                     unflushed[session] = None
                     if not session.deliver(data, related, final):
                         slow.append(session)
@@ -479,6 +481,9 @@ class Gateway:
 
     def inflight(self) -> int:
         return sum(u.mux.inflight() for u in self.upstreams())
+
+    def pids(self) -> list[int]:
+        return [u.child.pid for u in self.upstreams() if u.child is not None and u.child.pid is not None]
 
     def processes_up(self) -> int:
         return sum(1 for u in self.upstreams() if u.child is not None)

@@ -1,23 +1,28 @@
 """Every Prometheus metric of mcp-bridge, defined once.
 
 Labels are bounded: `server` and `transport` come from the config and code,
-`method` is a known MCP method name or `other`, `direction` and `reason` are
-fixed vocabularies. On the per-message path a count is a plain integer added
-to a dict (no lock, no label lookup); prometheus-client turns the integers,
-and the state that already lives in the gateways (sessions open, requests in
-flight, process up), into metric families only when `/metrics` is scraped.
+`method` is a known MCP method name or `other`, `code` a known JSON-RPC error
+code or `other`, `direction` and `reason` are fixed vocabularies. On the
+per-message path a count is a plain integer added to a dict (no lock, no
+label lookup); prometheus-client turns the integers, the state that already
+lives in the gateways (sessions open, requests in flight, process up) and what
+/proc says of the server processes into metric families only when `/metrics`
+is scraped.
 """
 
 from __future__ import annotations
 
 import bisect
+import platform
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from typing import Protocol
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR, CollectorRegistry, Info
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from . import __version__, jsonrpc, procstat
 
 PREFIX = "mcp_bridge"
 KNOWN_METHODS = frozenset(
@@ -34,12 +39,27 @@ KNOWN_METHODS = frozenset(
 )  # fmt: skip
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 TRANSPORTS = ("sse", "streamable")
+# JSON-RPC's codes, the bridge's own (README, Errors) and MCP's (-32002 resource not
+# found, -32042 URL elicitation required); any other code a server sends is `other`.
+ERROR_CODES = frozenset(
+    {
+        jsonrpc.PARSE_ERROR, jsonrpc.INVALID_REQUEST, jsonrpc.METHOD_NOT_FOUND, jsonrpc.INVALID_PARAMS,
+        jsonrpc.INTERNAL_ERROR, jsonrpc.SERVER_EXITED, jsonrpc.REQUEST_TIMEOUT, jsonrpc.SERVER_UNAVAILABLE,
+        jsonrpc.TOO_MANY_REQUESTS, jsonrpc.SESSION_CLOSED, jsonrpc.RESPONSE_TOO_LARGE, -32002, -32042,
+    }
+)  # fmt: skip
 
 
 def method_label(method: object) -> str:
     if method.__class__ is str and (method in KNOWN_METHODS or method == "response"):
         return method  # type: ignore[return-value]
     return "other"
+
+
+def code_label(error: object) -> str:
+    """The label of an error object's code: a known code, or `other`."""
+    code = error.get("code") if isinstance(error, dict) else None
+    return str(code) if code.__class__ is int and code in ERROR_CODES else "other"
 
 
 class ServerView(Protocol):
@@ -57,6 +77,8 @@ class ServerView(Protocol):
     def crash_looping(self) -> bool: ...
 
     def readiness(self) -> str | None: ...
+
+    def pids(self) -> list[int]: ...
 
 
 class Latency:
@@ -95,9 +117,35 @@ class ServerMetrics:
         self.dropped_messages = 0
         self.sessions_opened: Counter[str] = Counter()
         self.sessions_dropped: Counter[str] = Counter()
+        self.errors: Counter[str] = Counter()  # by code_label
+        # CPU seconds of the server's processes: each one's last reading, by (pid, start
+        # time), and the sum of those of the processes that have exited since.
+        self._cpu_seen: dict[tuple[int, int], float] = {}
+        self._cpu_exited = 0.0
 
     def message(self, direction: str, method: object) -> None:
         self.messages[direction, method_label(method)] += 1
+
+    def error_sent(self, error: object) -> None:
+        self.errors[code_label(error)] += 1
+
+    def read_processes(self, pids: Iterable[int]) -> int:
+        """Read the server's running processes from /proc: their resident bytes, summed.
+        A process that has exited since the last reading keeps the CPU time it had
+        then in `cpu_seconds`, so that the total never goes back."""
+        rss = 0
+        seen: dict[tuple[int, int], float] = {}
+        for pid in pids:
+            usage = procstat.usage(pid)
+            if usage is not None:
+                rss += usage.rss_bytes
+                seen[pid, usage.started] = usage.cpu_seconds
+        self._cpu_exited += sum(cpu for key, cpu in self._cpu_seen.items() if key not in seen)
+        self._cpu_seen = seen
+        return rss
+
+    def cpu_seconds(self) -> float:
+        return self._cpu_exited + sum(self._cpu_seen.values())
 
     def opened(self) -> int:
         return sum(self.sessions_opened.values())
@@ -117,6 +165,12 @@ class Metrics:
 
     def __init__(self, servers: Callable[[], Iterable[ServerView]]) -> None:
         self.registry = CollectorRegistry()
+        # The daemon's own process (memory, CPU, descriptors), the interpreter and its collector.
+        for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+            self.registry.register(collector)
+        Info(f"{PREFIX}_build", "The running mcp-bridge.", registry=self.registry).info(
+            {"version": __version__, "python": platform.python_version()}
+        )
         self.rejections: Counter[str] = Counter()
         # A server removed by a reload keeps its counts: counters never go back.
         self.retired: dict[str, ServerMetrics] = {}
@@ -136,8 +190,9 @@ class _Collector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         views = list(self._servers())
+        rss = {view.name: view.metrics.read_processes(view.pids()) for view in views}  # before the CPU counter
         yield from self._counters([v.metrics for v in views] + list(self._metrics.retired.values()))
-        yield from self._state(views)
+        yield from self._state(views, rss)
         rejections = CounterMetricFamily(
             f"{PREFIX}_rejections", "HTTP requests refused by access checks, by reason.", labels=["reason"]
         )
@@ -168,6 +223,18 @@ class _Collector(Collector):
         dropped_messages = CounterMetricFamily(
             f"{PREFIX}_dropped_messages", "Messages that could not be routed and were dropped.", labels=["server"]
         )
+        errors = CounterMetricFamily(
+            f"{PREFIX}_errors",
+            "JSON-RPC error responses sent to clients (the server's and the bridge's), by code ('other': a code "
+            "that is neither JSON-RPC's, MCP's nor the bridge's).",
+            labels=["server", "code"],
+        )
+        cpu = CounterMetricFamily(
+            f"{PREFIX}_server_cpu_seconds",
+            "User and system CPU time of the server's processes, all of them together (an exited one up to its "
+            "last reading at a scrape).",
+            labels=["server"],
+        )
         for m in all_metrics:
             for transport in TRANSPORTS:
                 opened.add_metric([m.server, transport], m.sessions_opened[transport])
@@ -181,9 +248,12 @@ class _Collector(Collector):
                 duration.add_metric([m.server, method], latency.cumulative(), latency.total)
             restarts.add_metric([m.server], m.restarts)
             dropped_messages.add_metric([m.server], m.dropped_messages)
-        yield from (opened, dropped, messages, traffic, duration, restarts, dropped_messages)
+            for code, n in sorted(m.errors.items()):
+                errors.add_metric([m.server, code], n)
+            cpu.add_metric([m.server], m.cpu_seconds())
+        yield from (opened, dropped, messages, traffic, duration, restarts, dropped_messages, errors, cpu)
 
-    def _state(self, views: list[ServerView]) -> Iterator[Metric]:
+    def _state(self, views: list[ServerView], rss: dict[str, int]) -> Iterator[Metric]:
         sessions = GaugeMetricFamily(f"{PREFIX}_sessions_open", "Client sessions open now.", labels=["server", "transport"])
         inflight = GaugeMetricFamily(f"{PREFIX}_requests_in_flight", "Client requests awaiting a response.", labels=["server"])
         up = GaugeMetricFamily(
@@ -193,6 +263,11 @@ class _Collector(Collector):
         )
         looping = GaugeMetricFamily(f"{PREFIX}_server_crash_looping", "1 while a server is in a crash loop.", labels=["server"])
         processes = GaugeMetricFamily(f"{PREFIX}_server_processes", "Server processes running.", labels=["server"])
+        memory = GaugeMetricFamily(
+            f"{PREFIX}_server_resident_memory_bytes",
+            "Resident memory of the server's running processes, all of them together.",
+            labels=["server"],
+        )
         for view in views:
             counts = view.session_counts()
             for transport in TRANSPORTS:
@@ -201,4 +276,5 @@ class _Collector(Collector):
             processes.add_metric([view.name], view.processes_up())
             up.add_metric([view.name], 1 if view.readiness() is None else 0)
             looping.add_metric([view.name], 1 if view.crash_looping() else 0)
-        yield from (sessions, inflight, up, looping, processes)
+            memory.add_metric([view.name], rss[view.name])
+        yield from (sessions, inflight, up, looping, processes, memory)

@@ -113,12 +113,21 @@ class Supervisor:
                 break
             self.restarts += 1
             delay, crash_loop = self.next_delay(self._clock())
-            self._log.warning("server_exited", pid=self.child.pid if self.child else None, exit_code=code, restart_in_s=round(delay, 3))
+            child = self.child
+            tail = child.stderr_tail() if child else []
+            self._log.warning(
+                "server_exited",
+                pid=child.pid if child else None,
+                exit_code=code,
+                restart_in_s=round(delay, 3),
+                stderr_tail=tail,
+                stderr_suppressed=child.stderr_suppressed() if child else 0,
+            )
             self._events.on_exited(code, delay)
             if crash_loop:
                 self.status = Status.FAILED
                 self.failure = f"crash loop: {len(self._exits)} exits within {self._policy.window:g}s"
-                self._log.error("server_crash_loop", reason=self.failure, retry_in_s=round(delay, 3))
+                self._log.error("server_crash_loop", reason=self.failure, retry_in_s=round(delay, 3), stderr_tail=tail)
                 self._events.on_failed(self.failure)
             else:
                 self.status = Status.BACKOFF
@@ -142,5 +151,5 @@ class Supervisor:
         code = await child.wait()
         self.last_exit = code
         if self._stopping:
-            self._log.info("server_stopped", pid=child.pid, exit_code=code)
+            self._log.info("server_stopped", pid=child.pid, exit_code=code, stderr_suppressed=child.stderr_suppressed())
         return code

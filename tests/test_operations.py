@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import re
 import signal
 import time
@@ -260,6 +261,13 @@ async def test_metrics_move_with_traffic(bridge: Any) -> None:
         assert m.count("mcp_bridge_sessions_dropped_total", server="lim", reason="limit") == 1
         assert m.count("mcp_bridge_sessions_dropped_total", server="lim", reason="slow") == 1
         assert not [k for k in m.values if k[0] == "mcp_bridge_sessions_dropped_total" and ("server", "f") in k[1]]
+        # Error responses sent to clients, by code: the server's (-32602, -32601) and the bridge's (-32000).
+        errors = {
+            dict(labels)["code"]: v
+            for (name, labels), v in m.values.items()
+            if name == "mcp_bridge_errors_total" and dict(labels)["server"] == "f"
+        }
+        assert errors == {"-32602": 1, "-32601": 1, "-32000": 1}, errors
         # Rejections by reason.
         assert m.count("mcp_bridge_rejections_total", reason="origin") == 1
         assert m.count("mcp_bridge_rejections_total", reason="host") == 1
@@ -392,6 +400,11 @@ async def test_console_log_format(tmp_path: Path) -> None:
                     break
         port = int(re.search(r"\bport=(\d+)", lines[-1]).group(1))  # type: ignore[union-attr]
         assert (await http_get(f"http://127.0.0.1:{port}/healthz"))[0] == 200
+        # aiohttp's own records come out in the same format: a malformed request is one line.
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /healthz HTTP/9.Z\r\nHost: 127.0.0.1\r\n\r\n")
+        assert (await asyncio.wait_for(reader.read(), 10)).startswith(b"HTTP/1.0 400")
+        writer.close()
         proc.send_signal(signal.SIGTERM)
         async with asyncio.timeout(20):
             _, rest = await proc.communicate()
@@ -409,6 +422,8 @@ async def test_console_log_format(tmp_path: Path) -> None:
     assert any(re.search(r"\binfo\b.*\blistening\b.*\bport=\d+", line) for line in text), text
     assert any("server_started" in line and "pid=" in line for line in text), text
     assert any("stopped" in line for line in text), text
+    assert any(re.search(r"\bwarning\b.*\bbad_request\b.*\breason=", line) for line in text), text
+    assert not any("Traceback" in line or "Error handling request" in line for line in text), text
 
 
 # ------------------------------------------------------------------------- health
@@ -428,7 +443,11 @@ async def test_ready_when_every_server_can_serve(bridge: Any) -> None:
 async def test_readyz_names_crash_looping_server(bridge: Any) -> None:
     config = {"servers": {"ok": faulty(), "bad": {**faulty(FAULTY_CRASH_ON_START="1"), "restart": LOOPING}}}
     async with bridge(config) as b:
-        await b.wait_for("server_crash_loop", where=lambda e: e.get("server") == "bad")
+        loop = await b.wait_for("server_crash_loop", where=lambda e: e.get("server") == "bad")
+        # What the server said last before each exit, in the events and in /status.
+        last_words = ["faulty: crashing on start as requested"]
+        assert loop["stderr_tail"] == last_words, loop
+        assert all(e["stderr_tail"] == last_words for e in b.named("server_exited") if e["server"] == "bad")
         async with RawSse(b.url("ok")) as c:  # served: `ok` is ready
             await c.initialize()
             assert text_of(await tool(c, "echo", {"text": "up"})) == "up"
@@ -446,6 +465,7 @@ async def test_readyz_names_crash_looping_server(bridge: Any) -> None:
         assert proc["state"] == "failed" and proc["pid"] is None, proc
         assert proc["restarts"] == 3 and proc["last_exit_code"] == 4, proc
         assert "crash loop" in proc["failure"], proc
+        assert proc["stderr_tail"] == last_words and proc["rss_bytes"] is None and proc["cpu_seconds"] is None, proc
         assert st["servers"]["ok"]["ready"] is True
 
 
@@ -479,6 +499,12 @@ async def test_status_shared_and_per_session(bridge: Any) -> None:
             for q in p["processes"]:
                 assert q["state"] == "running" and q["restarts"] == 0 and q["last_exit_code"] is None, q
                 assert 0 <= q["uptime_s"] < 120 and q["in_flight"] == (1 if q["pid"] == ppid1 else 0), q
+            # Each process's memory and CPU, as /proc tells the test (statm: resident pages).
+            for q in [sproc, *p["processes"]]:
+                resident = int(Path(f"/proc/{q['pid']}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+                assert 0.5 * resident <= q["rss_bytes"] <= 2 * resident, (q, resident)
+                assert isinstance(q["cpu_seconds"], float) and 0 <= q["cpu_seconds"] < 60, q
+                assert any(line.startswith("faulty: initialize ") for line in q["stderr_tail"]), q
 
             # A crash in each: restarts and last exit code show up, with the new pids.
             mark = len(b.events)

@@ -7,6 +7,7 @@ Every wait is on a log event, a message or a process exit, bounded by a timeout.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -19,6 +20,8 @@ import aiohttp
 import yaml
 from conftest import PY, ROOT, Bridge, faulty, pid_alive
 from rawclient import RawSse, call
+
+from bridge import child
 
 # Levels an operator sees at the default logging.level (info); the tests run the daemon at debug.
 LOGGED = ("info", "warning", "error", "critical")
@@ -176,12 +179,47 @@ async def test_stderr_lines_logged(bridge: Any) -> None:
         await c.initialize()
         pid = await server_pid(c)
         mark = len(b.events)
-        assert text_of(await tool(c, "noise", {"lines": 200})) == "ok"
-        await b.wait_for("server_stderr", where=lambda e: e["line"].startswith("noise 199:"), start=mark)
+        assert text_of(await tool(c, "noise", {"lines": 20})) == "ok"
+        await b.wait_for("server_stderr", where=lambda e: e["line"].startswith("noise 19:"), start=mark)
         lines = [e for e in b.events[mark:] if e.get("event") == "server_stderr" and e["line"].startswith("noise ")]
-        assert [e["line"].split(":")[0] for e in lines] == [f"noise {i}" for i in range(200)]
+        assert [e["line"].split(":")[0] for e in lines] == [f"noise {i}" for i in range(20)]
         assert all(e["server"] == "f" and e["pid"] == pid and e["level"] in LOGGED for e in lines), lines[0]
+        assert all("suppressed" not in e for e in lines), lines
         assert lines[0]["line"] == "noise 0: lorem ipsum dolor sit amet, consectetur adipiscing elit"
+
+
+async def test_stderr_flood_rate_limited_and_tail_kept(bridge: Any) -> None:
+    """A server writing stderr as fast as it can gets a burst of lines into the log, then a
+    few a second, each saying how many were left out; its last lines are kept for its exit."""
+    flood = 5000
+    config = {"servers": {"f": {**faulty(), "restart": FAST_RESTART}}}
+    async with bridge(config) as b, RawSse(b.url("f")) as c:
+        await c.initialize()
+        pid = await server_pid(c)
+        mark = len(b.events)
+        assert text_of(await tool(c, "noise", {"lines": flood})) == "ok"
+        # One more line at a time, until the log takes one again (it says how many it left out).
+        for probe in range(1, 11):
+            probe_mark = len(b.events)
+            assert text_of(await tool(c, "noise", {"lines": 1}, request_id=f"p{probe}")) == "ok"
+            with contextlib.suppress(TimeoutError):
+                await b.wait_for("server_stderr", where=lambda e: "suppressed" in e, start=probe_mark, timeout=0.5)
+                break
+        else:
+            raise AssertionError("no server_stderr event with `suppressed` after the flood")
+        assert (await tool(c, "crash", request_id=2))["error"]["code"] == -32000
+        exited = await b.wait_for("server_exited", where=lambda e: e["pid"] == pid, start=mark)
+        logged = [e for e in b.events[mark:] if e.get("event") == "server_stderr" and e["pid"] == pid]
+        assert len(logged) <= child.STDERR_BURST + 10 * child.STDERR_RATE, len(logged)  # the test takes < 10 s
+        # A burst in order from the first line (less what the server's start took from it), then
+        # lines each saying how many came before it unlogged; every line either logged or counted.
+        burst = next(i for i, e in enumerate(logged) if "suppressed" in e)
+        assert burst >= child.STDERR_BURST - 10, burst
+        assert [e["line"].split(":")[0] for e in logged[:burst]] == [f"noise {i}" for i in range(burst)]
+        assert len(logged) + sum(e.get("suppressed", 0) for e in logged) + exited["stderr_suppressed"] == flood + probe
+        noise = "lorem ipsum dolor sit amet, consectetur adipiscing elit"
+        assert exited["stderr_tail"] == [f"noise {i}: {noise}" for i in range(flood - 20 + probe, flood)] + [f"noise 0: {noise}"] * probe
+        assert exited["exit_code"] == 3
 
 
 async def test_garbage_on_stdout_skipped(bridge: Any) -> None:
