@@ -27,6 +27,7 @@ import anyio
 import mcp_types as types
 from mcp import ClientSession
 from mcp.client.sse import sse_client
+from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.message import SessionMessage
 
 PY = sys.executable
@@ -206,8 +207,10 @@ async def connect(
     roots: list[str] | None = None,
     read_timeout: float | None = 30.0,
     initialize: bool = True,
+    streamable: bool = False,
 ) -> AsyncIterator[Client]:
-    """An initialized SDK client session over HTTP+SSE.
+    """An initialized SDK client session over HTTP+SSE, or with `streamable` over Streamable HTTP
+    (`url` is then the server's `/mcp` endpoint).
 
     `sampling(client, params)` returns (or awaits) the text of the assistant's answer;
     when given, the session declares the sampling capability. `roots` makes
@@ -237,7 +240,8 @@ async def connect(
         if holder:
             holder[0].logs.append(params)
 
-    async with sse_client(url, timeout=10.0) as (read, write):
+    transport = streamable_http_client(url) if streamable else sse_client(url, timeout=10.0)
+    async with transport as (read, write):
         async with ClientSession(
             _RecordingReader(read, wire),  # type: ignore[arg-type]
             _RecordingWriter(write, wire),  # type: ignore[arg-type]
