@@ -85,6 +85,8 @@ K = TypeVar("K")
 V = TypeVar("V")
 # Late replies to cancelled calls are expected; remember this many to drop them quietly.
 _CANCELLED_MEMORY = 4096
+# Task notices kept for a result still to come (see `_task_status`).
+_EARLY_NOTES = 256
 # Requests that cannot make the server ask the client anything: never held back.
 _INERT = frozenset(
     {"ping", "tools/list", "prompts/list", "resources/list", "resources/templates/list", "logging/setLevel",
@@ -329,6 +331,9 @@ class Mux:
         # How the server answers a request for a tool, prompt or resource it does not have,
         # learned by asking (see `_hidden`): kind -> the answer, with the probe's name in it.
         self._unknown: dict[str, bytes] = {}
+        # Task status notices that came before the result naming their task's owner.
+        self._early_notes: OrderedDict[str, list[Message]] = OrderedDict()
+        self._early_count = 0
 
     # ----------------------------------------------------------------- sessions
 
@@ -369,6 +374,7 @@ class Mux:
             out += self._sync_level()
         if not any(p.principal == peer.principal for p in self._peers.values()):
             self._held.forget(peer.principal)
+        self._forget_early_notes()
         return self._settle(out)
 
     def sessions(self) -> list[str]:
@@ -391,6 +397,7 @@ class Mux:
             "subscriptions": len(self._subscribers),
             "tasks": len(self._task_owner) + len(self._client_task_owner),
             "elicitations": len(self._elicitation_owner),
+            "early_task_notes": self._early_count,
             "queued_calls": sum(1 for m in self._backlog if "method" in m and "id" in m) + len(self._held),
         }
 
@@ -803,12 +810,17 @@ class Mux:
         return []
 
     def _after_task_call(self, peer: Peer, call: Call, msg: Message) -> list[Action]:
+        out: list[Action] = []
         if call.task and "result" in msg:
             task_id = _task_id(msg["result"])
             if task_id is not None:
                 peer.tasks.add(task_id)
                 self._task_owner[task_id] = peer.id
-        return []
+                early = self._early_notes.pop(task_id, [])
+                self._early_count -= len(early)
+                out = [ToSession(peer.id, note) for note in early]
+        self._forget_early_notes()
+        return out
 
     def _after_task_list(self, peer: Peer, call: Call, msg: Message) -> list[Action]:
         result = msg.get("result")
@@ -987,7 +999,28 @@ class Mux:
         return self._unowned_notification(msg, len(LOG_LEVELS) if level is None else level)  # unknown: shown to all
 
     def _task_status(self, msg: Message) -> list[Action]:
-        return self._owned_notification(msg, _lookup(self._task_owner, _text(msg, "taskId")))
+        task_id = _text(msg, "taskId")
+        owner = _lookup(self._task_owner, task_id)
+        if owner is None and task_id is not None and self._owner_of(msg) is None and self._task_call_in_flight():
+            # Servers may report a task before the result that creates it (and tells us whose
+            # it is) reaches us: keep it for that result, within a bound.
+            self._early_notes.setdefault(task_id, []).append(msg)
+            self._early_count += 1
+            if self._early_count > _EARLY_NOTES:
+                _, dropped = self._early_notes.popitem(last=False)
+                self._early_count -= len(dropped)
+                return [Discard("task status with no owner", {"dropped": len(dropped)}, log=False)]
+            return []
+        return self._owned_notification(msg, owner)
+
+    def _task_call_in_flight(self) -> bool:
+        return any(c.task and c.sent for c in self._calls.values())
+
+    def _forget_early_notes(self) -> None:
+        """Once no call that may create a task is in flight, no result will claim them."""
+        if self._early_count and not self._task_call_in_flight():
+            self._early_notes.clear()
+            self._early_count = 0
 
     def _elicitation_complete(self, msg: Message) -> list[Action]:
         return self._owned_notification(msg, _lookup(self._elicitation_owner, _text(msg, "elicitationId")))
@@ -996,8 +1029,8 @@ class Mux:
         if owner is None:
             owner_peer = self._owner_of(msg)
             owner = owner_peer.id if owner_peer is not None else None
-        if owner is None:
-            return [Discard(f"{msg['method']} for nothing a session owns", {})]
+        if owner is None:  # routine: its session has left
+            return [Discard(f"{msg['method']} for nothing a session owns", {}, log=False)]
         return [ToSession(owner, msg)]
 
     # ----------------------------------------------------------- process events
@@ -1032,6 +1065,7 @@ class Mux:
             out.append(ToSession(req.session, _cancelled(req.downstream_id, reason), req.related))
         if self.state is not State.FAILED:
             self.state = State.DOWN
+        self._forget_early_notes()
         return self._settle(out)
 
     def server_failed(self, reason: str) -> list[Action]:

@@ -256,12 +256,7 @@ async def test_task_status(daemon: Bridge, session: Opener) -> None:
         assert status["params"]["status"] == "working", status
 
 
-@pytest.mark.parametrize("transport", ["sse"])  # the mux drops it, whatever the transport
-@pytest.mark.xfail(
-    strict=True,
-    reason="bridge defect: the server sends the task's first status before the CreateTaskResult "
-    "that tells the bridge who owns the task, and the bridge drops it (message_dropped)",
-)
+@pytest.mark.parametrize("transport", ["sse"])  # the mux's rule, whatever the transport
 async def test_task_status_sent_before_the_task_result(daemon: Bridge, session: Opener) -> None:
     async with session("A") as a:
         status, dropped = await _first_task_status(daemon, a)

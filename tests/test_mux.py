@@ -838,3 +838,28 @@ def test_held_calls_take_turns_by_principal() -> None:
         clock.now += 0.25
         order += [m["params"]["who"] for m in to_server(mux.timer())]
     assert order == ["b1-1", "a1-2", "a1-3", "a1-4"]
+
+
+def test_a_task_status_before_the_result_that_creates_the_task_reaches_its_owner() -> None:
+    """server-everything reports a task's first status before the CreateTaskResult that
+    tells the bridge whose task it is."""
+    mux = ready_mux("a", "b")
+    (fwd,) = to_server(mux.from_client("a", req(1, "tools/call", name="research", task={"ttl": 1000})))
+    mux.from_client("b", req(1, "tools/call", name="other"))
+    status = note("notifications/tasks/status", taskId="t-1", status="working")
+    assert mux.from_server(status) == []  # kept for the result
+    actions = mux.from_server(jsonrpc.result(fwd["id"], {"task": {"taskId": "t-1", "status": "working"}}))
+    assert to_session(actions, "a") == [status, jsonrpc.result(1, {"task": {"taskId": "t-1", "status": "working"}})]
+    assert to_session(actions, "b") == []
+    assert mux.table_sizes()["early_task_notes"] == 0
+
+
+def test_task_statuses_nobody_can_claim_are_dropped() -> None:
+    mux = ready_mux("a")
+    (dropped,) = mux.from_server(note("notifications/tasks/status", taskId="t-9", status="working"))
+    assert isinstance(dropped, Discard) and not dropped.log  # no task call in flight: nobody's
+    (fwd,) = to_server(mux.from_client("a", req(1, "tools/call", task={})))
+    mux.from_server(note("notifications/tasks/status", taskId="t-9", status="working"))
+    assert mux.table_sizes()["early_task_notes"] == 1
+    mux.from_server(jsonrpc.error(fwd["id"], -32602, "no"))  # the call made no task
+    assert mux.table_sizes()["early_task_notes"] == 0
