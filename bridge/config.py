@@ -62,28 +62,29 @@ def _parse(value: Any, pattern: re.Pattern[str], units: Mapping[str | None, floa
 
 
 class Struct(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    pass
+    """Every config struct: frozen, unknown keys refused. (Each subclass repeats
+    `frozen=True`, which msgspec inherits anyway, for type checkers.)"""
 
 
-class TLS(Struct):
+class TLS(Struct, frozen=True):
     cert: str
     key: str
 
 
-class Listen(Struct):
+class Listen(Struct, frozen=True):
     host: str = "127.0.0.1"
     port: Port = 8080
     tls: TLS | None = None
 
 
-class Filter(Struct):
+class Filter(Struct, frozen=True):
     """Names (or uris) by exact value or glob (`*`, `?`): deny wins over allow; no allow list allows all."""
 
     allow: tuple[str, ...] | None = None
     deny: tuple[str, ...] = ()
 
 
-class Token(Struct):
+class Token(Struct, frozen=True):
     name: str
     token: str | None = None  # with token_file: the file's content, filled in by parse
     sha256: str | None = None
@@ -95,14 +96,14 @@ class Token(Struct):
     resources: dict[str, Filter] = {}
 
 
-class Security(Struct):
+class Security(Struct, frozen=True):
     tokens: tuple[Token, ...] = ()
     allowed_origins: tuple[str, ...] = ()
     allowed_hosts: tuple[str, ...] = ()
     allow_unauthenticated: bool = False
 
 
-class Limits(Struct):
+class Limits(Struct, frozen=True):
     max_message_bytes: Size = Size(4 * 1024 * 1024)
     max_sessions: PositiveInt = 1000
     max_inflight: PositiveInt = 256
@@ -121,32 +122,32 @@ class Limits(Struct):
         return self.server_input_buffer if self.server_input_buffer is not None else 16 * self.max_message_bytes
 
 
-class SSE(Struct):
+class SSE(Struct, frozen=True):
     keepalive: Duration = Duration(15)
 
 
-class Streamable(Struct):
+class Streamable(Struct, frozen=True):
     resume_buffer: Size = Size(1024 * 1024)
 
 
-class Metrics(Struct):
+class Metrics(Struct, frozen=True):
     enabled: bool = True
     path: str = "/metrics"
 
 
-class Logging(Struct):
+class Logging(Struct, frozen=True):
     format: Literal["json", "console"] = "json"
     level: LogLevel = "info"
 
 
-class Restart(Struct):
+class Restart(Struct, frozen=True):
     backoff_initial: Duration = Duration(0.5)
     backoff_max: Duration = Duration(30)
     max_restarts: PositiveInt = 5
     window: Duration = Duration(60)
 
 
-class Server(Struct):
+class Server(Struct, frozen=True):
     command: str
     args: tuple[str, ...] = ()
     env: dict[str, str] = {}
@@ -164,7 +165,7 @@ class Server(Struct):
     resources: Filter = Filter()  # by uri
 
 
-class Config(Struct):
+class Config(Struct, frozen=True):
     servers: dict[str, Server]
     listen: Listen = Listen()
     security: Security = Security()

@@ -111,7 +111,7 @@ def sniff_id(head: bytes, tail: bytes) -> RequestId | None:
 
 
 def _safe_id(rid: object) -> RequestId | None:
-    return rid if is_id(rid) else None  # type: ignore[return-value]
+    return rid if is_id(rid) else None
 
 
 def error(request_id: RequestId | None, code: int, message: str, data: Any = None) -> Message:

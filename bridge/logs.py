@@ -96,7 +96,8 @@ def _json(event: dict[str, Any], **_: Any) -> str:
 
 
 def get(name: str = "bridge", **bound: Any) -> structlog.typing.FilteringBoundLogger:
-    return structlog.get_logger(name, **bound)
+    logger: structlog.typing.FilteringBoundLogger = structlog.get_logger(name, **bound)
+    return logger
 
 
 class Throttle:

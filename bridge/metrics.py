@@ -51,8 +51,8 @@ ERROR_CODES = frozenset(
 
 
 def method_label(method: object) -> str:
-    if method.__class__ is str and (method in KNOWN_METHODS or method == "response"):
-        return method  # type: ignore[return-value]
+    if isinstance(method, str) and (method in KNOWN_METHODS or method == "response"):
+        return method
     return "other"
 
 
@@ -97,7 +97,8 @@ class Latency:
         self.total += seconds
 
     def cumulative(self) -> list[tuple[str, float]]:
-        running, out = 0, []
+        running = 0
+        out: list[tuple[str, float]] = []
         for bound, n in zip((*map(str, LATENCY_BUCKETS), "+Inf"), self.buckets, strict=True):
             running += n
             out.append((bound, running))

@@ -97,7 +97,7 @@ servers:
         "limits.max_message_bytes: expected a size",
         "logging.level: expected one of",
         "servers.time.args[1]: expected `str`, got `int`",
-        "servers.time.mode: expected one of 'shared', 'per-session', got 'shard'",
+        "servers.time.mode: expected one of 'shared', 'per-principal', 'per-session', got 'shard'",
         "servers.time.restart.window: expected a duration (like 30s, 5m), got 'soon'",
         "servers.time.shutdown_timeout: expected a duration",
         "servers.other.command: required key is missing",
