@@ -1,6 +1,7 @@
 """How the daemon's process is tuned: open files, the allocator, garbage collection.
 
-Each rule here was measured; the numbers are in bench/ and DESIGN.md.
+Each rule here was measured; the numbers, and the commands that give them, are in
+docs/design.md ("Process tuning").
 """
 
 from __future__ import annotations
