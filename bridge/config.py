@@ -84,12 +84,21 @@ class Filter(Struct, frozen=True):
     deny: tuple[str, ...] = ()
 
 
+class RateLimit(Struct, frozen=True):
+    """Calls of one principal, across all servers: a token bucket and a cap on calls in flight."""
+
+    per_second: Annotated[float, msgspec.Meta(gt=0)] | None = None  # refill rate; None: no rate limit
+    burst: PositiveInt | None = None  # bucket size; None: max(1, per_second)
+    in_flight: PositiveInt | None = None  # None: no cap
+
+
 class Token(Struct, frozen=True):
     name: str
     token: str | None = None  # with token_file: the file's content, filled in by parse
     sha256: str | None = None
     token_file: str | None = None
     servers: tuple[str, ...] = ("*",)
+    rate_limit: RateLimit | None = None  # None: limits.per_principal
     # Per server name: narrows what the server's own filters let through, for this token.
     tools: dict[str, Filter] = {}
     prompts: dict[str, Filter] = {}
@@ -114,6 +123,7 @@ class Limits(Struct, frozen=True):
     initialize_timeout: Duration = Duration(30)
     keepalive_timeout: Duration = Duration(75)  # an idle client connection is closed after this
     max_subscriptions: PositiveInt = 1000  # per session
+    per_principal: RateLimit = RateLimit()  # for every principal whose token sets none
     server_backlog: PositiveInt = 1024  # messages waiting for a (re)starting server
     server_input_buffer: Size | None = None  # bytes written to a server that it has not read; None: 16 x max_message_bytes
     server_input_stall: Duration = Duration(30)  # a server whose input stays over half the bound this long is restarted

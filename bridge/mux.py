@@ -67,7 +67,7 @@ from __future__ import annotations
 import enum
 import itertools
 import time
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, TypeVar
@@ -297,6 +297,7 @@ class Mux:
         attribution_window: float = 0.0,
         client_info: tuple[str, str] = ("mcp-bridge", "0"),
         clock: Callable[[], float] = time.monotonic,
+        in_flight: Counter[str | None] | None = None,
     ) -> None:
         self.shared = shared
         self.roots = None if roots is None else tuple(roots)
@@ -308,6 +309,8 @@ class Mux:
         self.init_result: dict[str, Any] | None = None
         self._client_info = client_info
         self._clock = clock
+        # Client calls in flight by principal, shared by every mux of the daemon (rate limits).
+        self._in_flight: Counter[str | None] = Counter() if in_flight is None else in_flight
         self._ids = itertools.count(1)
         self._seq = itertools.count(1)
         self._peers: dict[str, Peer] = {}
@@ -467,6 +470,7 @@ class Mux:
             call.task = params.get("task").__class__ is dict if task is None else task
         peer.calls[client_id] = call
         self._calls[upstream_id] = call
+        self._in_flight[peer.principal] += 1
         msg["id"] = upstream_id
         if self.attribution_window and peer.can_answer and call.method not in _INERT:
             if self._holder_active():
@@ -1176,11 +1180,15 @@ class Mux:
             peer.subscriptions.discard(uri)
 
     def _forget_call(self, call: Call) -> None:
-        self._calls.pop(call.upstream_id, None)
-        if call.session is not None and call.client_id is not None:
-            peer = self._peers.get(call.session)
-            if peer is not None:
-                peer.calls.pop(call.client_id, None)
+        if self._calls.pop(call.upstream_id, None) is None or call.session is None or call.client_id is None:
+            return
+        in_flight = self._in_flight
+        in_flight[call.principal] -= 1
+        if not in_flight[call.principal]:
+            del in_flight[call.principal]
+        peer = self._peers.get(call.session)
+        if peer is not None:
+            peer.calls.pop(call.client_id, None)
 
     def _forget_server_request(self, req: ServerRequest) -> None:
         self._server_requests.pop(req.downstream_id, None)

@@ -1,4 +1,4 @@
-"""What a principal may see of a server: tool, prompt and resource filters.
+"""What a principal may see and do: tool, prompt and resource filters; rate limits.
 
 Pure and cheap: a `View` is built once per (server, principal) from the config
 and asked by the mux for every name it lists or is asked to call. Each filter
@@ -9,9 +9,13 @@ applies (the server's own, then the principal's token's) lets it through.
 from __future__ import annotations
 
 import fnmatch
+import math
 import re
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
+
+import token_bucket
 
 from .config import Config, Filter, Server
 
@@ -77,3 +81,45 @@ def _view(server: Server, narrowing: tuple[dict[str, Filter], ...] | None, serve
     if not any(rules.values()):
         return None
     return View(**rules)
+
+
+ANONYMOUS = "\0"  # the bucket key of the one principal there is when no tokens are configured
+
+
+@dataclass(frozen=True, slots=True)
+class Throttled:
+    """Why a principal's calls were refused, and when to try again."""
+
+    limit: str  # "rate" or "in_flight": the metric's label
+    retry_after: int  # whole seconds, as Retry-After says it
+    reason: str
+
+
+class RateLimiter:
+    """Per-principal limits on calls across all servers: a token bucket (`per_second`,
+    `burst`; the maths is token-bucket's) and a cap on calls in flight, counted by the
+    muxes in the shared `in_flight` counter."""
+
+    def __init__(self, config: Config, in_flight: Counter[str | None]) -> None:
+        self._in_flight = in_flight
+        self._default = config.limits.per_principal
+        self._rules = {t.name: t.rate_limit for t in config.security.tokens if t.rate_limit is not None}
+        self._storage = token_bucket.MemoryStorage()
+        self._buckets: dict[str | None, token_bucket.Limiter | None] = {}
+
+    def admit(self, principal: str | None, calls: int) -> Throttled | None:
+        """Take `calls` new calls of `principal`, or say why not (then nothing is taken)."""
+        rule = self._rules.get(principal, self._default) if principal is not None else self._default
+        if rule.in_flight is not None and self._in_flight[principal] + calls > rule.in_flight:
+            return Throttled("in_flight", 1, f"too many calls in flight for this principal (limit {rule.in_flight})")
+        if rule.per_second is None:
+            return None
+        bucket = self._buckets.get(principal)
+        if bucket is None:
+            burst = rule.burst or max(1, int(rule.per_second))
+            bucket = self._buckets[principal] = token_bucket.Limiter(rule.per_second, burst, self._storage)
+        key = principal or ANONYMOUS
+        if bucket.consume(key, calls):
+            return None
+        missing = calls - self._storage.get_token_count(key)
+        return Throttled("rate", max(1, math.ceil(missing / rule.per_second)), f"over this principal's rate of {rule.per_second:g} calls a second")

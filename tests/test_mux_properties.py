@@ -20,7 +20,7 @@ exactly one response, and once all sessions close every mux table is empty.
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from typing import Any
 
 from hypothesis import HealthCheck, settings
@@ -58,7 +58,8 @@ class MuxMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.now = 0.0
-        self.mux = Mux(shared=self.shared, clock=lambda: self.now, max_inflight=50, attribution_window=1.0)
+        self.in_flight: Counter[str | None] = Counter()
+        self.mux = Mux(shared=self.shared, clock=lambda: self.now, max_inflight=50, attribution_window=1.0, in_flight=self.in_flight)
         self.clients: dict[str, Client] = {}
         self.closed: set[str] = set()
         self.server_pending: dict[int, dict[str, Any]] = {}  # upstream id -> tools/call message
@@ -349,6 +350,14 @@ class MuxMachine(RuleBasedStateMachine):
         self.run(self.mux.timer())  # held calls go once the window of the one before ends
 
     # ----------------------------------------------------------- invariants
+
+    @invariant()
+    def calls_in_flight_are_counted_by_principal(self) -> None:
+        """The count rate limits read (shared by every mux) matches the calls the mux holds."""
+        held: Counter[str | None] = Counter()
+        for sid, client in self.clients.items():
+            held[client.principal] += self.mux.inflight(sid)
+        assert +held == +self.in_flight, (held, self.in_flight)
 
     @invariant()
     def tables_match_clients(self) -> None:
