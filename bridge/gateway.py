@@ -13,6 +13,7 @@ import os
 import shutil
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -55,6 +56,7 @@ class Upstream:
             max_subscriptions=limits.max_subscriptions,
             attribution_window=cfg.attribution_window,
             client_info=("mcp-bridge", __version__),
+            in_flight=gateway.in_flight,
         )
         self._timer: asyncio.TimerHandle | None = None
         self._stall: asyncio.TimerHandle | None = None  # armed while the server's input is backed up
@@ -182,12 +184,21 @@ class Upstream:
 
 
 class Gateway:
-    def __init__(self, name: str, server: Server, limits: Limits, metrics: ServerMetrics, keepalive: float) -> None:
+    def __init__(
+        self,
+        name: str,
+        server: Server,
+        limits: Limits,
+        metrics: ServerMetrics,
+        keepalive: float,
+        in_flight: Counter[str | None] | None = None,
+    ) -> None:
         self.name = name
         self.metrics = metrics
         self.keepalive = keepalive
         self.server = server
         self.limits = limits
+        self.in_flight: Counter[str | None] = Counter() if in_flight is None else in_flight  # by principal, daemon-wide
         self.max_sessions = server.max_sessions or limits.max_sessions
         self.sessions: dict[str, Session] = {}
         self.log = logs.get(server=name)
