@@ -218,7 +218,18 @@ class Connections:
         self.live: set[Connection] = set()
         self.accepted = 0
 
-    def close_all(self) -> None:
+    def stop_taking(self) -> None:
+        """Take no more requests, as aiohttp's pre-shutdown does: a connection between requests
+        closes now; one answering on a stream closes once that answer has ended, so that the
+        stream's last events (the errors a stopping gateway gives) and its end still go out."""
+        for connection in list(self.live):
+            connection.stop_taking()
+
+    async def wait_closed(self, timeout: float) -> None:
+        """Wait up to `timeout` seconds for the answers under way to end, then close what is left."""
+        busy = [task for connection in self.live if (task := connection.busy) is not None]
+        if busy:
+            await asyncio.wait(busy, timeout=timeout)
         for connection in list(self.live):
             connection.close()
 
@@ -245,6 +256,7 @@ class Connection(asyncio.Protocol):
         self._drained: asyncio.Future[None] | None = None
         self._busy: asyncio.Task[None] | None = None  # answering a Streamable POST; later requests wait
         self._lingering = 0  # bytes still to drop after refusing a body unread
+        self._stopping = False  # shutting down: close once the answer under way has ended
 
     # asyncio.Protocol
 
@@ -443,6 +455,9 @@ class Connection(asyncio.Protocol):
         self._last_active = time.monotonic()
         if self._transport is None:
             return
+        if self._stopping:
+            self.close()
+            return
         if not self._write_paused:
             self._transport.resume_reading()
         if self._pending:
@@ -539,6 +554,15 @@ class Connection(asyncio.Protocol):
             self._detach()
         else:
             self._idle = asyncio.get_running_loop().call_later(self._idle_timeout - idle, self._check_idle)
+
+    @property
+    def busy(self) -> asyncio.Task[None] | None:
+        return self._busy
+
+    def stop_taking(self) -> None:
+        self._stopping = True
+        if self._busy is None:
+            self.close()
 
     def close(self) -> None:
         if self._transport is not None:
