@@ -523,3 +523,21 @@ async def test_a_streamed_answer_to_connection_close_says_so_once_and_closes(dae
             head = (await wire.reader.readuntil(b"\r\n\r\n")).decode().lower()
         assert head.count("\r\nconnection:") == 1 and "\r\nconnection: close\r\n" in head, head
         assert b'"t1"' in await asyncio.wait_for(wire.reader.read(), 10)  # the stream, then the close
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"GET /healthz HTTP/1.1\nHost: 127.0.0.1\n\n",
+        b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\n\n",
+        b"POST /servers/demo/messages?session_id=x HTTP/1.1\nHost: 127.0.0.1\nContent-Length: 2\n\n{}",
+        b"POST /servers/demo/mcp HTTP/1.1\r\nHost: 127.0.0.1\nContent-Length: 2\r\n\r\n{}",
+    ],
+)
+async def test_a_head_with_bare_lf_is_answered_at_once(daemon: Bridge, head: bytes) -> None:
+    """Such a head never has the CRLF CRLF the fast path waits for: aiohttp refuses it with a 400
+    at once, rather than the idle timeout (75 s) closing the connection."""
+    async for wire in _wire(daemon):
+        await wire.send(head)
+        status, _, body = await wire.response()  # within the 10 s Wire allows
+        assert status == 400, body

@@ -320,7 +320,9 @@ class Connection(asyncio.Protocol):
                 return
             end = data.find(b"\r\n\r\n", pos)
             if end < 0:
-                if len(data) - pos > MAX_HEAD:
+                # A bare LF can never end this head: aiohttp answers it now, rather than the
+                # idle timeout later (a head with an end is checked whole by parse_head).
+                if len(data) - pos > MAX_HEAD or data.count(b"\n", pos) != data.count(b"\r\n", pos):
                     self._hand_off(data[pos:])
                 else:
                     self._pending = data[pos:]
