@@ -8,12 +8,12 @@ import time
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from . import logs, security
+from . import logs
 from .config import Config
 from .gateway import Gateway
 from .metrics import Metrics
 from .security import Guard
-from .transports import sse, streamable
+from .transports import http, sse, streamable
 from .transports.common import GATEWAYS, LIVE, METRICS, Live
 
 DRAIN_POLL_S = 0.05
@@ -23,9 +23,10 @@ def create_app(config: Config) -> web.Application:
     gateways: dict[str, Gateway] = {}
     metrics = Metrics(gateways.values)
     # Bodies are read and limited by the transports (limits.max_message_bytes, reloadable).
-    app = web.Application(middlewares=[security.middleware(metrics.rejected)])
-    app.on_response_prepare.append(security.add_cors_headers)
-    app[LIVE] = Live(config, Guard(config))
+    live = Live(config, Guard(config))
+    app = web.Application(middlewares=[http.middleware(lambda: live.guard, metrics.rejected)])
+    app.on_response_prepare.append(http.cors_hook(lambda: live.guard))
+    app[LIVE] = live
     app[METRICS] = metrics
     app[GATEWAYS] = gateways
     for name, server in config.servers.items():

@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 from rawclient import RawSse, call
 
 from bridge.transports.fastpath import parse_head
+from bridge.transports.http import quality
 
 SID = "0123456789abcdef0123456789abcdef"
 GOOD_HEAD = (
@@ -541,3 +542,66 @@ async def test_a_head_with_bare_lf_is_answered_at_once(daemon: Bridge, head: byt
         await wire.send(head)
         status, _, body = await wire.response()  # within the 10 s Wire allows
         assert status == 400, body
+
+
+@pytest.mark.parametrize(
+    ("accept", "sse", "json"),
+    [
+        ("application/json, text/event-stream", 1.0, 1.0),
+        ("text/event-stream;q=0, application/json", 0.0, 1.0),
+        ("Text/Event-Stream ; Q=0.5", 0.5, 0.0),
+        ("*/*", 1.0, 1.0),
+        ("text/*", 1.0, 0.0),
+        ("*/*;q=0.1, text/event-stream;q=0", 0.0, 0.1),  # the most specific range decides
+        ("text/*;q=0, text/event-stream", 1.0, 0.0),
+        ("application/jsonx, text/event-streams", 0.0, 0.0),  # not a substring match
+        ("text/event-stream;q=x, application/json;q=2", 0.0, 0.0),  # not a weight: refused
+        ("", 0.0, 0.0),
+    ],
+)
+def test_accept_media_ranges(accept: str, sse: float, json: float) -> None:
+    assert (quality(accept, "text/event-stream"), quality(accept, "application/json")) == (sse, json)
+
+
+@pytest.mark.parametrize(
+    ("accept", "answer"),
+    [
+        ("application/json, text/event-stream", "text/event-stream"),
+        ("application/json, text/event-stream;q=0", "application/json"),
+        ("application/json;q=0.5, text/event-stream;q=0.9", "text/event-stream"),
+        ("application/json, text/event-stream;q=0.5", "application/json"),
+        ("*/*", "text/event-stream"),
+        ("text/*, application/json;q=0", "text/event-stream"),
+        ("text/html", 406),
+        ("application/json;q=0, text/event-stream;q=0", 406),
+        ("application/jsonl, text/event-streamer", 406),
+    ],
+)
+async def test_accept_decides_a_posts_answer_the_same_on_both_paths(daemon: Bridge, accept: str, answer: str | int) -> None:
+    async for wire in _wire(daemon):
+        sid = f"Mcp-Session-Id: {await _mcp_session(wire)}"
+        got = []
+        for n, chunked in ((1, False), (2, True)):  # the fast path, then aiohttp
+            body = echo(n)
+            if chunked:
+                await wire.send(mcp_post(b"", sid, "Transfer-Encoding: chunked", accept=accept) + b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body))
+            else:
+                await wire.send(mcp_post(body, sid, accept=accept))
+            status, headers, text = await wire.response()
+            got.append((status, headers["content-type"], json.loads(text) if status != 200 else None))
+        assert got[0] == got[1], got
+        status, content_type, error = got[0]
+        if answer == 406:
+            assert status == 406 and error["error"]["message"] == "POST needs Accept: application/json or text/event-stream"
+        else:
+            assert (status, content_type) == (200, answer), got
+
+
+@pytest.mark.parametrize(("accept", "status"), [("text/event-stream;q=0", 406), ("application/json", 406), ("text/*", 200), ("*/*;q=0.1", 200)])
+async def test_accept_decides_a_get(daemon: Bridge, accept: str, status: int) -> None:
+    async for wire in _wire(daemon):
+        sid = await _mcp_session(wire)
+        await wire.send(f"GET /servers/demo/mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nMcp-Session-Id: {sid}\r\nAccept: {accept}\r\n\r\n".encode())
+        async with asyncio.timeout(10):
+            head = (await wire.reader.readuntil(b"\r\n\r\n")).decode()
+        assert head.startswith(f"HTTP/1.1 {status} "), head

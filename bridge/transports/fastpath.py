@@ -6,9 +6,10 @@ each (parser objects, Request and Response, router, middleware, a task);
 routing the message itself takes about 10 µs. This is the protocol every
 connection starts with: it serves the plain message POST of both transports
 itself (`POST .../messages` of HTTP+SSE, `POST .../mcp` of Streamable HTTP),
-with the same access checks (`security.admit`), the same handler code
-(`sse.posted_session` and `sse.take`; `streamable.answer_post`) and the same
-error bodies, and writes the response itself. A Streamable POST whose answer
+with the same HTTP layer as aiohttp's handlers (`http.check_access`, errors
+as `http.HttpError`, Streamable events to an `http.EventSink`), the same
+handler code (`sse.posted_session` and `sse.take`; `streamable.answer_post`),
+and writes the response itself. A Streamable POST whose answer
 is a stream holds the connection until the stream ends; requests that come
 meanwhile wait their turn.
 
@@ -26,18 +27,19 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from email.utils import formatdate
 from http import HTTPStatus
 from typing import Any
 
 from aiohttp import web
 
-from .. import jsonrpc, logs
+from .. import logs
 from ..gateway import Gateway
+from ..security import cors_headers
 from ..sessions import Session
-from ..security import Refusal, admit, cors_headers, refused
 from . import common, sse, streamable
+from .http import INTERNAL_ERROR, HttpError, check_access
 
 MAX_HEAD = 8190  # aiohttp's limit on one line; a longer head (of any shape) is aiohttp's to judge
 MAX_FIELDS = 100  # under aiohttp's limit of 128 headers: more are aiohttp's to judge
@@ -76,7 +78,7 @@ class Head:
         self.mcp_version: str | None = None
         self.gateway: Gateway | None = None  # these two once admitted
         self.session: Session | None = None
-        self.refusal: tuple[int, str, dict[str, str] | None] | None = None  # the answer, when refused
+        self.refusal: HttpError | None = None  # the answer, when refused
         self.session_id: str | None = None
         self.host: str | None = None
         self.origin: str | None = None
@@ -187,7 +189,7 @@ _date = _Date()
 _PHRASES = {s.value: s.phrase.encode() for s in HTTPStatus}
 
 
-def render(status: int, body: bytes, content_type: bytes, headers: dict[str, str] | None, close: bool) -> bytes:
+def render(status: int, body: bytes, content_type: bytes, headers: Mapping[str, str] | None, close: bool) -> bytes:
     """One whole response."""
     first = b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\nDate: %s\r\n" % (
         status, _PHRASES.get(status, b""), content_type, len(body), _date()
@@ -201,7 +203,7 @@ def render_stream_head(headers: dict[str, str], close: bool) -> bytes:
     return b"".join(_head(first, {**common.SSE_HEADERS, **headers}, close))
 
 
-def _head(first: bytes, headers: dict[str, str] | None, close: bool) -> list[bytes]:
+def _head(first: bytes, headers: Mapping[str, str] | None, close: bool) -> list[bytes]:
     if close:  # replaces a Connection header given, rather than adding a second one
         headers = {**(headers or {}), "Connection": "close"}
     lines = [first]
@@ -368,22 +370,25 @@ class Connection(asyncio.Protocol):
         read (and dropped), so that the connection stays usable, unless it is large: then
         the answer goes now and the connection closes. False when it closed."""
         app = self._app
-        result = admit(app[common.LIVE].guard, head.host, head.origin, head.authorization, head.server)
-        if result.__class__ is Refusal:
-            path = f"/servers/{head.server}/{'mcp' if head.mcp else 'messages'}"
-            refused(app[common.METRICS].rejected, result, path, self._remote)  # type: ignore[arg-type]
-            text = common.error_text(jsonrpc.INVALID_REQUEST, result.reason)  # type: ignore[union-attr]
-            head.refusal = (result.status, text, result.headers)  # type: ignore[union-attr]
-        else:
-            head.principal = result.name if result is not None else None  # type: ignore[union-attr]
-            try:
-                head.gateway = common.gateway_named(app[common.GATEWAYS], head.server)
-                if not head.mcp:  # Streamable looks its session up after reading the body, as aiohttp does
-                    head.session = sse.posted_session(head.gateway, head.session_id, head.principal)
-                common.check_length(head.content_length, head.gateway)
-            except web.HTTPException as exc:
-                head.refusal = (exc.status, exc.text or "", _extra(exc.headers))
-        if head.refusal is not None and (head.refusal[0] == 413 or head.content_length > DISCARD_LIMIT):
+        try:
+            head.principal = check_access(
+                app[common.LIVE].guard,
+                app[common.METRICS].rejected,
+                method="POST",
+                path=f"/servers/{head.server}/{'mcp' if head.mcp else 'messages'}",
+                server=head.server,
+                host=head.host,
+                origin=head.origin,
+                authorization=head.authorization,
+                remote=self._remote,
+            ).principal
+            head.gateway = common.gateway_named(app[common.GATEWAYS], head.server)
+            if not head.mcp:  # Streamable looks its session up after reading the body, as aiohttp does
+                head.session = sse.posted_session(head.gateway, head.session_id, head.principal)
+            common.check_length(head.content_length, head.gateway)
+        except HttpError as exc:
+            head.refusal = exc
+        if head.refusal is not None and (head.refusal.status == 413 or head.content_length > DISCARD_LIMIT):
             head.close = True
             self._answer(head, b"", linger=True)
             return False
@@ -391,8 +396,7 @@ class Connection(asyncio.Protocol):
 
     def _answer(self, head: Head, body: bytes, linger: bool = False) -> None:
         if head.refusal is not None:
-            status, text, headers = head.refusal
-            self._reply(head, status, text.encode(), _JSON, headers, linger)
+            self._reply_error(head, head.refusal, linger)
             return
         if head.mcp:
             self._start_mcp(head, body)
@@ -401,11 +405,11 @@ class Connection(asyncio.Protocol):
         assert gateway is not None and session is not None
         try:
             sse.take(gateway, session, common.decode_body(body, gateway))
-        except web.HTTPException as exc:
+        except HttpError as exc:
             self._reply_error(head, exc)
         except Exception:
             logs.get().exception("internal_error", where="message_post", server=head.server, session=session.id)
-            self._reply_error(head, None)
+            self._reply_error(head, INTERNAL_ERROR)
         else:
             self._reply(head, 202, _ACCEPTED_BODY, _TEXT, None)
 
@@ -414,7 +418,7 @@ class Connection(asyncio.Protocol):
         assert gateway is not None
         try:
             payload = common.decode_body(body, gateway)
-        except web.HTTPException as exc:
+        except HttpError as exc:
             self._reply_error(head, exc)
             return
         post = streamable.PostHead(
@@ -432,7 +436,7 @@ class Connection(asyncio.Protocol):
         reply = _Reply(self, head)
         try:
             await streamable.answer_post(post, payload, reply)
-        except web.HTTPException as exc:
+        except HttpError as exc:
             if not reply.streaming:
                 self._reply_error(head, exc)
                 return
@@ -444,7 +448,7 @@ class Connection(asyncio.Protocol):
         except Exception:
             logs.get().exception("internal_error", where="mcp_post", server=head.server, session=head.session_id)
             if not reply.streaming:
-                self._reply_error(head, None)
+                self._reply_error(head, INTERNAL_ERROR)
                 return
             self.close()
         if reply.streaming and self._transport is not None:
@@ -466,6 +470,11 @@ class Connection(asyncio.Protocol):
             data, self._pending = self._pending, b""
             self._parse(data)
 
+    @property
+    def gone(self) -> bool:
+        transport = self._transport
+        return transport is None or transport.is_closing()
+
     async def write_event(self, data: bytes) -> None:
         """One chunk of a stream; waits while the client is not reading."""
         transport = self._transport
@@ -484,15 +493,12 @@ class Connection(asyncio.Protocol):
         cors = cors_headers(self._app[common.LIVE].guard, head.origin)
         transport.write(render_stream_head({**headers, **cors} if cors else headers, head.close))
 
-    def _reply_error(self, head: Head, exc: web.HTTPException | None) -> None:
-        """The answer to a request that failed: its HTTP error, or 500 for a bug (None)."""
-        if exc is None:
-            self._reply(head, 500, common.error_text(jsonrpc.INTERNAL_ERROR, "internal error").encode(), _JSON, None)
-        else:
-            self._reply(head, exc.status, (exc.text or "").encode(), _JSON, _extra(exc.headers))
+    def _reply_error(self, head: Head, error: HttpError, linger: bool = False) -> None:
+        """The one place this path renders an HttpError (aiohttp's is `http.middleware`)."""
+        self._reply(head, error.status, error.body(), _JSON, error.headers, linger)
 
     def _reply(
-        self, head: Head, status: int, body: bytes, content_type: bytes, headers: dict[str, str] | None, linger: bool = False
+        self, head: Head, status: int, body: bytes, content_type: bytes, headers: Mapping[str, str] | None, linger: bool = False
     ) -> None:
         transport = self._transport
         if transport is None:
@@ -572,7 +578,7 @@ class Connection(asyncio.Protocol):
 
 
 class _Reply:
-    """How streamable.answer_post answers through this connection."""
+    """How streamable.answer_post answers through this connection; its stream's EventSink."""
 
     def __init__(self, connection: Connection, head: Head) -> None:
         self._connection = connection
@@ -593,12 +599,10 @@ class _Reply:
     async def write(self, data: bytes) -> None:
         await self._connection.write_event(data)
 
+    @property
+    def gone(self) -> bool:
+        return self._connection.gone
+
 
 _JSON = b"application/json"
 _TEXT = b"text/plain; charset=utf-8"
-
-
-def _extra(headers: Any) -> dict[str, str] | None:
-    """An aiohttp error's headers other than the framing ones this path writes itself."""
-    out = {k: v for k, v in (headers or {}).items() if k.lower() not in ("content-type", "content-length")}
-    return out or None

@@ -16,14 +16,14 @@ from typing import Any
 
 from aiohttp import web
 
-from ..gateway import Gateway, SessionLimitError
+from ..gateway import Gateway
 from ..jsonrpc import ProtocolError, RequestId
 from ..sessions import Session
 from . import common
+from .http import HttpError
 
 _EVENT = b"event: message\ndata: "
 _END = b"\n\n"
-RETRY_AFTER_S = "5"
 _PREFIX = re.compile(r"(/[A-Za-z0-9._~-]+)*")
 
 
@@ -121,10 +121,7 @@ class SseSession(Session):
 async def stream(request: web.Request) -> web.StreamResponse:
     gateway = common.gateway_for(request)
     session = SseSession(gateway.name, common.principal(request), gateway.limits.session_queue)
-    try:
-        gateway.open_session(session)
-    except SessionLimitError as exc:
-        common.fail(503, str(exc), headers={"Retry-After": RETRY_AFTER_S})
+    common.open_session(gateway, session)
     response = web.StreamResponse()
     reason = "client disconnected"
     try:
@@ -168,14 +165,14 @@ def posted_session(gateway: Gateway, session_id: str | None, principal: str | No
     """The session a POST names, or 404: unknown, ended, another transport's, or another token's."""
     session = gateway.session(session_id, principal)
     if session is None or session.transport != SseSession.transport:
-        common.fail(404, "unknown session")
+        raise HttpError(404, "unknown session")
     return session
 
 
 def take(gateway: Gateway, session: Session, payload: Any) -> None:
     if session.ended:  # while its body was arriving
-        common.fail(404, "unknown session")
+        raise HttpError(404, "unknown session")
     try:
         gateway.from_client(session, payload)
     except ProtocolError as exc:
-        common.fail(400, exc.message, exc.code)
+        raise HttpError(400, exc.message, exc.code) from None
