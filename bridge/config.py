@@ -86,16 +86,31 @@ class Security(Struct):
     allow_unauthenticated: bool = False
 
 
+DEFAULT_SLOW_BYTES = 16 * 1024 * 1024
+
+
 class Limits(Struct):
     max_message_bytes: Size = Size(4 * 1024 * 1024)
     max_sessions: PositiveInt = 1000
     max_inflight: PositiveInt = 256
     session_queue: PositiveInt = 1024
+    # Bytes of those messages; None: see slow_bytes.
+    session_queue_bytes: Size | None = None
     request_timeout: Duration = Duration(300)
     session_idle_timeout: Duration = Duration(1800)
     drain_timeout: Duration = Duration(10)
     initialize_timeout: Duration = Duration(30)
     keepalive_timeout: Duration = Duration(75)  # an idle client connection is closed after this
+
+    @property
+    def slow_bytes(self) -> int:
+        """Bytes queued for a session before it is dropped as too slow: session_queue_bytes,
+        by default 16 MiB or 4 of the largest messages, whichever is more. By count alone the
+        worst case is session_queue x max_message_bytes (4 GiB with the defaults) per session;
+        16 MiB still holds 1024 messages of 16 KiB, far more than calls usually return."""
+        if self.session_queue_bytes is not None:
+            return int(self.session_queue_bytes)  # a plain int: logs show Size as text
+        return max(DEFAULT_SLOW_BYTES, 4 * self.max_message_bytes)
 
 
 class SSE(Struct):
@@ -321,6 +336,8 @@ def _semantic_problems(config: Config) -> list[str]:
         for j, server_name in enumerate(token.servers):
             if server_name != "*" and server_name not in config.servers:
                 problems.append(f"{where}.servers[{j}]: no server named {server_name!r}")
+    if config.limits.slow_bytes < config.limits.max_message_bytes:
+        problems.append("limits.session_queue_bytes: smaller than limits.max_message_bytes (one message would drop a session)")
     if not config.metrics.path.startswith("/") or config.metrics.path.startswith("/servers/"):
         problems.append("metrics.path: must start with '/' and not be under /servers/")
     problems += listen_problems(config)

@@ -179,3 +179,12 @@ def test_shipped_example_config_is_valid() -> None:
 def test_configs_compare_by_value() -> None:
     assert parse(MINIMAL, environ={}) == parse(MINIMAL, environ={})
     assert msgspec.structs.replace(parse(MINIMAL, environ={}).listen, port=1) != parse(MINIMAL, environ={}).listen
+
+
+def test_slow_session_bytes_default_and_bound() -> None:
+    assert parse(MINIMAL, environ={}).limits.slow_bytes == 16 << 20
+    assert parse(MINIMAL + "limits: {max_message_bytes: 64MiB}\n", environ={}).limits.slow_bytes == 256 << 20
+    assert parse(MINIMAL + "limits: {session_queue_bytes: 32MiB}\n", environ={}).limits.slow_bytes == 32 << 20
+    assert problems(MINIMAL + "limits: {session_queue_bytes: 1MiB, max_message_bytes: 2MiB}\n") == [
+        "limits.session_queue_bytes: smaller than limits.max_message_bytes (one message would drop a session)"
+    ]

@@ -12,6 +12,7 @@ import contextlib
 import json
 import re
 import signal
+import socket
 import time
 import uuid
 from collections.abc import Callable
@@ -371,6 +372,57 @@ async def test_slow_session_logged_once(bridge: Any) -> None:
         slow = b.named("session_too_slow")
         assert [(e["server"], e["session"]) for e in slow] == [("f", c.session_id)], slow
         assert all(e["level"] in LOGGED for e in slow)
+
+
+@pytest.mark.parametrize("transport", ["sse", "streamable"])
+async def test_slow_session_by_bytes(bridge: Any, transport: str) -> None:
+    """A client that stops reading is dropped once `session_queue_bytes` of its messages are
+    waiting, long before `session_queue` of them are (an HTTP+SSE stream, and the standalone
+    stream of a Streamable session with its reader attached)."""
+    limits = {"session_queue": 1024, "session_queue_bytes": "1MiB", "max_message_bytes": "1MiB"}
+    async with bridge({"servers": {"f": faulty()}, "limits": limits}) as b:
+        loop = asyncio.get_running_loop()
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # and never read
+        sock.setblocking(False)
+        poster_reader, poster = await asyncio.open_connection("127.0.0.1", b.port)
+        try:
+            await loop.sock_connect(sock, ("127.0.0.1", b.port))
+            mark = len(b.events)
+            if transport == "sse":
+                await loop.sock_sendall(sock, raw_request("GET", "/servers/f/sse", None))
+                session = (await b.wait_for("session_opened", start=mark))["session"]
+                target, headers = f"/servers/f/messages?session_id={session}", ["Accept: application/json"]
+                for message in (INIT, INITIALIZED):
+                    poster.write(raw_request("POST", target, json.dumps(message).encode()))
+                    assert (await raw_answer(poster_reader))[0] == 202
+            else:
+                session = await _streamable_session(b.port)
+                target, headers = "/servers/f/mcp", [f"Mcp-Session-Id: {session}", "Accept: application/json"]
+                await loop.sock_sendall(sock, raw_request("GET", target, None, *headers[:1], "Accept: text/event-stream"))
+            # Each call puts 200 KiB on the stalled stream: a call's reply on HTTP+SSE, a
+            # notification (to every session) on Streamable, whose call is answered here.
+            pad = "x" * (200 * 1024)
+            notice = json.dumps({"jsonrpc": "2.0", "method": "notifications/tools/list_changed", "params": {"pad": pad}})
+            arguments = {"bytes": 200 * 1024} if transport == "sse" else {"lines": [notice]}
+            closed = None
+            for i in range(200):  # 40 MiB at most, far fewer messages than session_queue; the kernel's buffers hold a few MiB
+                body = json.dumps(tool_call("big" if transport == "sse" else "emit", arguments, i)).encode()
+                poster.write(raw_request("POST", target, body, *headers))
+                status, _, text = await raw_answer(poster_reader)
+                if status in (404, 503):  # the session is gone, or went while the call ran
+                    break
+                assert status in (200, 202), text
+                if closed := [e for e in b.events[mark:] if e.get("event") == "session_closed" and e["session"] == session]:
+                    break
+            closed = closed or [await b.wait_for("session_closed", where=lambda e: e.get("session") == session, start=mark)]
+            assert closed[0]["reason"] == "slow", closed
+            assert i < 199 or transport == "sse", f"dropped only after {i} calls"  # an SSE POST is answered before its call
+            slow = [e for e in b.named("session_too_slow") if e["session"] == session]
+            assert len(slow) == 1 and slow[0]["queue_bytes"] == 1024 * 1024, slow
+        finally:
+            sock.close()
+            poster.close()
 
 
 async def test_console_log_format(tmp_path: Path) -> None:

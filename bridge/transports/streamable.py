@@ -38,17 +38,34 @@ STANDALONE = "g"
 class Stream:
     """One SSE stream of a session: events waiting for a writer, and the requests it still owes."""
 
-    __slots__ = ("generation", "key", "owed", "pending", "ping_due", "writers", "_waiter")
+    __slots__ = ("generation", "key", "owed", "pending", "pending_bytes", "ping_due", "writers", "_waiter")
 
     def __init__(self, key: str) -> None:
         self.key = key
         # (sequence number, message, is the response to a request this stream owes)
         self.pending: deque[tuple[int, bytes, bool]] = deque()
+        self.pending_bytes = 0  # of the messages in pending
         self.owed: set[RequestId] = set()
         self.generation = 0  # bumped when a writer attaches: older writers stop
         self.writers = 0
         self.ping_due = False
         self._waiter: asyncio.Future[None] | None = None
+
+    def push(self, item: tuple[int, bytes, bool]) -> None:
+        self.pending.append(item)
+        self.pending_bytes += len(item[1])
+
+    def pop(self) -> tuple[int, bytes, bool]:
+        item = self.pending.popleft()
+        self.pending_bytes -= len(item[1])
+        return item
+
+    def take(self) -> list[tuple[int, bytes, bool]]:
+        """Every pending event, for one write."""
+        items = list(self.pending)
+        self.pending.clear()
+        self.pending_bytes = 0
+        return items
 
     def wake(self) -> None:
         if self._waiter is not None and not self._waiter.done():
@@ -67,12 +84,13 @@ class Stream:
 class StreamableSession(Session):
     transport = "streamable"
 
-    def __init__(self, server: str, owner: str | None, queue_limit: int, replay_bytes: int) -> None:
+    def __init__(self, server: str, owner: str | None, queue_limit: int, queue_bytes: int, replay_bytes: int) -> None:
         super().__init__(server, owner)
         self.protocol_version = DEFAULT_VERSION
         self.streams: dict[str, Stream] = {STANDALONE: Stream(STANDALONE)}
         self.by_request: dict[RequestId, Stream] = {}
         self._queue_limit = queue_limit
+        self._queue_bytes = queue_bytes
         self._seq = 0
         self._posts = 0
         self._replay: deque[tuple[int, str, bytes]] = deque()
@@ -93,11 +111,13 @@ class StreamableSession(Session):
                 self.streams.pop(stream.key, None)  # its POST is gone; a resume replays from the buffer
         self._seq += 1
         self._remember(self._seq, stream.key, data)
-        if len(stream.pending) >= self._queue_limit:
+        limit, byte_limit = self._queue_limit - 1, self._queue_bytes - len(data)  # room for this one
+        if len(stream.pending) > limit or stream.pending_bytes > byte_limit:
             if stream.writers:
                 return False  # a reader is attached and not keeping up
-            stream.pending.popleft()  # nobody listening: keep the newest, the rest is in the replay buffer
-        stream.pending.append((self._seq, data, response))
+            while stream.pending and (len(stream.pending) > limit or stream.pending_bytes > byte_limit):
+                stream.pop()  # nobody listening: keep the newest, the rest is in the replay buffer
+        stream.push((self._seq, data, response))
         stream.wake()
         return True
 
@@ -287,7 +307,8 @@ async def delete(request: web.Request) -> web.Response:
 
 def _open(head: PostHead) -> StreamableSession:
     gateway = head.gateway
-    session = StreamableSession(gateway.name, head.principal, gateway.limits.session_queue, head.resume_buffer)
+    limits = gateway.limits
+    session = StreamableSession(gateway.name, head.principal, limits.session_queue, limits.slow_bytes, head.resume_buffer)
     common.open_session(gateway, session)
     return session
 
@@ -347,11 +368,11 @@ async def _json_body(session: StreamableSession, stream: Stream, batch: bool) ->
     standalone = session.streams[STANDALONE]
     while True:
         while stream.pending:
-            item = stream.pending.popleft()
+            item = stream.pop()
             if item[2]:
                 responses.append(item[1])
             else:
-                standalone.pending.append(item)
+                standalone.push(item)
                 standalone.wake()
         if not stream.owed or session.ended:
             break
@@ -382,10 +403,9 @@ async def _stream_response(
                 last = seq
         while stream.generation == generation and not sink.gone:
             while stream.pending and stream.pending[0][0] <= last:
-                stream.pending.popleft()
+                stream.pop()
             if stream.pending:
-                batch = list(stream.pending)
-                stream.pending.clear()
+                batch = stream.take()
                 await sink.write(b"".join([_event(stream, seq, data) for seq, data, _ in batch]))
                 last = batch[-1][0]
             elif stream.ping_due:
