@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -20,7 +21,7 @@ import pytest
 from aiohttp.base_protocol import BaseProtocol
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.http_parser import HttpRequestParser
-from conftest import Bridge, demo
+from conftest import Bridge, demo, faulty
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from rawclient import RawSse, call
@@ -387,8 +388,8 @@ async def test_http10_stream_gets_unchunked_events(daemon: Bridge) -> None:
         assert json.loads(events[1].split("data: ", 1)[1])["result"]["content"][0]["text"] == "t1"
 
 
-def mcp_post(body: bytes, *extra: str, accept: str = "application/json, text/event-stream") -> bytes:
-    head = ["POST /servers/demo/mcp HTTP/1.1", "Host: 127.0.0.1", f"Accept: {accept}", *extra]
+def mcp_post(body: bytes, *extra: str, accept: str = "application/json, text/event-stream", server: str = "demo") -> bytes:
+    head = [f"POST /servers/{server}/mcp HTTP/1.1", "Host: 127.0.0.1", f"Accept: {accept}", *extra]
     if not any(h.lower().startswith("transfer-encoding") for h in extra):
         head.append(f"Content-Length: {len(body)}")
     return ("\r\n".join(head) + "\r\n\r\n").encode() + body
@@ -605,3 +606,38 @@ async def test_accept_decides_a_get(daemon: Bridge, accept: str, status: int) ->
         async with asyncio.timeout(10):
             head = (await wire.reader.readuntil(b"\r\n\r\n")).decode()
         assert head.startswith(f"HTTP/1.1 {status} "), head
+
+
+async def test_refusals_while_draining_are_the_same_on_both_paths(bridge: Any) -> None:
+    """While it drains, a new Streamable session is refused the same way by both paths
+    (503, Retry-After, one JSON-RPC error body); the stream of the call being drained ends."""
+    config = {"servers": {"f": faulty()}, "limits": {"drain_timeout": "3s"}}
+    init = json.dumps({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+                       "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}}).encode()  # fmt: skip
+    hang = json.dumps({"jsonrpc": "2.0", "id": "h", "method": "tools/call", "params": call("hang")}).encode()
+    async with bridge(config) as b:
+        async for wire in _wire(b):
+            await wire.send(mcp_post(init, accept="application/json", server="f"))
+            status, headers, _ = await wire.response()
+            assert status == 200
+            sid = f"Mcp-Session-Id: {headers['mcp-session-id']}"
+            mark = len(b.events)
+            async for streaming in _wire(b):
+                await streaming.send(mcp_post(hang, sid, server="f"))
+                await b.wait_for("server_stderr", where=lambda e: e.get("line", "").startswith("faulty: hang "), start=mark)
+                b.proc.send_signal(signal.SIGTERM)
+                await b.wait_for("draining", start=mark)
+                answers = []
+                for chunked in (False, True):  # the fast path, then aiohttp
+                    if chunked:
+                        request = mcp_post(b"", "Transfer-Encoding: chunked", accept="application/json", server="f")
+                        request += b"%x\r\n%s\r\n0\r\n\r\n" % (len(init), init)
+                    else:
+                        request = mcp_post(init, accept="application/json", server="f")
+                    await wire.send(request)
+                    status, headers, body = await wire.response()
+                    answers.append((status, headers.get("retry-after"), headers["content-type"], json.loads(body)))
+                assert answers[0] == answers[1], answers
+                assert answers[0][:2] == (503, "5") and "shutting down" in answers[0][3]["error"]["message"], answers
+                status, headers, body = await streaming.response(timeout=15)  # the stream ends, with its error
+                assert status == 200 and b"-32003" in body, body

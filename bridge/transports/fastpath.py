@@ -32,6 +32,7 @@ from email.utils import formatdate
 from http import HTTPStatus
 from typing import Any
 
+import httptools
 from aiohttp import web
 
 from .. import logs
@@ -48,10 +49,6 @@ LINGER_S, LINGER_BYTES = 2.0, 1 << 20  # reading on after a refusal, before clos
 _PREFIX = b"/servers/"
 _MESSAGES = b"/messages"  # HTTP+SSE
 _MCP = b"/mcp"  # Streamable HTTP
-# The header block (after the request line, each line ended by CRLF) in the one shape this path
-# takes: token names, no space before the colon, no folding, no control characters in values.
-_FIELDS = re.compile(rb"(?:[!#$%&'*+.^_`|~0-9A-Za-z-]+:[\t\x20-\x7e\x80-\xff]*\r\n)*")
-_FIELD = re.compile(rb"([^:]+):([^\r]*)\r\n")  # one field of a block _FIELDS took
 _TARGET = re.compile(rb"/[!-~]*")  # visible ASCII only: no controls, no spaces, no bare LF
 # A header here that changes how the body is framed or what is expected of the server means aiohttp.
 _HAND_OFF_FIELDS = frozenset({b"transfer-encoding", b"expect", b"upgrade"})
@@ -87,27 +84,57 @@ class Head:
         self.close = False
 
 
+class _Fields:
+    """llhttp's callbacks for one head: its target, and the watched fields it carries."""
+
+    __slots__ = ("found", "ours", "target")
+
+    def __init__(self) -> None:
+        self.target = b""
+        self.found: dict[bytes, bytes] = {}
+        self.ours = True  # False: a repeated watched field or a hand-off field
+
+    def on_url(self, url: bytes) -> None:
+        self.target += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        name = name.lower()
+        if name in _WATCHED:
+            if name in self.found or name in _HAND_OFF_FIELDS:
+                self.ours = False  # a repeat is ambiguous: aiohttp says what it means
+            self.found[name] = value.strip(b" \t")
+
+
+def read_head(head: bytes) -> tuple[bytes, dict[bytes, bytes]] | None:
+    """The target and the watched fields of a plain HTTP/1.1 POST head (without its blank
+    line), read by llhttp as aiohttp's own parser reads it, in its strict mode: token
+    names, no space before the colon, no folding, no control characters, CRLF only."""
+    if head.count(b"\n") > MAX_FIELDS:
+        return None
+    fields = _Fields()
+    parser = httptools.HttpRequestParser(fields)
+    try:
+        parser.feed_data(head)
+        parser.feed_data(b"\r\n\r\n")
+    except (httptools.HttpParserError, httptools.HttpParserUpgrade):
+        return None
+    if not fields.ours or parser.get_method() != b"POST" or parser.get_http_version() != "1.1":
+        return None
+    return fields.target, fields.found
+
+
 def parse_head(head: bytes) -> Head | None:
     """The head of a plain HTTP/1.1 `POST /servers/{name}/messages?session_id=...` or
     `POST /servers/{name}/mcp`, else None."""
-    line_end = head.find(b"\r\n")
-    request_line = head if line_end < 0 else head[:line_end]
-    parts = request_line.split(b" ")
-    if len(parts) != 3 or parts[0] != b"POST" or parts[2] != b"HTTP/1.1":
-        return None
+    read = read_head(head)
+    return None if read is None else message_head(*read)
+
+
+def message_head(target: bytes, found: dict[bytes, bytes]) -> Head | None:
+    """What this path needs of a POST with this target and these watched fields, if it is a message POST."""
     out = Head()
-    if not _target(parts[1], out):
+    if not _target(target, out):
         return None
-    fields = b"" if line_end < 0 else head[line_end + 2 :] + b"\r\n"
-    if _FIELDS.fullmatch(fields) is None or fields.count(b"\n") > MAX_FIELDS:
-        return None
-    found: dict[bytes, bytes] = {}
-    for name, value in _FIELD.findall(fields):
-        name = name.lower()
-        if name in _WATCHED:
-            if name in found or name in _HAND_OFF_FIELDS:
-                return None  # a repeat is ambiguous: aiohttp says what it means
-            found[name] = value.strip(b" \t")
     host = found.get(b"host")
     if host is None:
         return None  # HTTP/1.1 requires it (RFC 9112, 3.2)
