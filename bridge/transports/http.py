@@ -11,7 +11,7 @@ Three things, each defined once, so that the two paths cannot drift apart:
   is a CORS preflight (whose answer, `PREFLIGHT_HEADERS`, is defined here).
 - `EventSink`, what a stream writer writes events to: it waits while the
   client is not reading and knows when the client is gone. `AiohttpSink`
-  adapts aiohttp's StreamResponse; the fast path's connection is the other.
+  adapts aiohttp's StreamResponse; the fast path's `_Reply` is the other.
 
 Also the reading of `Accept` (media ranges with their q values).
 """
@@ -127,8 +127,8 @@ def middleware(guard: Callable[[], Guard], count: Callable[[str], None]) -> Midd
             return await handler(request)
         except HttpError as exc:
             return render(exc)
-        except web.HTTPException:
-            raise  # aiohttp's own answers (no route, wrong method) stay aiohttp's
+        except (web.HTTPException, ConnectionError):
+            raise  # aiohttp's own answers (no route, wrong method), and a client gone: aiohttp's
         except Exception:
             logs.get().exception("internal_error", where="handler", path=request.path, method=request.method)
             return render(INTERNAL_ERROR)
