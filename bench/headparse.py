@@ -1,12 +1,13 @@
-"""The fast path's head parser (llhttp, through httptools, as uvicorn uses) against the regex one it replaced.
+"""The fast path's regex head parser against one on llhttp (httptools, as uvicorn uses).
 
     python bench/headparse.py [--rounds N]
 
 Both parse the head of a message POST (the bytes before CRLF CRLF, which the
 fast path finds itself) into the same `fastpath.Head`: the bridge's
-(`fastpath.parse_head`: llhttp reads the request line and the fields, then
-`fastpath.message_head` takes what the fast path needs), and the regex parser
-it used before (`parse_head_regex` below, ending in the same `message_head`). Each is timed on the heads bench/load.py sends (an
+(`fastpath.parse_head`: two C regex passes read the request line and the
+fields, then `fastpath.message_head` takes what the fast path needs), and
+`parse_head_llhttp` below, where llhttp reads them, ending in the same
+`message_head`. Needs httptools (`pip install httptools`; not a dependency). Each is timed on the heads bench/load.py sends (an
 HTTP+SSE message POST; a Streamable POST with a session) and on a head with a
 token, an Origin and more headers, as a browser-based client sends.
 
@@ -25,7 +26,6 @@ cut at CRLF CRLF first and only the head is fed, to a new parser each time.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 import time
 from pathlib import Path
@@ -57,29 +57,47 @@ HEADS = {
 }
 
 
-# The parser the fast path used before llhttp: two C regex passes over the header block
-# (the shape it takes: token names, no space before the colon, no folding, no controls).
-_FIELDS = re.compile(rb"(?:[!#$%&'*+.^_`|~0-9A-Za-z-]+:[\t\x20-\x7e\x80-\xff]*\r\n)*")
-_FIELD = re.compile(rb"([^:]+):([^\r]*)\r\n")  # one field of a block _FIELDS took
+class _Fields:
+    """llhttp's callbacks for one head: its target, and the watched fields it carries."""
 
+    __slots__ = ("found", "ours", "target")
 
-def parse_head_regex(head: bytes) -> Head | None:
-    line_end = head.find(b"\r\n")
-    request_line = head if line_end < 0 else head[:line_end]
-    parts = request_line.split(b" ")
-    if len(parts) != 3 or parts[0] != b"POST" or parts[2] != b"HTTP/1.1":
-        return None
-    fields = b"" if line_end < 0 else head[line_end + 2 :] + b"\r\n"
-    if _FIELDS.fullmatch(fields) is None or fields.count(b"\n") > MAX_FIELDS:
-        return None
-    found: dict[bytes, bytes] = {}
-    for name, value in _FIELD.findall(fields):
+    def __init__(self) -> None:
+        self.target = b""
+        self.found: dict[bytes, bytes] = {}
+        self.ours = True  # False: a repeated watched field or a hand-off field
+
+    def on_url(self, url: bytes) -> None:
+        self.target += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
         name = name.lower()
         if name in _WATCHED:
-            if name in found or name in _HAND_OFF_FIELDS:
-                return None
-            found[name] = value.strip(b" \t")
-    return message_head(parts[1], found)
+            if name in self.found or name in _HAND_OFF_FIELDS:
+                self.ours = False
+            self.found[name] = value.strip(b" \t")
+
+
+def read_head_llhttp(head: bytes) -> tuple[bytes, dict[bytes, bytes]] | None:
+    """What fastpath.read_head returns, read by llhttp in its strict mode (which refuses the
+    same shapes: names not tokens, space before the colon, folding, controls, bare LF)."""
+    if head.count(b"\n") > MAX_FIELDS:
+        return None
+    fields = _Fields()
+    parser = httptools.HttpRequestParser(fields)
+    try:
+        parser.feed_data(head)
+        parser.feed_data(b"\r\n\r\n")
+    except (httptools.HttpParserError, httptools.HttpParserUpgrade):
+        return None
+    if not fields.ours or parser.get_method() != b"POST" or parser.get_http_version() != "1.1":
+        return None
+    return fields.target, fields.found
+
+
+def parse_head_llhttp(head: bytes) -> Head | None:
+    read = read_head_llhttp(head)
+    return None if read is None else message_head(*read)
 
 
 def _same(a: Head | None, b: Head | None) -> bool:
@@ -104,11 +122,11 @@ def main() -> None:
     print(f"httptools {httptools.__version__}; best of {args.rounds} timings of {args.number:,} parses, the two parsers in turn")
     print(f"{'head':32} {'regex us':>9} {'llhttp us':>10} {'llhttp/regex':>13}   (CPU time per parse)")
     for name, head in HEADS.items():
-        assert _same(parse_head_regex(head), parse_head(head)), name
+        assert _same(parse_head(head), parse_head_llhttp(head)), name
         regex, llhttp = [], []
         for _ in range(args.rounds):  # in turn, so that a busy machine slows both alike
-            regex.append(_time(parse_head_regex, head, args.number))
-            llhttp.append(_time(parse_head, head, args.number))
+            regex.append(_time(parse_head, head, args.number))
+            llhttp.append(_time(parse_head_llhttp, head, args.number))
         print(f"{name:32} {min(regex):9.2f} {min(llhttp):10.2f} {min(llhttp) / min(regex):12.2f}x")
 
 

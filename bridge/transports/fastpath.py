@@ -32,7 +32,6 @@ from email.utils import formatdate
 from http import HTTPStatus
 from typing import Any
 
-import httptools
 from aiohttp import web
 
 from .. import logs
@@ -49,6 +48,12 @@ LINGER_S, LINGER_BYTES = 2.0, 1 << 20  # reading on after a refusal, before clos
 _PREFIX = b"/servers/"
 _MESSAGES = b"/messages"  # HTTP+SSE
 _MCP = b"/mcp"  # Streamable HTTP
+# The header block (after the request line, each line ended by CRLF) in the one shape this path
+# takes: token names, no space before the colon, no folding, no control characters in values.
+# Two C regex passes: llhttp (httptools) was measured against them and was not faster here
+# (bench/headparse.py; README, Performance).
+_FIELDS = re.compile(rb"(?:[!#$%&'*+.^_`|~0-9A-Za-z-]+:[\t\x20-\x7e\x80-\xff]*\r\n)*")
+_FIELD = re.compile(rb"([^:]+):([^\r]*)\r\n")  # one field of a block _FIELDS took
 _TARGET = re.compile(rb"/[!-~]*")  # visible ASCII only: no controls, no spaces, no bare LF
 # A header here that changes how the body is framed or what is expected of the server means aiohttp.
 _HAND_OFF_FIELDS = frozenset({b"transfer-encoding", b"expect", b"upgrade"})
@@ -84,43 +89,25 @@ class Head:
         self.close = False
 
 
-class _Fields:
-    """llhttp's callbacks for one head: its target, and the watched fields it carries."""
-
-    __slots__ = ("found", "ours", "target")
-
-    def __init__(self) -> None:
-        self.target = b""
-        self.found: dict[bytes, bytes] = {}
-        self.ours = True  # False: a repeated watched field or a hand-off field
-
-    def on_url(self, url: bytes) -> None:
-        self.target += url
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        name = name.lower()
-        if name in _WATCHED:
-            if name in self.found or name in _HAND_OFF_FIELDS:
-                self.ours = False  # a repeat is ambiguous: aiohttp says what it means
-            self.found[name] = value.strip(b" \t")
-
-
 def read_head(head: bytes) -> tuple[bytes, dict[bytes, bytes]] | None:
     """The target and the watched fields of a plain HTTP/1.1 POST head (without its blank
-    line), read by llhttp as aiohttp's own parser reads it, in its strict mode: token
-    names, no space before the colon, no folding, no control characters, CRLF only."""
-    if head.count(b"\n") > MAX_FIELDS:
+    line) in the one shape this path takes, else None."""
+    line_end = head.find(b"\r\n")
+    request_line = head if line_end < 0 else head[:line_end]
+    parts = request_line.split(b" ")
+    if len(parts) != 3 or parts[0] != b"POST" or parts[2] != b"HTTP/1.1":
         return None
-    fields = _Fields()
-    parser = httptools.HttpRequestParser(fields)
-    try:
-        parser.feed_data(head)
-        parser.feed_data(b"\r\n\r\n")
-    except (httptools.HttpParserError, httptools.HttpParserUpgrade):
+    fields = b"" if line_end < 0 else head[line_end + 2 :] + b"\r\n"
+    if _FIELDS.fullmatch(fields) is None or fields.count(b"\n") > MAX_FIELDS:
         return None
-    if not fields.ours or parser.get_method() != b"POST" or parser.get_http_version() != "1.1":
-        return None
-    return fields.target, fields.found
+    found: dict[bytes, bytes] = {}
+    for name, value in _FIELD.findall(fields):
+        name = name.lower()
+        if name in _WATCHED:
+            if name in found or name in _HAND_OFF_FIELDS:
+                return None  # a repeat is ambiguous: aiohttp says what it means
+            found[name] = value.strip(b" \t")
+    return parts[1], found
 
 
 def parse_head(head: bytes) -> Head | None:
