@@ -100,6 +100,7 @@ def check_access(
 
 # ------------------------------------------------------------- aiohttp's path
 
+
 def middleware(guard: Callable[[], Guard], count: Callable[[str], None]) -> Middleware:
     """aiohttp's side of this layer, in one middleware (the per-request path is hot): the
     access check against the live `guard()`, the preflight answer, and the one place an
@@ -184,10 +185,6 @@ class AiohttpSink:
     def gone(self) -> bool:
         transport = self._request.transport
         return transport is None or transport.is_closing()
-
-    @property
-    def response(self) -> web.StreamResponse:
-        return self._response
 
 
 # ---------------------------------------------------------------------- Accept
