@@ -13,7 +13,7 @@ from .config import Config
 from .gateway import Gateway
 from .metrics import Metrics
 from .security import Guard
-from .transports import sse, streamable
+from .transports import http, sse, streamable
 from .transports.common import GATEWAYS, LIVE, METRICS, Live
 
 DRAIN_POLL_S = 0.05
@@ -23,9 +23,10 @@ def create_app(config: Config) -> web.Application:
     gateways: dict[str, Gateway] = {}
     metrics = Metrics(gateways.values)
     # Bodies are read and limited by the transports (limits.max_message_bytes, reloadable).
-    app = web.Application(middlewares=[security.middleware(metrics.rejected)])
-    app.on_response_prepare.append(security.add_cors_headers)
-    app[LIVE] = Live(config, Guard(config))
+    live = Live(config, Guard(config))
+    app = web.Application(middlewares=[http.middleware(lambda: live.guard, metrics.rejected)])
+    app.on_response_prepare.append(http.cors_hook(lambda: live.guard))
+    app[LIVE] = live
     app[METRICS] = metrics
     app[GATEWAYS] = gateways
     for name, server in config.servers.items():
@@ -152,6 +153,6 @@ def server_status(gateway: Gateway) -> dict[str, object]:
         "mode": gateway.server.mode,
         "ready": gateway.readiness() is None,
         "sessions": len(gateway.sessions),
-        "in_flight": sum(p["in_flight"] for p in processes),  # type: ignore[misc]
+        "in_flight": gateway.inflight(),
         "processes": processes,
     }

@@ -22,6 +22,9 @@ from .transports.common import GATEWAYS, LIVE
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 # Many clients connect at once (each session holds a connection); the kernel caps this at somaxconn.
 LISTEN_BACKLOG = 4096
+# Once the gateways have stopped, how long a connection may take to write its stream's last
+# events and end it, on either path: a client that does not read must not hold up the exit.
+CLOSE_GRACE_S = 5.0
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -104,7 +107,9 @@ async def serve(config: Config, reload_config: Callable[[], Config]) -> None:
 
     loop.add_signal_handler(signal.SIGHUP, on_hup)
     idle = config.limits.keepalive_timeout
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, keepalive_timeout=idle)
+    runner = web.AppRunner(
+        app, handler_cancellation=True, access_log=None, keepalive_timeout=idle, shutdown_timeout=CLOSE_GRACE_S
+    )
     await runner.setup()
     connections = fastpath.Connections()
     gateways = app[GATEWAYS]
@@ -142,8 +147,11 @@ async def serve(config: Config, reload_config: Callable[[], Config]) -> None:
         collector.cancel()
         if server is not None:
             server.close()
-        connections.close_all()
+        # Both paths stop taking requests; then the gateways stop (every stream gets its last
+        # events and ends) while aiohttp waits for its handlers; then the fast path for its own.
+        connections.stop_taking()
         await runner.cleanup()
+        await connections.wait_closed(CLOSE_GRACE_S)
         for sig in (signal.SIGTERM, signal.SIGINT):
             # Stopped: closing the loop would restore the default action, and a second
             # signal during the interpreter's exit would turn a clean stop into a kill.

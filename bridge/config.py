@@ -112,11 +112,16 @@ class Security(Struct, frozen=True):
     allow_unauthenticated: bool = False
 
 
+DEFAULT_SLOW_BYTES = 16 * 1024 * 1024
+
+
 class Limits(Struct, frozen=True):
     max_message_bytes: Size = Size(4 * 1024 * 1024)
     max_sessions: PositiveInt = 1000
     max_inflight: PositiveInt = 256
     session_queue: PositiveInt = 1024
+    # Bytes of those messages; None: see slow_bytes.
+    session_queue_bytes: Size | None = None
     request_timeout: Duration = Duration(300)
     session_idle_timeout: Duration = Duration(1800)
     drain_timeout: Duration = Duration(10)
@@ -130,6 +135,16 @@ class Limits(Struct, frozen=True):
 
     def input_buffer(self) -> int:
         return self.server_input_buffer if self.server_input_buffer is not None else 16 * self.max_message_bytes
+
+    @property
+    def slow_bytes(self) -> int:
+        """Bytes queued for a session before it is dropped as too slow: session_queue_bytes,
+        by default 16 MiB or 4 of the largest messages, whichever is more. By count alone the
+        worst case is session_queue x max_message_bytes (4 GiB with the defaults) per session;
+        16 MiB still holds 1024 messages of 16 KiB, far more than calls usually return."""
+        if self.session_queue_bytes is not None:
+            return int(self.session_queue_bytes)  # a plain int: logs show Size as text
+        return max(DEFAULT_SLOW_BYTES, 4 * self.max_message_bytes)
 
 
 class SSE(Struct, frozen=True):
@@ -425,6 +440,8 @@ def _semantic_problems(config: Config) -> list[str]:
                     problems.append(f"{where}.{kind}.{server_name}: no server named {server_name!r}")
     if config.limits.input_buffer() < config.limits.max_message_bytes:
         problems.append("limits.server_input_buffer: smaller than limits.max_message_bytes (no message would fit)")
+    if config.limits.slow_bytes < config.limits.max_message_bytes:
+        problems.append("limits.session_queue_bytes: smaller than limits.max_message_bytes (one message would drop a session)")
     if not config.metrics.path.startswith("/") or config.metrics.path.startswith("/servers/"):
         problems.append("metrics.path: must start with '/' and not be under /servers/")
     problems += listen_problems(config)

@@ -415,7 +415,10 @@ class Gateway:
                 case Timer(delay):
                     upstream.set_timer(delay)
         for session in dict.fromkeys(slow):  # once each, however many messages it missed
-            self.log.warning("session_too_slow", session=session.id, queue_limit=self.limits.session_queue)
+            limits = self.limits
+            self.log.warning(
+                "session_too_slow", session=session.id, queue_limit=limits.session_queue, queue_bytes=limits.slow_bytes
+            )
             self.close_session(session, "slow")
         if flush:
             self.flush()

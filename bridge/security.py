@@ -1,5 +1,8 @@
 """Who may talk to the bridge: Host and Origin checks, bearer tokens, CORS.
 
+The rules only, free of HTTP: `transports/http.py` applies them to requests
+on both HTTP paths.
+
 Order matters and is cheap-first: a request from a page that a DNS-rebinding
 attacker controls is refused on its Host or Origin before any token is
 looked at. Probes (`/healthz`, `/readyz`) are always open. Tokens are kept
@@ -11,16 +14,12 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
-
-from aiohttp import web
 
 from . import logs
 from .config import Config, is_loopback
-from .transports.common import LIVE, PRINCIPAL, fail
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})
 HOST_CACHE = 256
 CORS_METHODS = "GET, POST, DELETE, OPTIONS"
@@ -47,7 +46,7 @@ class Guard:
         self.principals = tuple(
             Principal(
                 t.name,
-                bytes.fromhex(t.sha256) if t.sha256 else hashlib.sha256(t.token.encode()).digest(),  # type: ignore[union-attr]
+                bytes.fromhex(t.sha256) if t.sha256 is not None else hashlib.sha256((t.token or "").encode()).digest(),
                 None if "*" in t.servers else frozenset(t.servers),
             )
             for t in sec.tokens
@@ -153,55 +152,8 @@ def refused(count: Callable[[str], None], refusal: Refusal, path: str, remote: s
     )
 
 
-def middleware(count: Callable[[str], None]) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
-    """The access checks of the app's live guard in one middleware (the per-request
-    path is hot); `count` is told the reason (a fixed word) of each rejection."""
-
-    @web.middleware
-    async def check_access(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path in OPEN_PATHS:
-            return await handler(request)
-        headers = request.headers
-        origin = headers.get("Origin")
-        preflight = origin is not None and request.method == "OPTIONS"
-        result = admit(
-            request.app[LIVE].guard,
-            headers.get("Host"),
-            origin,
-            headers.get("Authorization"),
-            request.match_info.get("name"),
-            preflight,
-        )
-        if result.__class__ is Refusal:
-            refused(count, result, request.path, request.remote)  # type: ignore[arg-type]
-            fail(result.status, result.reason, headers=result.headers)  # type: ignore[union-attr]
-        if preflight:
-            return web.Response(
-                status=204,
-                headers={
-                    "Access-Control-Allow-Methods": CORS_METHODS,
-                    "Access-Control-Allow-Headers": CORS_HEADERS,
-                    "Access-Control-Max-Age": "600",
-                },
-            )
-        if result is not None:
-            request[PRINCIPAL] = result.name  # type: ignore[union-attr]
-        return await handler(request)
-
-    return check_access
-
-
 def cors_headers(guard: Guard, origin: str | None) -> dict[str, str] | None:
     """The CORS headers of a response to a request from `origin`; None when it gets none."""
     if origin is None or not guard.origin_allowed(origin):
         return None
     return {"Access-Control-Allow-Origin": origin, "Access-Control-Expose-Headers": CORS_EXPOSE, "Vary": "Origin"}
-
-
-async def add_cors_headers(request: web.Request, response: web.StreamResponse) -> None:
-    """A response-prepare hook, so that streams get CORS headers too."""
-    cors = cors_headers(request.app[LIVE].guard, request.headers.get("Origin"))
-    if cors is not None:
-        vary = cors.pop("Vary")
-        response.headers.update(cors)
-        response.headers.add("Vary", vary)

@@ -272,3 +272,12 @@ def test_inherit_env_takes_names_and_prefixes() -> None:
     found = problems("servers: {s: {command: x, inherit_env: ['*', 'A*B', '1X', 'A-B', 'OK']}}")
     assert [p.split(":")[0] for p in found] == [f"servers.s.inherit_env[{i}]" for i in range(4)], found
     assert "expected a variable name or a prefix ending in '*' (like AWS_*), got '*'" in found[0]
+
+
+def test_slow_session_bytes_default_and_bound() -> None:
+    assert parse(MINIMAL, environ={}).limits.slow_bytes == 16 << 20
+    assert parse(MINIMAL + "limits: {max_message_bytes: 64MiB}\n", environ={}).limits.slow_bytes == 256 << 20
+    assert parse(MINIMAL + "limits: {session_queue_bytes: 32MiB}\n", environ={}).limits.slow_bytes == 32 << 20
+    assert problems(MINIMAL + "limits: {session_queue_bytes: 1MiB, max_message_bytes: 2MiB}\n") == [
+        "limits.session_queue_bytes: smaller than limits.max_message_bytes (one message would drop a session)"
+    ]

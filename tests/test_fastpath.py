@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -20,12 +21,13 @@ import pytest
 from aiohttp.base_protocol import BaseProtocol
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.http_parser import HttpRequestParser
-from conftest import Bridge, demo
+from conftest import Bridge, demo, faulty
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from rawclient import RawSse, call
 
 from bridge.transports.fastpath import parse_head
+from bridge.transports.http import quality
 
 SID = "0123456789abcdef0123456789abcdef"
 GOOD_HEAD = (
@@ -386,8 +388,8 @@ async def test_http10_stream_gets_unchunked_events(daemon: Bridge) -> None:
         assert json.loads(events[1].split("data: ", 1)[1])["result"]["content"][0]["text"] == "t1"
 
 
-def mcp_post(body: bytes, *extra: str, accept: str = "application/json, text/event-stream") -> bytes:
-    head = ["POST /servers/demo/mcp HTTP/1.1", "Host: 127.0.0.1", f"Accept: {accept}", *extra]
+def mcp_post(body: bytes, *extra: str, accept: str = "application/json, text/event-stream", server: str = "demo") -> bytes:
+    head = [f"POST /servers/{server}/mcp HTTP/1.1", "Host: 127.0.0.1", f"Accept: {accept}", *extra]
     if not any(h.lower().startswith("transfer-encoding") for h in extra):
         head.append(f"Content-Length: {len(body)}")
     return ("\r\n".join(head) + "\r\n\r\n").encode() + body
@@ -523,3 +525,119 @@ async def test_a_streamed_answer_to_connection_close_says_so_once_and_closes(dae
             head = (await wire.reader.readuntil(b"\r\n\r\n")).decode().lower()
         assert head.count("\r\nconnection:") == 1 and "\r\nconnection: close\r\n" in head, head
         assert b'"t1"' in await asyncio.wait_for(wire.reader.read(), 10)  # the stream, then the close
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"GET /healthz HTTP/1.1\nHost: 127.0.0.1\n\n",
+        b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\n\n",
+        b"POST /servers/demo/messages?session_id=x HTTP/1.1\nHost: 127.0.0.1\nContent-Length: 2\n\n{}",
+        b"POST /servers/demo/mcp HTTP/1.1\r\nHost: 127.0.0.1\nContent-Length: 2\r\n\r\n{}",
+    ],
+)
+async def test_a_head_with_bare_lf_is_answered_at_once(daemon: Bridge, head: bytes) -> None:
+    """Such a head never has the CRLF CRLF the fast path waits for: aiohttp refuses it with a 400
+    at once, rather than the idle timeout (75 s) closing the connection."""
+    async for wire in _wire(daemon):
+        await wire.send(head)
+        status, _, body = await wire.response()  # within the 10 s Wire allows
+        assert status == 400, body
+
+
+@pytest.mark.parametrize(
+    ("accept", "sse", "json"),
+    [
+        ("application/json, text/event-stream", 1.0, 1.0),
+        ("text/event-stream;q=0, application/json", 0.0, 1.0),
+        ("Text/Event-Stream ; Q=0.5", 0.5, 0.0),
+        ("*/*", 1.0, 1.0),
+        ("text/*", 1.0, 0.0),
+        ("*/*;q=0.1, text/event-stream;q=0", 0.0, 0.1),  # the most specific range decides
+        ("text/*;q=0, text/event-stream", 1.0, 0.0),
+        ("application/jsonx, text/event-streams", 0.0, 0.0),  # not a substring match
+        ("text/event-stream;q=x, application/json;q=2", 0.0, 0.0),  # not a weight: refused
+        ("", 0.0, 0.0),
+    ],
+)
+def test_accept_media_ranges(accept: str, sse: float, json: float) -> None:
+    assert (quality(accept, "text/event-stream"), quality(accept, "application/json")) == (sse, json)
+
+
+@pytest.mark.parametrize(
+    ("accept", "answer"),
+    [
+        ("application/json, text/event-stream", "text/event-stream"),
+        ("application/json, text/event-stream;q=0", "application/json"),
+        ("application/json;q=0.5, text/event-stream;q=0.9", "text/event-stream"),
+        ("application/json, text/event-stream;q=0.5", "application/json"),
+        ("*/*", "text/event-stream"),
+        ("text/*, application/json;q=0", "text/event-stream"),
+        ("text/html", 406),
+        ("application/json;q=0, text/event-stream;q=0", 406),
+        ("application/jsonl, text/event-streamer", 406),
+    ],
+)
+async def test_accept_decides_a_posts_answer_the_same_on_both_paths(daemon: Bridge, accept: str, answer: str | int) -> None:
+    async for wire in _wire(daemon):
+        sid = f"Mcp-Session-Id: {await _mcp_session(wire)}"
+        got = []
+        for n, chunked in ((1, False), (2, True)):  # the fast path, then aiohttp
+            body = echo(n)
+            if chunked:
+                await wire.send(mcp_post(b"", sid, "Transfer-Encoding: chunked", accept=accept) + b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body))
+            else:
+                await wire.send(mcp_post(body, sid, accept=accept))
+            status, headers, text = await wire.response()
+            got.append((status, headers["content-type"], json.loads(text) if status != 200 else None))
+        assert got[0] == got[1], got
+        status, content_type, error = got[0]
+        if answer == 406:
+            assert status == 406 and error["error"]["message"] == "POST needs Accept: application/json or text/event-stream"
+        else:
+            assert (status, content_type) == (200, answer), got
+
+
+@pytest.mark.parametrize(("accept", "status"), [("text/event-stream;q=0", 406), ("application/json", 406), ("text/*", 200), ("*/*;q=0.1", 200)])
+async def test_accept_decides_a_get(daemon: Bridge, accept: str, status: int) -> None:
+    async for wire in _wire(daemon):
+        sid = await _mcp_session(wire)
+        await wire.send(f"GET /servers/demo/mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nMcp-Session-Id: {sid}\r\nAccept: {accept}\r\n\r\n".encode())
+        async with asyncio.timeout(10):
+            head = (await wire.reader.readuntil(b"\r\n\r\n")).decode()
+        assert head.startswith(f"HTTP/1.1 {status} "), head
+
+
+async def test_refusals_while_draining_are_the_same_on_both_paths(bridge: Any) -> None:
+    """While it drains, a new Streamable session is refused the same way by both paths
+    (503, Retry-After, one JSON-RPC error body); the stream of the call being drained ends."""
+    config = {"servers": {"f": faulty()}, "limits": {"drain_timeout": "3s"}}
+    init = json.dumps({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+                       "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}}).encode()  # fmt: skip
+    hang = json.dumps({"jsonrpc": "2.0", "id": "h", "method": "tools/call", "params": call("hang")}).encode()
+    async with bridge(config) as b:
+        async for wire in _wire(b):
+            await wire.send(mcp_post(init, accept="application/json", server="f"))
+            status, headers, _ = await wire.response()
+            assert status == 200
+            sid = f"Mcp-Session-Id: {headers['mcp-session-id']}"
+            mark = len(b.events)
+            async for streaming in _wire(b):
+                await streaming.send(mcp_post(hang, sid, server="f"))
+                await b.wait_for("server_stderr", where=lambda e: e.get("line", "").startswith("faulty: hang "), start=mark)
+                b.proc.send_signal(signal.SIGTERM)
+                await b.wait_for("draining", start=mark)
+                answers = []
+                for chunked in (False, True):  # the fast path, then aiohttp
+                    if chunked:
+                        request = mcp_post(b"", "Transfer-Encoding: chunked", accept="application/json", server="f")
+                        request += b"%x\r\n%s\r\n0\r\n\r\n" % (len(init), init)
+                    else:
+                        request = mcp_post(init, accept="application/json", server="f")
+                    await wire.send(request)
+                    status, headers, body = await wire.response()
+                    answers.append((status, headers.get("retry-after"), headers["content-type"], json.loads(body)))
+                assert answers[0] == answers[1], answers
+                assert answers[0][:2] == (503, "5") and "shutting down" in answers[0][3]["error"]["message"], answers
+                status, headers, body = await streaming.response(timeout=15)  # the stream ends, with its error
+                assert status == 200 and b"-32003" in body, body

@@ -13,6 +13,7 @@ import json
 import os
 import re
 import signal
+import socket
 import time
 import uuid
 from collections.abc import Callable
@@ -379,6 +380,57 @@ async def test_slow_session_logged_once(bridge: Any) -> None:
         slow = b.named("session_too_slow")
         assert [(e["server"], e["session"]) for e in slow] == [("f", c.session_id)], slow
         assert all(e["level"] in LOGGED for e in slow)
+
+
+@pytest.mark.parametrize("transport", ["sse", "streamable"])
+async def test_slow_session_by_bytes(bridge: Any, transport: str) -> None:
+    """A client that stops reading is dropped once `session_queue_bytes` of its messages are
+    waiting, long before `session_queue` of them are (an HTTP+SSE stream, and the standalone
+    stream of a Streamable session with its reader attached)."""
+    limits = {"session_queue": 1024, "session_queue_bytes": "1MiB", "max_message_bytes": "1MiB"}
+    async with bridge({"servers": {"f": faulty()}, "limits": limits}) as b:
+        loop = asyncio.get_running_loop()
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # and never read
+        sock.setblocking(False)
+        poster_reader, poster = await asyncio.open_connection("127.0.0.1", b.port)
+        try:
+            await loop.sock_connect(sock, ("127.0.0.1", b.port))
+            mark = len(b.events)
+            if transport == "sse":
+                await loop.sock_sendall(sock, raw_request("GET", "/servers/f/sse", None))
+                session = (await b.wait_for("session_opened", start=mark))["session"]
+                target, headers = f"/servers/f/messages?session_id={session}", ["Accept: application/json"]
+                for message in (INIT, INITIALIZED):
+                    poster.write(raw_request("POST", target, json.dumps(message).encode()))
+                    assert (await raw_answer(poster_reader))[0] == 202
+            else:
+                session = await _streamable_session(b.port)
+                target, headers = "/servers/f/mcp", [f"Mcp-Session-Id: {session}", "Accept: application/json"]
+                await loop.sock_sendall(sock, raw_request("GET", target, None, *headers[:1], "Accept: text/event-stream"))
+            # Each call puts 200 KiB on the stalled stream: a call's reply on HTTP+SSE, a
+            # notification (to every session) on Streamable, whose call is answered here.
+            pad = "x" * (200 * 1024)
+            notice = json.dumps({"jsonrpc": "2.0", "method": "notifications/tools/list_changed", "params": {"pad": pad}})
+            arguments = {"bytes": 200 * 1024} if transport == "sse" else {"lines": [notice]}
+            closed = None
+            for i in range(200):  # 40 MiB at most, far fewer messages than session_queue; the kernel's buffers hold a few MiB
+                body = json.dumps(tool_call("big" if transport == "sse" else "emit", arguments, i)).encode()
+                poster.write(raw_request("POST", target, body, *headers))
+                status, _, text = await raw_answer(poster_reader)
+                if status in (404, 503):  # the session is gone, or went while the call ran
+                    break
+                assert status in (200, 202), text
+                if closed := [e for e in b.events[mark:] if e.get("event") == "session_closed" and e["session"] == session]:
+                    break
+            closed = closed or [await b.wait_for("session_closed", where=lambda e: e.get("session") == session, start=mark)]
+            assert closed[0]["reason"] == "slow", closed
+            assert i < 199 or transport == "sse", f"dropped only after {i} calls"  # an SSE POST is answered before its call
+            slow = [e for e in b.named("session_too_slow") if e["session"] == session]
+            assert len(slow) == 1 and slow[0]["queue_bytes"] == 1024 * 1024, slow
+        finally:
+            sock.close()
+            poster.close()
 
 
 async def test_console_log_format(tmp_path: Path) -> None:
@@ -778,3 +830,112 @@ async def test_repeated_sigterm_still_exits_cleanly(bridge: Any) -> None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(b.proc.wait()), 0.001)
         assert await b.stop() == 0
+
+
+# A stream's end on SIGTERM, over each transport and each HTTP path: the call still in
+# flight gets its -32003 event, then the chunked body ends with its last chunk.
+
+INIT = {"jsonrpc": "2.0", "id": 0, "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}}  # fmt: skip
+INITIALIZED = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+
+
+def raw_request(method: str, target: str, body: bytes | None, *headers: str, chunked: bool = False) -> bytes:
+    """One HTTP/1.1 request; `chunked` sends the body chunked, which the fast path leaves to aiohttp."""
+    lines = [f"{method} {target} HTTP/1.1", "Host: 127.0.0.1", *headers]
+    if body is not None:
+        lines.append("Transfer-Encoding: chunked" if chunked else f"Content-Length: {len(body)}")
+    head = ("\r\n".join(lines) + "\r\n\r\n").encode()
+    if body is None:
+        return head
+    return head + (b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body) if chunked else body)
+
+
+async def raw_answer(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], bytes]:
+    """A whole response with a Content-Length body."""
+    async with asyncio.timeout(10):
+        head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+        headers = {k.lower(): v for k, _, v in (line.partition(": ") for line in head[1:] if line)}
+        body = await reader.readexactly(int(headers.get("content-length", "0")))
+    return int(head[0].split()[1]), headers, body
+
+
+async def raw_stream_head(reader: asyncio.StreamReader) -> None:
+    async with asyncio.timeout(10):
+        head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").lower()
+    assert head.startswith("http/1.1 200") and "transfer-encoding: chunked" in head, head
+
+
+async def raw_stream_rest(reader: asyncio.StreamReader) -> tuple[list[dict[str, Any]], bool]:
+    """The rest of a chunked SSE body: the messages it carried, and whether it ended with
+    the last chunk (rather than being cut off)."""
+    body, clean = b"", False
+    with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError, ValueError):
+        async with asyncio.timeout(15):
+            while size := int((await reader.readuntil(b"\r\n"))[:-2], 16):
+                body += (await reader.readexactly(size + 2))[:-2]
+            clean = await reader.readexactly(2) == b"\r\n"
+    return [json.loads(line[6:]) for line in body.decode().splitlines() if line.startswith("data: {")], clean
+
+
+async def _streamable_session(port: int) -> str:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(raw_request("POST", "/servers/f/mcp", json.dumps(INIT).encode(), "Accept: application/json"))
+        status, headers, body = await raw_answer(reader)
+        assert status == 200, body
+        session = headers["mcp-session-id"]
+        writer.write(raw_request("POST", "/servers/f/mcp", json.dumps(INITIALIZED).encode(), f"Mcp-Session-Id: {session}"))
+        assert (await raw_answer(reader))[0] == 202
+        return session
+    finally:
+        writer.close()
+
+
+@pytest.mark.parametrize("case", ["sse stream", "streamable post fast path", "streamable post aiohttp", "streamable get"])
+async def test_sigterm_ends_every_stream_with_its_last_event(bridge: Any, case: str) -> None:
+    config = {"servers": {"f": faulty()}, "limits": {"drain_timeout": "0.5s"}}
+    hang = json.dumps(tool_call("hang", request_id="h")).encode()
+    async with bridge(config) as b:
+        stream_reader, stream_writer = await asyncio.open_connection("127.0.0.1", b.port)
+        post_reader, post_writer = await asyncio.open_connection("127.0.0.1", b.port)
+        mark = len(b.events)
+        try:
+            if case == "sse stream":
+                stream_writer.write(raw_request("GET", "/servers/f/sse", None))
+                await raw_stream_head(stream_reader)
+                async with asyncio.timeout(10):
+                    await stream_reader.readuntil(b"\r\n")  # the endpoint event's chunk size
+                    endpoint = (await stream_reader.readuntil(b"\n\n")).decode()
+                    await stream_reader.readexactly(2)  # the end of its chunk
+                target = endpoint.split("data: ", 1)[1].strip()
+                for message in (INIT, INITIALIZED, tool_call("hang", request_id="h")):
+                    post_writer.write(raw_request("POST", target, json.dumps(message).encode()))
+                    assert (await raw_answer(post_reader))[0] == 202
+            else:
+                session = f"Mcp-Session-Id: {await _streamable_session(b.port)}"
+                if case == "streamable get":
+                    stream_writer.write(raw_request("GET", "/servers/f/mcp", None, session, "Accept: text/event-stream"))
+                    await raw_stream_head(stream_reader)
+                    post_writer.write(raw_request("POST", "/servers/f/mcp", hang, session, "Accept: application/json"))
+                else:
+                    chunked = case == "streamable post aiohttp"
+                    stream_writer.write(raw_request("POST", "/servers/f/mcp", hang, session, "Accept: text/event-stream", chunked=chunked))
+                    await raw_stream_head(stream_reader)
+            await b.wait_for("server_stderr", where=stderr_note("hang "), start=mark)
+
+            signalled = time.monotonic()
+            b.proc.send_signal(signal.SIGTERM)
+            messages, clean = await raw_stream_rest(stream_reader)
+            assert clean, f"the stream was cut off after {messages}"
+            if case == "streamable get":
+                assert messages == [], messages
+                status, _, body = await raw_answer(post_reader)  # the call, answered as JSON
+                messages = [json.loads(body)]
+            errors = [m for m in messages if m.get("id") == "h"]
+            assert len(errors) == 1 and errors[0]["error"]["code"] == -32003, messages
+            assert await b.stop() == 0
+            assert time.monotonic() - signalled < 10
+        finally:
+            stream_writer.close()
+            post_writer.close()

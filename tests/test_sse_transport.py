@@ -451,7 +451,7 @@ class _Socket:
 def test_only_events_the_socket_has_not_taken_count_as_queued() -> None:
     """Found in review: a client reading steadily, whose socket is never quite empty when
     the next event comes, was counted as one more event behind each time, and dropped."""
-    session = SseSession("s", None, queue_limit=4)
+    session = SseSession("s", None, queue_limit=4, queue_bytes=1 << 20)
     sock = _Socket()
     session.attach(sock, chunked=True)  # type: ignore[arg-type]
     for n in range(50):
@@ -463,3 +463,19 @@ def test_only_events_the_socket_has_not_taken_count_as_queued() -> None:
         session.flush()
     assert not session.deliver(b"{}", None, False)  # a fifth: too slow
     assert sock.written.count(b"event: message") == 53
+
+
+def test_bytes_the_socket_has_not_taken_count_too() -> None:
+    """Past `queue_bytes` not yet taken by the socket (however few events that is), the client is too slow."""
+    session = SseSession("s", None, queue_limit=1000, queue_bytes=1000)
+    sock = _Socket()
+    session.attach(sock, chunked=True)  # type: ignore[arg-type]
+    message = b'{"x": "%s"}' % (b"y" * 290)  # 300 bytes
+    for _ in range(20):  # taken as fast as it comes: never behind
+        assert session.deliver(message, None, False)
+        session.flush()
+        sock.unsent = 0
+    for n in range(3):  # the client stops reading: 3 x 300 bytes and their framing are under 1000
+        assert session.deliver(message, None, False), n
+        session.flush()
+    assert not session.deliver(message, None, False)  # a fourth: over 1000 bytes behind

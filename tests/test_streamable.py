@@ -35,6 +35,8 @@ from rawstreamable import (
 from sdk import TIME_SERVER, Client, Wire, _RecordingReader, _RecordingWriter, prompt_text
 from sdk import text_of as sdk_text
 
+from bridge.transports.streamable import STANDALONE, StreamableSession
+
 pytestmark = [
     # The SDK marks 2025-era features (logging, subscriptions) deprecated for 2026-07-28.
     pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning"),
@@ -805,3 +807,18 @@ async def test_sdk_sessions_on_time_server(bridge: Any) -> None:
         assert len(set.intersection(*(set(x) for x in ids))) >= 2, ids
         assert len(b.server_pids()) == 1
         assert_clean(b)
+
+
+def test_stream_bytes_bound_a_reader_and_the_backlog() -> None:
+    """Past `queue_bytes` pending on a stream, a session with a reader attached is too slow;
+    with none, the oldest events go (they stay in the replay buffer) to keep within it."""
+    message = b"m" * 300
+    session = StreamableSession("s", None, queue_limit=1000, queue_bytes=1000, replay_bytes=1 << 20)
+    stream = session.streams[STANDALONE]
+    for _ in range(10):  # nobody reading: the newest 3 are kept
+        assert session.deliver(message, None, False)
+    assert len(stream.pending) == 3 and stream.pending_bytes == 900
+    assert [seq for seq, _, _ in stream.pending] == [8, 9, 10]
+    stream.writers = 1  # a reader attached, and not keeping up
+    assert not session.deliver(message, None, False)
+    assert stream.take() and stream.pending_bytes == 0

@@ -1,23 +1,22 @@
-"""What both HTTP transports share: app state keys, error replies, body reading."""
+"""What both HTTP transports share: app state keys, SSE framing, sessions, body reading."""
 
 from __future__ import annotations
 
 import asyncio
 import socket
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any
 
 from aiohttp import web
 
 from .. import jsonrpc
 from ..config import Config
-from ..gateway import Gateway
+from ..gateway import Gateway, SessionLimitError
 from ..jsonrpc import ProtocolError
 from ..metrics import Metrics
-
-if TYPE_CHECKING:
-    from ..security import Guard
-
+from ..security import Guard
+from ..sessions import Session
+from .http import PRINCIPAL, RETRY_AFTER_S, HttpError
 
 
 @dataclass(slots=True)
@@ -31,8 +30,6 @@ class Live:
 LIVE = web.AppKey("live", Live)
 GATEWAYS = web.AppKey("gateways", dict[str, Gateway])
 METRICS = web.AppKey("metrics", Metrics)
-# Set by the auth middleware: the name of the token that made the request.
-PRINCIPAL = "mcp_bridge.principal"
 
 
 # One gateway task writes keepalive comments for every stream (see Gateway), rather than
@@ -72,17 +69,6 @@ def principal(request: web.Request) -> str | None:
     return request.get(PRINCIPAL)
 
 
-def error_text(code: int, message: str, request_id: jsonrpc.RequestId | None = None) -> str:
-    return jsonrpc.encode(jsonrpc.error(request_id, code, message)).decode()
-
-
-def fail(status: int, message: str, code: int = jsonrpc.INVALID_REQUEST, headers: dict[str, str] | None = None) -> NoReturn:
-    """Answer with an HTTP error whose body is a JSON-RPC error naming the reason."""
-    exc = web.HTTPException(text=error_text(code, message), content_type="application/json", headers=headers)
-    exc.set_status(status)
-    raise exc
-
-
 def gateway_for(request: web.Request) -> Gateway:
     return gateway_named(request.app[GATEWAYS], request.match_info["name"])
 
@@ -90,15 +76,23 @@ def gateway_for(request: web.Request) -> Gateway:
 def gateway_named(gateways: dict[str, Gateway], name: str) -> Gateway:
     gateway = gateways.get(name)
     if gateway is None:
-        fail(404, f"unknown server {name!r}")
+        raise HttpError(404, f"unknown server {name!r}")
     return gateway
+
+
+def open_session(gateway: Gateway, session: Session) -> None:
+    """Open `session`, or 503 when the server is full or stopping."""
+    try:
+        gateway.open_session(session)
+    except SessionLimitError as exc:
+        raise HttpError(503, str(exc), headers={"Retry-After": RETRY_AFTER_S}) from None
 
 
 def check_length(content_length: int | None, gateway: Gateway) -> None:
     """413 before any of the body is read, when its declared length is over the limit."""
     limit = gateway.limits.max_message_bytes
     if content_length is not None and content_length > limit:
-        fail(413, f"body of {content_length} bytes is over the limit of {limit}")
+        raise HttpError(413, f"body of {content_length} bytes is over the limit of {limit}")
 
 
 def decode_body(body: bytes, gateway: Gateway) -> Any:
@@ -107,7 +101,7 @@ def decode_body(body: bytes, gateway: Gateway) -> Any:
     try:
         return jsonrpc.decode(body)
     except ProtocolError as exc:
-        fail(400, exc.message, exc.code)
+        raise HttpError(400, exc.message, exc.code) from None
 
 
 async def read_message(request: web.Request, gateway: Gateway) -> Any:
@@ -121,5 +115,5 @@ async def read_message(request: web.Request, gateway: Gateway) -> Any:
         chunks.append(chunk)
         size += len(chunk)
         if size > limit:
-            fail(413, f"body is over the limit of {limit} bytes")
+            raise HttpError(413, f"body is over the limit of {limit} bytes")
     return decode_body(chunks[0] if len(chunks) == 1 else b"".join(chunks), gateway)

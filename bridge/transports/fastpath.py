@@ -6,9 +6,10 @@ each (parser objects, Request and Response, router, middleware, a task);
 routing the message itself takes about 10 µs. This is the protocol every
 connection starts with: it serves the plain message POST of both transports
 itself (`POST .../messages` of HTTP+SSE, `POST .../mcp` of Streamable HTTP),
-with the same access checks (`security.admit`), the same handler code
-(`sse.posted_session` and `sse.take`; `streamable.answer_post`) and the same
-error bodies, and writes the response itself. A Streamable POST whose answer
+with the same HTTP layer as aiohttp's handlers (`http.check_access`, errors
+as `http.HttpError`, Streamable events to an `http.EventSink`), the same
+handler code (`sse.posted_session` and `sse.take`; `streamable.answer_post`),
+and writes the response itself. A Streamable POST whose answer
 is a stream holds the connection until the stream ends; requests that come
 meanwhile wait their turn.
 
@@ -26,18 +27,19 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from email.utils import formatdate
 from http import HTTPStatus
 from typing import Any
 
 from aiohttp import web
 
-from .. import jsonrpc, logs
+from .. import logs
 from ..gateway import Gateway
+from ..security import cors_headers
 from ..sessions import Session
-from ..security import Refusal, admit, cors_headers, refused
 from . import common, sse, streamable
+from .http import INTERNAL_ERROR, HttpError, check_access
 
 MAX_HEAD = 8190  # aiohttp's limit on one line; a longer head (of any shape) is aiohttp's to judge
 MAX_FIELDS = 100  # under aiohttp's limit of 128 headers: more are aiohttp's to judge
@@ -48,6 +50,8 @@ _MESSAGES = b"/messages"  # HTTP+SSE
 _MCP = b"/mcp"  # Streamable HTTP
 # The header block (after the request line, each line ended by CRLF) in the one shape this path
 # takes: token names, no space before the colon, no folding, no control characters in values.
+# Two C regex passes: llhttp (httptools) was measured against them and was not faster here
+# (bench/headparse.py; README, Performance).
 _FIELDS = re.compile(rb"(?:[!#$%&'*+.^_`|~0-9A-Za-z-]+:[\t\x20-\x7e\x80-\xff]*\r\n)*")
 _FIELD = re.compile(rb"([^:]+):([^\r]*)\r\n")  # one field of a block _FIELDS took
 _TARGET = re.compile(rb"/[!-~]*")  # visible ASCII only: no controls, no spaces, no bare LF
@@ -76,7 +80,7 @@ class Head:
         self.mcp_version: str | None = None
         self.gateway: Gateway | None = None  # these two once admitted
         self.session: Session | None = None
-        self.refusal: tuple[int, str, dict[str, str] | None] | None = None  # the answer, when refused
+        self.refusal: HttpError | None = None  # the answer, when refused
         self.session_id: str | None = None
         self.host: str | None = None
         self.origin: str | None = None
@@ -85,16 +89,13 @@ class Head:
         self.close = False
 
 
-def parse_head(head: bytes) -> Head | None:
-    """The head of a plain HTTP/1.1 `POST /servers/{name}/messages?session_id=...` or
-    `POST /servers/{name}/mcp`, else None."""
+def read_head(head: bytes) -> tuple[bytes, dict[bytes, bytes]] | None:
+    """The target and the watched fields of a plain HTTP/1.1 POST head (without its blank
+    line) in the one shape this path takes, else None."""
     line_end = head.find(b"\r\n")
     request_line = head if line_end < 0 else head[:line_end]
     parts = request_line.split(b" ")
     if len(parts) != 3 or parts[0] != b"POST" or parts[2] != b"HTTP/1.1":
-        return None
-    out = Head()
-    if not _target(parts[1], out):
         return None
     fields = b"" if line_end < 0 else head[line_end + 2 :] + b"\r\n"
     if _FIELDS.fullmatch(fields) is None or fields.count(b"\n") > MAX_FIELDS:
@@ -106,6 +107,21 @@ def parse_head(head: bytes) -> Head | None:
             if name in found or name in _HAND_OFF_FIELDS:
                 return None  # a repeat is ambiguous: aiohttp says what it means
             found[name] = value.strip(b" \t")
+    return parts[1], found
+
+
+def parse_head(head: bytes) -> Head | None:
+    """The head of a plain HTTP/1.1 `POST /servers/{name}/messages?session_id=...` or
+    `POST /servers/{name}/mcp`, else None."""
+    read = read_head(head)
+    return None if read is None else message_head(*read)
+
+
+def message_head(target: bytes, found: dict[bytes, bytes]) -> Head | None:
+    """What this path needs of a POST with this target and these watched fields, if it is a message POST."""
+    out = Head()
+    if not _target(target, out):
+        return None
     host = found.get(b"host")
     if host is None:
         return None  # HTTP/1.1 requires it (RFC 9112, 3.2)
@@ -187,7 +203,7 @@ _date = _Date()
 _PHRASES = {s.value: s.phrase.encode() for s in HTTPStatus}
 
 
-def render(status: int, body: bytes, content_type: bytes, headers: dict[str, str] | None, close: bool) -> bytes:
+def render(status: int, body: bytes, content_type: bytes, headers: Mapping[str, str] | None, close: bool) -> bytes:
     """One whole response."""
     first = b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\nDate: %s\r\n" % (
         status, _PHRASES.get(status, b""), content_type, len(body), _date()
@@ -201,7 +217,7 @@ def render_stream_head(headers: dict[str, str], close: bool) -> bytes:
     return b"".join(_head(first, {**common.SSE_HEADERS, **headers}, close))
 
 
-def _head(first: bytes, headers: dict[str, str] | None, close: bool) -> list[bytes]:
+def _head(first: bytes, headers: Mapping[str, str] | None, close: bool) -> list[bytes]:
     if close:  # replaces a Connection header given, rather than adding a second one
         headers = {**(headers or {}), "Connection": "close"}
     lines = [first]
@@ -218,7 +234,18 @@ class Connections:
         self.live: set[Connection] = set()
         self.accepted = 0
 
-    def close_all(self) -> None:
+    def stop_taking(self) -> None:
+        """Take no more requests, as aiohttp's pre-shutdown does: a connection between requests
+        closes now; one answering on a stream closes once that answer has ended, so that the
+        stream's last events (the errors a stopping gateway gives) and its end still go out."""
+        for connection in list(self.live):
+            connection.stop_taking()
+
+    async def wait_closed(self, timeout: float) -> None:
+        """Wait up to `timeout` seconds for the answers under way to end, then close what is left."""
+        busy = [task for connection in self.live if (task := connection.busy) is not None]
+        if busy:
+            await asyncio.wait(busy, timeout=timeout)
         for connection in list(self.live):
             connection.close()
 
@@ -245,6 +272,7 @@ class Connection(asyncio.Protocol):
         self._drained: asyncio.Future[None] | None = None
         self._busy: asyncio.Task[None] | None = None  # answering a Streamable POST; later requests wait
         self._lingering = 0  # bytes still to drop after refusing a body unread
+        self._stopping = False  # shutting down: close once the answer under way has ended
 
     # asyncio.Protocol
 
@@ -308,7 +336,9 @@ class Connection(asyncio.Protocol):
                 return
             end = data.find(b"\r\n\r\n", pos)
             if end < 0:
-                if len(data) - pos > MAX_HEAD:
+                # A bare LF can never end this head: aiohttp answers it now, rather than the
+                # idle timeout later (a head with an end is checked whole by parse_head).
+                if len(data) - pos > MAX_HEAD or data.count(b"\n", pos) != data.count(b"\r\n", pos):
                     self._hand_off(data[pos:])
                 else:
                     self._pending = data[pos:]
@@ -354,22 +384,25 @@ class Connection(asyncio.Protocol):
         read (and dropped), so that the connection stays usable, unless it is large: then
         the answer goes now and the connection closes. False when it closed."""
         app = self._app
-        result = admit(app[common.LIVE].guard, head.host, head.origin, head.authorization, head.server)
-        if result.__class__ is Refusal:
-            path = f"/servers/{head.server}/{'mcp' if head.mcp else 'messages'}"
-            refused(app[common.METRICS].rejected, result, path, self._remote)  # type: ignore[arg-type]
-            text = common.error_text(jsonrpc.INVALID_REQUEST, result.reason)  # type: ignore[union-attr]
-            head.refusal = (result.status, text, result.headers)  # type: ignore[union-attr]
-        else:
-            head.principal = result.name if result is not None else None  # type: ignore[union-attr]
-            try:
-                head.gateway = common.gateway_named(app[common.GATEWAYS], head.server)
-                if not head.mcp:  # Streamable looks its session up after reading the body, as aiohttp does
-                    head.session = sse.posted_session(head.gateway, head.session_id, head.principal)
-                common.check_length(head.content_length, head.gateway)
-            except web.HTTPException as exc:
-                head.refusal = (exc.status, exc.text or "", _extra(exc.headers))
-        if head.refusal is not None and (head.refusal[0] == 413 or head.content_length > DISCARD_LIMIT):
+        try:
+            head.principal = check_access(
+                app[common.LIVE].guard,
+                app[common.METRICS].rejected,
+                method="POST",
+                path=f"/servers/{head.server}/{'mcp' if head.mcp else 'messages'}",
+                server=head.server,
+                host=head.host,
+                origin=head.origin,
+                authorization=head.authorization,
+                remote=self._remote,
+            ).principal
+            head.gateway = common.gateway_named(app[common.GATEWAYS], head.server)
+            if not head.mcp:  # Streamable looks its session up after reading the body, as aiohttp does
+                head.session = sse.posted_session(head.gateway, head.session_id, head.principal)
+            common.check_length(head.content_length, head.gateway)
+        except HttpError as exc:
+            head.refusal = exc
+        if head.refusal is not None and (head.refusal.status == 413 or head.content_length > DISCARD_LIMIT):
             head.close = True
             self._answer(head, b"", linger=True)
             return False
@@ -377,8 +410,7 @@ class Connection(asyncio.Protocol):
 
     def _answer(self, head: Head, body: bytes, linger: bool = False) -> None:
         if head.refusal is not None:
-            status, text, headers = head.refusal
-            self._reply(head, status, text.encode(), _JSON, headers, linger)
+            self._reply_error(head, head.refusal, linger)
             return
         if head.mcp:
             self._start_mcp(head, body)
@@ -387,11 +419,11 @@ class Connection(asyncio.Protocol):
         assert gateway is not None and session is not None
         try:
             sse.take(gateway, session, common.decode_body(body, gateway))
-        except web.HTTPException as exc:
+        except HttpError as exc:
             self._reply_error(head, exc)
         except Exception:
             logs.get().exception("internal_error", where="message_post", server=head.server, session=session.id)
-            self._reply_error(head, None)
+            self._reply_error(head, INTERNAL_ERROR)
         else:
             self._reply(head, 202, _ACCEPTED_BODY, _TEXT, None)
 
@@ -400,7 +432,7 @@ class Connection(asyncio.Protocol):
         assert gateway is not None
         try:
             payload = common.decode_body(body, gateway)
-        except web.HTTPException as exc:
+        except HttpError as exc:
             self._reply_error(head, exc)
             return
         post = streamable.PostHead(
@@ -418,7 +450,7 @@ class Connection(asyncio.Protocol):
         reply = _Reply(self, head)
         try:
             await streamable.answer_post(post, payload, reply)
-        except web.HTTPException as exc:
+        except HttpError as exc:
             if not reply.streaming:
                 self._reply_error(head, exc)
                 return
@@ -430,7 +462,7 @@ class Connection(asyncio.Protocol):
         except Exception:
             logs.get().exception("internal_error", where="mcp_post", server=head.server, session=head.session_id)
             if not reply.streaming:
-                self._reply_error(head, None)
+                self._reply_error(head, INTERNAL_ERROR)
                 return
             self.close()
         if reply.streaming and self._transport is not None:
@@ -443,11 +475,19 @@ class Connection(asyncio.Protocol):
         self._last_active = time.monotonic()
         if self._transport is None:
             return
+        if self._stopping:
+            self.close()
+            return
         if not self._write_paused:
             self._transport.resume_reading()
         if self._pending:
             data, self._pending = self._pending, b""
             self._parse(data)
+
+    @property
+    def gone(self) -> bool:
+        transport = self._transport
+        return transport is None or transport.is_closing()
 
     async def write_event(self, data: bytes) -> None:
         """One chunk of a stream; waits while the client is not reading."""
@@ -467,15 +507,12 @@ class Connection(asyncio.Protocol):
         cors = cors_headers(self._app[common.LIVE].guard, head.origin)
         transport.write(render_stream_head({**headers, **cors} if cors else headers, head.close))
 
-    def _reply_error(self, head: Head, exc: web.HTTPException | None) -> None:
-        """The answer to a request that failed: its HTTP error, or 500 for a bug (None)."""
-        if exc is None:
-            self._reply(head, 500, common.error_text(jsonrpc.INTERNAL_ERROR, "internal error").encode(), _JSON, None)
-        else:
-            self._reply(head, exc.status, (exc.text or "").encode(), _JSON, _extra(exc.headers))
+    def _reply_error(self, head: Head, error: HttpError, linger: bool = False) -> None:
+        """The one place this path renders an HttpError (aiohttp's is `http.middleware`)."""
+        self._reply(head, error.status, error.body(), _JSON, error.headers, linger)
 
     def _reply(
-        self, head: Head, status: int, body: bytes, content_type: bytes, headers: dict[str, str] | None, linger: bool = False
+        self, head: Head, status: int, body: bytes, content_type: bytes, headers: Mapping[str, str] | None, linger: bool = False
     ) -> None:
         transport = self._transport
         if transport is None:
@@ -540,13 +577,22 @@ class Connection(asyncio.Protocol):
         else:
             self._idle = asyncio.get_running_loop().call_later(self._idle_timeout - idle, self._check_idle)
 
+    @property
+    def busy(self) -> asyncio.Task[None] | None:
+        return self._busy
+
+    def stop_taking(self) -> None:
+        self._stopping = True
+        if self._busy is None:
+            self.close()
+
     def close(self) -> None:
         if self._transport is not None:
             self._transport.close()
 
 
 class _Reply:
-    """How streamable.answer_post answers through this connection."""
+    """How streamable.answer_post answers through this connection; its stream's EventSink."""
 
     def __init__(self, connection: Connection, head: Head) -> None:
         self._connection = connection
@@ -567,12 +613,10 @@ class _Reply:
     async def write(self, data: bytes) -> None:
         await self._connection.write_event(data)
 
+    @property
+    def gone(self) -> bool:
+        return self._connection.gone
+
 
 _JSON = b"application/json"
 _TEXT = b"text/plain; charset=utf-8"
-
-
-def _extra(headers: Any) -> dict[str, str] | None:
-    """An aiohttp error's headers other than the framing ones this path writes itself."""
-    out = {k: v for k, v in (headers or {}).items() if k.lower() not in ("content-type", "content-length")}
-    return out or None

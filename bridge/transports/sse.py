@@ -16,14 +16,14 @@ from typing import Any
 
 from aiohttp import web
 
-from ..gateway import Gateway, SessionLimitError
+from ..gateway import Gateway
 from ..jsonrpc import ProtocolError, RequestId
 from ..sessions import Session
 from . import common
+from .http import HttpError
 
 _EVENT = b"event: message\ndata: "
 _END = b"\n\n"
-RETRY_AFTER_S = "5"
 _PREFIX = re.compile(r"(/[A-Za-z0-9._~-]+)*")
 
 
@@ -35,16 +35,19 @@ class SseSession(Session):
     of messages for a session goes out in one write. A message counts as
     queued from delivery until the socket has taken all of it (what is
     written but still in the transport's buffer is tracked by offset): more
-    than `queue_limit` of those and the client is too slow.
+    than `queue_limit` of those, or more than `queue_bytes` not yet taken by
+    the socket, and the client is too slow.
     """
 
     transport = "sse"
 
-    def __init__(self, server: str, owner: str | None, queue_limit: int) -> None:
+    def __init__(self, server: str, owner: str | None, queue_limit: int, queue_bytes: int) -> None:
         super().__init__(server, owner)
         self._limit = queue_limit
+        self._byte_limit = queue_bytes
         self._parts: list[bytes] = []  # framed events not yet written
         self._waiting = 0  # events in _parts
+        self._waiting_bytes = 0  # bytes of the messages in _parts
         self._written = 0  # bytes handed to the transport, ever
         self._unsent: deque[tuple[int, int]] = deque()  # (offset their write ends at, events): not yet taken
         self._queued = 0  # events in _unsent
@@ -66,6 +69,10 @@ class SseSession(Session):
     def deliver(self, data: bytes, related: RequestId | None, final: bool) -> bool:
         self._parts += (_EVENT, data, _END)
         self._waiting += 1
+        self._waiting_bytes += len(data)
+        out = self._out
+        if self._waiting_bytes + (out.get_write_buffer_size() if out is not None else 0) > self._byte_limit:
+            return False
         return self._waiting + self._queued <= self._limit or self._waiting + self._taken() <= self._limit
 
     def flush(self) -> None:
@@ -74,6 +81,7 @@ class SseSession(Session):
             return
         if out.is_closing():
             self._parts.clear()
+            self._waiting_bytes = 0
             return
         parts = self._parts
         if self._chunked:
@@ -87,6 +95,7 @@ class SseSession(Session):
         self._taken()
         self._parts = []
         self._waiting = 0
+        self._waiting_bytes = 0
 
     def _taken(self) -> int:
         """Forget the writes the socket has taken whole; the events still queued."""
@@ -120,11 +129,9 @@ class SseSession(Session):
 
 async def stream(request: web.Request) -> web.StreamResponse:
     gateway = common.gateway_for(request)
-    session = SseSession(gateway.name, common.principal(request), gateway.limits.session_queue)
-    try:
-        gateway.open_session(session)
-    except SessionLimitError as exc:
-        common.fail(503, str(exc), headers={"Retry-After": RETRY_AFTER_S})
+    limits = gateway.limits
+    session = SseSession(gateway.name, common.principal(request), limits.session_queue, limits.slow_bytes)
+    common.open_session(gateway, session)
     response = web.StreamResponse()
     reason = "client disconnected"
     try:
@@ -168,14 +175,14 @@ def posted_session(gateway: Gateway, session_id: str | None, principal: str | No
     """The session a POST names, or 404: unknown, ended, another transport's, or another token's."""
     session = gateway.session(session_id, principal)
     if session is None or session.transport != SseSession.transport:
-        common.fail(404, "unknown session")
+        raise HttpError(404, "unknown session")
     return session
 
 
 def take(gateway: Gateway, session: Session, payload: Any) -> None:
     if session.ended:  # while its body was arriving
-        common.fail(404, "unknown session")
+        raise HttpError(404, "unknown session")
     try:
         gateway.from_client(session, payload)
     except ProtocolError as exc:
-        common.fail(400, exc.message, exc.code)
+        raise HttpError(400, exc.message, exc.code) from None

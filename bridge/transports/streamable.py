@@ -21,34 +21,51 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from .. import jsonrpc
-from ..gateway import Gateway, SessionLimitError
+from ..gateway import Gateway
 from ..jsonrpc import ProtocolError, RequestId
 from ..mux import PROTOCOL_VERSIONS
 from ..sessions import Session
-from . import common
+from . import common, http
+from .http import AiohttpSink, EventSink, HttpError
 
 SESSION_HEADER = "Mcp-Session-Id"
 VERSION_HEADER = "MCP-Protocol-Version"
 DEFAULT_VERSION = "2025-03-26"  # what a request without the header speaks, per the spec
 PRIMING_SINCE = "2025-11-25"  # clients from this version on resume from an empty priming event
 STANDALONE = "g"
-RETRY_AFTER_S = "5"
 
 
 class Stream:
     """One SSE stream of a session: events waiting for a writer, and the requests it still owes."""
 
-    __slots__ = ("generation", "key", "owed", "pending", "ping_due", "writers", "_waiter")
+    __slots__ = ("generation", "key", "owed", "pending", "pending_bytes", "ping_due", "writers", "_waiter")
 
     def __init__(self, key: str) -> None:
         self.key = key
         # (sequence number, message, is the response to a request this stream owes)
         self.pending: deque[tuple[int, bytes, bool]] = deque()
+        self.pending_bytes = 0  # of the messages in pending
         self.owed: set[RequestId] = set()
         self.generation = 0  # bumped when a writer attaches: older writers stop
         self.writers = 0
         self.ping_due = False
         self._waiter: asyncio.Future[None] | None = None
+
+    def push(self, item: tuple[int, bytes, bool]) -> None:
+        self.pending.append(item)
+        self.pending_bytes += len(item[1])
+
+    def pop(self) -> tuple[int, bytes, bool]:
+        item = self.pending.popleft()
+        self.pending_bytes -= len(item[1])
+        return item
+
+    def take(self) -> list[tuple[int, bytes, bool]]:
+        """Every pending event, for one write."""
+        items = list(self.pending)
+        self.pending.clear()
+        self.pending_bytes = 0
+        return items
 
     def wake(self) -> None:
         if self._waiter is not None and not self._waiter.done():
@@ -67,12 +84,13 @@ class Stream:
 class StreamableSession(Session):
     transport = "streamable"
 
-    def __init__(self, server: str, owner: str | None, queue_limit: int, replay_bytes: int) -> None:
+    def __init__(self, server: str, owner: str | None, queue_limit: int, queue_bytes: int, replay_bytes: int) -> None:
         super().__init__(server, owner)
         self.protocol_version = DEFAULT_VERSION
         self.streams: dict[str, Stream] = {STANDALONE: Stream(STANDALONE)}
         self.by_request: dict[RequestId, Stream] = {}
         self._queue_limit = queue_limit
+        self._queue_bytes = queue_bytes
         self._seq = 0
         self._posts = 0
         self._replay: deque[tuple[int, str, bytes]] = deque()
@@ -86,18 +104,20 @@ class StreamableSession(Session):
         response = stream is not None and final
         if stream is None:
             stream = self.streams[STANDALONE]
-        elif final:
-            del self.by_request[related]  # type: ignore[arg-type]
-            stream.owed.discard(related)  # type: ignore[arg-type]
+        elif final and related is not None:
+            del self.by_request[related]
+            stream.owed.discard(related)
             if not stream.owed and not stream.writers and stream.key != STANDALONE:
                 self.streams.pop(stream.key, None)  # its POST is gone; a resume replays from the buffer
         self._seq += 1
         self._remember(self._seq, stream.key, data)
-        if len(stream.pending) >= self._queue_limit:
+        limit, byte_limit = self._queue_limit - 1, self._queue_bytes - len(data)  # room for this one
+        if len(stream.pending) > limit or stream.pending_bytes > byte_limit:
             if stream.writers:
                 return False  # a reader is attached and not keeping up
-            stream.pending.popleft()  # nobody listening: keep the newest, the rest is in the replay buffer
-        stream.pending.append((self._seq, data, response))
+            while stream.pending and (len(stream.pending) > limit or stream.pending_bytes > byte_limit):
+                stream.pop()  # nobody listening: keep the newest, the rest is in the replay buffer
+        stream.push((self._seq, data, response))
         stream.wake()
         return True
 
@@ -155,10 +175,6 @@ class StreamableSession(Session):
 # ------------------------------------------------------------------ handlers
 
 
-class EventWriter(Protocol):
-    async def write(self, data: bytes) -> None: ...
-
-
 class Reply(Protocol):
     """How the answer to a POST goes out: through aiohttp, or straight to the fast path's connection."""
 
@@ -166,7 +182,7 @@ class Reply(Protocol):
 
     def json(self, body: bytes, session_id: str) -> Any: ...
 
-    async def open_stream(self, session_id: str) -> EventWriter: ...
+    async def open_stream(self, session_id: str) -> EventSink: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,15 +200,22 @@ class PostHead:
 class _AiohttpReply:
     def __init__(self, request: web.Request) -> None:
         self._request = request
+        self._stream: web.StreamResponse | None = None
 
     def accepted(self, session_id: str) -> web.Response:
         return web.Response(status=202, headers={SESSION_HEADER: session_id})
 
     def json(self, body: bytes, session_id: str) -> web.Response:
-        return web.Response(body=body, content_type="application/json", headers={SESSION_HEADER: session_id})
+        return web.Response(body=body, content_type=http.JSON, headers={SESSION_HEADER: session_id})
 
-    async def open_stream(self, session_id: str) -> web.StreamResponse:
-        return await common.open_stream(self._request, {SESSION_HEADER: session_id})
+    async def open_stream(self, session_id: str) -> AiohttpSink:
+        self._stream = await common.open_stream(self._request, {SESSION_HEADER: session_id})
+        return AiohttpSink(self._request, self._stream)
+
+    def streamed(self) -> web.StreamResponse:
+        """The stream it answered with; aiohttp wants a response object even when the client
+        went before the stream opened."""
+        return self._stream or web.StreamResponse()
 
 
 async def post(request: web.Request) -> web.StreamResponse:
@@ -207,25 +230,29 @@ async def post(request: web.Request) -> web.StreamResponse:
         headers.get("Accept", ""),
         request.app[common.LIVE].config.streamable.resume_buffer,
     )
-    return await answer_post(head, payload, _AiohttpReply(request)) or web.StreamResponse()  # type: ignore[no-any-return]
+    reply = _AiohttpReply(request)
+    answer: web.StreamResponse | None = await answer_post(head, payload, reply)
+    return answer if answer is not None else reply.streamed()
 
 
 async def answer_post(head: PostHead, payload: Any, reply: Reply) -> Any:
-    """Route a decoded POST body and answer it: 202, one JSON body, or a stream of events."""
+    """Route a decoded POST body and answer it: 202, one JSON body (what `reply` returns
+    for those), or a stream of events (None)."""
     gateway = head.gateway
     messages = payload if payload.__class__ is list else [payload]
     if not messages:
-        common.fail(400, "invalid request: empty batch")
+        raise HttpError(400, "invalid request: empty batch")
+    request_ids = [m["id"] for m in messages if m.__class__ is dict and "method" in m and jsonrpc.is_id(m.get("id"))]
+    as_stream = bool(request_ids) and _answer_as_stream(head.accept)  # before anything is opened or routed
     if head.session_id is None:
         if not any(m.__class__ is dict and m.get("method") == "initialize" for m in messages):
-            common.fail(400, f"missing {SESSION_HEADER} header (only initialize may come without one)")
+            raise HttpError(400, f"missing {SESSION_HEADER} header (only initialize may come without one)")
         session = _open(head)
     else:
         session = _session(gateway, head.principal, head.session_id)
         _check_version(head.version)
-    request_ids = [m["id"] for m in messages if m.__class__ is dict and "method" in m and jsonrpc.is_id(m.get("id"))]
     if any(session.owes(rid) for rid in request_ids):
-        common.fail(400, "invalid request: a request id in this body is already in flight", jsonrpc.INVALID_REQUEST)
+        raise HttpError(400, "invalid request: a request id in this body is already in flight", jsonrpc.INVALID_REQUEST)
     if not request_ids:
         _route(gateway, session, payload, head.session_id is None)
         return reply.accepted(session.id)
@@ -233,9 +260,10 @@ async def answer_post(head: PostHead, payload: Any, reply: Reply) -> Any:
     primed = session.mark()  # before routing: a reply the mux makes at once comes after it
     try:
         _route(gateway, session, payload, head.session_id is None)
-        if "text/event-stream" in head.accept:
+        if as_stream:
             prime = primed if head.session_id is not None and session.protocol_version >= PRIMING_SINCE else None
-            return await _stream_response(reply, session, stream, replay_after=None, prime=prime)
+            await _stream_response(reply, session, stream, replay_after=None, prime=prime)
+            return None
         return reply.json(await _json_body(session, stream, payload.__class__ is list), session.id)
     finally:
         session.close_post_stream(stream)
@@ -246,11 +274,11 @@ async def answer_post(head: PostHead, payload: Any, reply: Reply) -> Any:
 async def get(request: web.Request) -> web.StreamResponse:
     gateway = common.gateway_for(request)
     accept = request.headers.get("Accept")
-    if accept and "text/event-stream" not in accept and "*/*" not in accept:
-        common.fail(406, "GET needs Accept: text/event-stream")
+    if accept and not http.quality(accept, http.SSE):
+        raise HttpError(406, "GET needs Accept: text/event-stream")
     session_id = request.headers.get(SESSION_HEADER)
     if session_id is None:
-        common.fail(400, f"missing {SESSION_HEADER} header")
+        raise HttpError(400, f"missing {SESSION_HEADER} header")
     session = _session(gateway, common.principal(request), session_id)
     _check_version(request.headers.get(VERSION_HEADER))
     resume = request.headers.get("Last-Event-ID")
@@ -259,16 +287,15 @@ async def get(request: web.Request) -> web.StreamResponse:
     if stream is None:
         stream = Stream(key)  # it has ended: replay what it sent after `last`, then end
     reply = _AiohttpReply(request)
-    written = await _stream_response(reply, session, stream, replay_after=last if resume else None, prime=None)
-    # None: the client went before the stream opened; aiohttp still wants a response object.
-    return written or web.StreamResponse()  # type: ignore[return-value]
+    await _stream_response(reply, session, stream, replay_after=last if resume else None, prime=None)
+    return reply.streamed()
 
 
 async def delete(request: web.Request) -> web.Response:
     gateway = common.gateway_for(request)
     session_id = request.headers.get(SESSION_HEADER)
     if session_id is None:
-        common.fail(400, f"missing {SESSION_HEADER} header")
+        raise HttpError(400, f"missing {SESSION_HEADER} header")
     session = _session(gateway, common.principal(request), session_id)
     _check_version(request.headers.get(VERSION_HEADER))
     gateway.close_session(session, "client ended session")
@@ -280,24 +307,22 @@ async def delete(request: web.Request) -> web.Response:
 
 def _open(head: PostHead) -> StreamableSession:
     gateway = head.gateway
-    session = StreamableSession(gateway.name, head.principal, gateway.limits.session_queue, head.resume_buffer)
-    try:
-        gateway.open_session(session)
-    except SessionLimitError as exc:
-        common.fail(503, str(exc), headers={"Retry-After": RETRY_AFTER_S})
+    limits = gateway.limits
+    session = StreamableSession(gateway.name, head.principal, limits.session_queue, limits.slow_bytes, head.resume_buffer)
+    common.open_session(gateway, session)
     return session
 
 
 def _session(gateway: Gateway, principal: str | None, session_id: str) -> StreamableSession:
     session = gateway.session(session_id, principal)
     if session is None or not isinstance(session, StreamableSession):
-        common.fail(404, "unknown session")
+        raise HttpError(404, "unknown session")
     return session
 
 
 def _check_version(version: str | None) -> None:
     if version is not None and version not in PROTOCOL_VERSIONS:
-        common.fail(400, f"unsupported {VERSION_HEADER}: {version!r} (supported: {', '.join(PROTOCOL_VERSIONS)})")
+        raise HttpError(400, f"unsupported {VERSION_HEADER}: {version!r} (supported: {', '.join(PROTOCOL_VERSIONS)})")
 
 
 def _route(gateway: Gateway, session: StreamableSession, payload: Any, initializing: bool) -> None:
@@ -306,7 +331,7 @@ def _route(gateway: Gateway, session: StreamableSession, payload: Any, initializ
     except ProtocolError as exc:
         if initializing:
             gateway.close_session(session, "invalid initialize")
-        common.fail(400, exc.message, exc.code)
+        raise HttpError(400, exc.message, exc.code) from None
 
 
 def _after_initialize(gateway: Gateway, session: StreamableSession) -> None:
@@ -316,6 +341,17 @@ def _after_initialize(gateway: Gateway, session: StreamableSession) -> None:
         gateway.close_session(session, "initialize failed")
     else:
         session.protocol_version = version
+
+
+def _answer_as_stream(accept: str) -> bool:
+    """Whether a POST's answer is a stream of events, by its Accept: the one it prefers (a
+    tie goes to the stream); one JSON body when it sends none; 406 when it takes neither."""
+    if not accept:
+        return False
+    sse, json = http.quality(accept, http.SSE), http.quality(accept, http.JSON)
+    if not sse and not json:
+        raise HttpError(406, f"POST needs Accept: {http.JSON} or {http.SSE}")
+    return bool(sse) and sse >= json
 
 
 def _parse_event_id(value: str | None) -> tuple[str, int]:
@@ -332,50 +368,49 @@ async def _json_body(session: StreamableSession, stream: Stream, batch: bool) ->
     standalone = session.streams[STANDALONE]
     while True:
         while stream.pending:
-            item = stream.pending.popleft()
+            item = stream.pop()
             if item[2]:
                 responses.append(item[1])
             else:
-                standalone.pending.append(item)
+                standalone.push(item)
                 standalone.wake()
         if not stream.owed or session.ended:
             break
         await stream.wait()
     if not responses:
-        common.fail(503, "session ended before the response")
+        raise HttpError(503, "session ended before the response")
     return b"[" + b",".join(responses) + b"]" if batch else responses[0]
 
 
 async def _stream_response(
     reply: Reply, session: StreamableSession, stream: Stream, *, replay_after: int | None, prime: int | None
-) -> EventWriter | None:
-    """Write `stream` as SSE until its last response is sent, the session ends, or another writer takes over."""
-    response: EventWriter | None = None
+) -> None:
+    """Write `stream` as SSE until its last response is sent, the session ends, another
+    writer takes over, or the client goes."""
     stream.generation += 1
     generation = stream.generation
     stream.writers += 1
     stream.wake()  # a writer this one replaces sees the new generation and ends
     last = 0
     try:
-        response = await reply.open_stream(session.id)
+        sink = await reply.open_stream(session.id)
         if prime is not None:
-            await response.write(f"id: {session.event_id(stream, prime)}\ndata: \n\n".encode())
+            await sink.write(f"id: {session.event_id(stream, prime)}\ndata: \n\n".encode())
         if replay_after is not None:
             last = replay_after
             for seq, data, _ in session.replay(stream.key, replay_after):
-                await response.write(_event(stream, seq, data))
+                await sink.write(_event(stream, seq, data))
                 last = seq
-        while stream.generation == generation:
+        while stream.generation == generation and not sink.gone:
             while stream.pending and stream.pending[0][0] <= last:
-                stream.pending.popleft()
+                stream.pop()
             if stream.pending:
-                batch = list(stream.pending)
-                stream.pending.clear()
-                await response.write(b"".join([_event(stream, seq, data) for seq, data, _ in batch]))
+                batch = stream.take()
+                await sink.write(b"".join([_event(stream, seq, data) for seq, data, _ in batch]))
                 last = batch[-1][0]
             elif stream.ping_due:
                 stream.ping_due = False
-                await response.write(common.PING)
+                await sink.write(common.PING)
             elif session.ended or (not stream.owed and stream.key != STANDALONE):
                 break  # a POST stream ends after its last response
             else:
@@ -386,7 +421,6 @@ async def _stream_response(
         pass
     finally:
         stream.writers -= 1
-    return response
 
 
 def _event(stream: Stream, seq: int, data: bytes) -> bytes:

@@ -1,0 +1,223 @@
+"""The HTTP layer both paths share: aiohttp's handlers and the fast path (fastpath.py).
+
+Three things, each defined once, so that the two paths cannot drift apart:
+
+- `HttpError`, the one way a handler or helper refuses a request: status,
+  JSON-RPC code, a one-line message and any extra headers. Each path renders
+  it in one place (`middleware` here for aiohttp; the fast path's error
+  writer) into the same response: a JSON-RPC error object as the body.
+- `check_access`, the access rules of `security` applied to one request:
+  refusals counted and logged once, the caller's principal, and whether it
+  is a CORS preflight (whose answer, `PREFLIGHT_HEADERS`, is defined here).
+- `EventSink`, what a stream writer writes events to: it waits while the
+  client is not reading and knows when the client is gone. `AiohttpSink`
+  adapts aiohttp's StreamResponse; the fast path's `_Reply` is the other.
+
+Also the reading of `Accept` (media ranges with their q values).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Protocol
+
+from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
+
+from .. import jsonrpc, logs
+from ..security import CORS_HEADERS, CORS_METHODS, OPEN_PATHS, Guard, Refusal, admit, cors_headers, refused
+
+JSON = "application/json"
+SSE = "text/event-stream"
+RETRY_AFTER_S = "5"  # what a 503 for a full or stopping server tells the client to wait
+# Set on an aiohttp request by the middleware: the name of the token that made it.
+PRINCIPAL = "mcp_bridge.principal"
+
+
+class HttpError(Exception):
+    """A request refused: rendered by each path as `status` with a JSON-RPC error body."""
+
+    __slots__ = ("code", "headers", "message", "status")
+
+    def __init__(
+        self, status: int, message: str, code: int = jsonrpc.INVALID_REQUEST, headers: Mapping[str, str] | None = None
+    ) -> None:
+        super().__init__(status, message)
+        self.status = status
+        self.message = message
+        self.code = code
+        self.headers = headers
+
+    def body(self) -> bytes:
+        return jsonrpc.encode(jsonrpc.error(None, self.code, self.message))
+
+
+INTERNAL_ERROR = HttpError(500, "internal error", jsonrpc.INTERNAL_ERROR)  # a bug: the details are in the log
+
+
+# ------------------------------------------------------------------- access
+
+
+class Access:
+    """What the access rules decided for one admitted request. Its responses carry the
+    CORS headers `security.cors_headers` gives for its Origin (each path adds them)."""
+
+    __slots__ = ("preflight", "principal")
+
+    def __init__(self, principal: str | None, preflight: bool) -> None:
+        self.principal = principal  # the token's name; None when no tokens are configured
+        self.preflight = preflight  # a CORS preflight: answered with PREFLIGHT_HEADERS, no handler
+
+
+PREFLIGHT_HEADERS = {
+    "Access-Control-Allow-Methods": CORS_METHODS,
+    "Access-Control-Allow-Headers": CORS_HEADERS,
+    "Access-Control-Max-Age": "600",
+}
+
+
+def check_access(
+    guard: Guard,
+    count: Callable[[str], None],
+    *,
+    method: str,
+    path: str,
+    server: str | None,
+    host: str | None,
+    origin: str | None,
+    authorization: str | None,
+    remote: str | None,
+) -> Access:
+    """The access rules for one request; a refusal is counted (`count` is told its reason
+    word), logged once and raised as an HttpError."""
+    preflight = origin is not None and method == "OPTIONS"
+    result = admit(guard, host, origin, authorization, server, preflight)
+    if isinstance(result, Refusal):
+        refused(count, result, path, remote)
+        raise HttpError(result.status, result.reason, headers=result.headers)
+    return Access(result.name if result is not None else None, preflight)
+
+
+# ------------------------------------------------------------- aiohttp's path
+
+
+def middleware(guard: Callable[[], Guard], count: Callable[[str], None]) -> Middleware:
+    """aiohttp's side of this layer, in one middleware (the per-request path is hot): the
+    access check against the live `guard()`, the preflight answer, and the one place an
+    HttpError becomes a response."""
+
+    @web.middleware
+    async def http_layer(request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            if request.path not in OPEN_PATHS:
+                headers = request.headers
+                access = check_access(
+                    guard(),
+                    count,
+                    method=request.method,
+                    path=request.path,
+                    server=request.match_info.get("name"),
+                    host=headers.get("Host"),
+                    origin=headers.get("Origin"),
+                    authorization=headers.get("Authorization"),
+                    remote=request.remote,
+                )
+                if access.preflight:
+                    return web.Response(status=204, headers=PREFLIGHT_HEADERS)
+                request[PRINCIPAL] = access.principal
+            return await handler(request)
+        except HttpError as exc:
+            return render(exc)
+        except (web.HTTPException, ConnectionError):
+            raise  # aiohttp's own answers (no route, wrong method), and a client gone: aiohttp's
+        except Exception:
+            logs.get().exception("internal_error", where="handler", path=request.path, method=request.method)
+            return render(INTERNAL_ERROR)
+
+    return http_layer
+
+
+def render(error: HttpError) -> web.Response:
+    return web.Response(status=error.status, body=error.body(), content_type=JSON, headers=error.headers)
+
+
+def cors_hook(guard: Callable[[], Guard]) -> Callable[[web.Request, web.StreamResponse], Awaitable[None]]:
+    """A response-prepare hook, so that streams and errors get CORS headers too."""
+
+    async def add_cors_headers(request: web.Request, response: web.StreamResponse) -> None:
+        cors = cors_headers(guard(), request.headers.get("Origin"))
+        if cors is not None:
+            vary = cors.pop("Vary")
+            response.headers.update(cors)
+            response.headers.add("Vary", vary)
+
+    return add_cors_headers
+
+
+# ------------------------------------------------------------------ event sinks
+
+
+class EventSink(Protocol):
+    """Where a stream's events go."""
+
+    async def write(self, data: bytes) -> None:
+        """Send framed events; returns once the connection can take more (waits while the
+        client is not reading); ConnectionResetError when the client is gone."""
+
+    @property
+    def gone(self) -> bool:
+        """The client's connection is closed or closing: nothing more will reach it."""
+
+
+class AiohttpSink:
+    """An EventSink over an aiohttp StreamResponse (whose write waits for the socket to drain)."""
+
+    __slots__ = ("_request", "_response")
+
+    def __init__(self, request: web.Request, response: web.StreamResponse) -> None:
+        self._request = request
+        self._response = response
+
+    async def write(self, data: bytes) -> None:
+        await self._response.write(data)
+
+    @property
+    def gone(self) -> bool:
+        transport = self._request.transport
+        return transport is None or transport.is_closing()
+
+
+# ---------------------------------------------------------------------- Accept
+
+
+def quality(accept: str, media_type: str) -> float:
+    """How much `accept` (an Accept header's value) wants `media_type`: the q of the most
+    specific media range that matches it (RFC 9110, 12.5.1), 0 when none does."""
+    kind = media_type.partition("/")[0]
+    best, best_q = -1, 0.0
+    for item in accept.split(","):
+        media_range, *params = item.split(";")
+        media_range = media_range.strip().lower()
+        if media_range == media_type:
+            specificity = 2
+        elif media_range == f"{kind}/*":
+            specificity = 1
+        elif media_range == "*/*":
+            specificity = 0
+        else:
+            continue
+        if specificity > best:
+            best, best_q = specificity, _q(params)
+    return best_q
+
+
+def _q(params: list[str]) -> float:
+    for param in params:
+        name, _, value = param.partition("=")
+        if name.strip().lower() == "q":
+            try:
+                q = float(value.strip())
+            except ValueError:
+                return 0.0  # not a weight: refuse the range rather than guess
+            return q if 0.0 <= q <= 1.0 else 0.0
+    return 1.0
