@@ -29,9 +29,10 @@ def create_app(config: Config) -> web.Application:
     app[LIVE] = live
     app[METRICS] = metrics
     app[GATEWAYS] = gateways
+    limiter = policy.RateLimiter.of(config, live.in_flight, metrics.rate_limited)
     for name, server in config.servers.items():
-        gateways[name] = Gateway(name, server, config.limits, metrics.server(name), config.sse.keepalive)
-        gateways[name].set_views(*policy.views(config, name))
+        gateways[name] = Gateway(name, server, config.limits, metrics.server(name), config.sse.keepalive, live.in_flight)
+        _apply_policy(gateways[name], config, limiter)
     app.router.add_get("/servers/{name}/sse", sse.stream, allow_head=False)  # a HEAD must not open a session
     app.router.add_post("/servers/{name}/messages", sse.post_message)
     app.router.add_post("/servers/{name}/mcp", streamable.post)
@@ -94,15 +95,22 @@ async def apply_config(app: web.Application, new: Config) -> None:
         metrics.retired[gateway.name] = gateway.metrics
     await asyncio.gather(*(gateway.stop("server_gone") for gateway in stopping))
     for name in changed + added:
-        gateways[name] = Gateway(name, new.servers[name], new.limits, metrics.server(name), new.sse.keepalive)
+        gateways[name] = Gateway(name, new.servers[name], new.limits, metrics.server(name), new.sse.keepalive, live.in_flight)
         await gateways[name].start()
+    limiter = policy.RateLimiter.of(new, live.in_flight, metrics.rate_limited)
     for name, gateway in gateways.items():
-        gateway.set_views(*policy.views(new, name))
+        _apply_policy(gateway, new, limiter)
         if name not in changed and name not in added:
             gateway.update_limits(new.limits)
             gateway.keepalive = new.sse.keepalive
     live.config, live.guard = new, Guard(new)
     log.info("config_reloaded", added=added, removed=removed, restarted=changed, unchanged=len(gateways) - len(added) - len(changed))
+
+
+def _apply_policy(gateway: Gateway, config: Config, limiter: policy.RateLimiter) -> None:
+    """What each principal may see of the gateway's server, and the daemon's one rate limiter."""
+    gateway.set_views(*policy.views(config, gateway.name))
+    gateway.limiter = limiter
 
 
 async def scrape(request: web.Request) -> web.Response:

@@ -19,11 +19,11 @@ from typing import Any
 
 from . import __version__, jsonrpc, logs
 from .child import Child, Write
-from .config import Limits, Server
+from .config import Limits, RateLimit, Server
 from .jsonrpc import Message, ProtocolError
 from .metrics import ServerMetrics
 from .mux import Abandoned, Action, Broadcast, Call, Discard, Mux, RestartServer, State, Timer, ToServer, ToSession
-from .policy import View
+from .policy import RateLimiter, Throttled, View
 from .sessions import Session
 from .supervisor import Status, Supervisor
 
@@ -212,6 +212,8 @@ class Gateway:
         self._ticker: asyncio.Task[None] | None = None
         self._pinger: asyncio.Task[None] | None = None
         self.accepting = True
+        self.limiter = RateLimiter(RateLimit(), {}, self.in_flight, Counter())  # none, until the app sets its own
+        self._throttled_log = logs.Throttle(1.0, 10)
         self._default_view: View | None = None
         self._views: dict[str, View | None] = {}  # principal -> what it may see (policy.views)
         self.audit = logs.get(server=name).bind(logger="mcp_bridge.audit")  # operators route it by this name
@@ -355,9 +357,17 @@ class Gateway:
         return peer.protocol_version if peer.initialized else None
 
     def from_client(self, session: Session, payload: Any) -> None:
-        """Route one decoded client message (or batch); raises ProtocolError if invalid."""
+        """Route one decoded client message (or batch); raises ProtocolError if invalid, and
+        Throttled, with nothing of it taken, when it carries calls over its principal's limits."""
         session.last_seen = time.monotonic()
         upstream = self._upstreams[session.id]
+        if self.limiter.active and (calls := _calls(payload)):
+            try:
+                self.limiter.admit(session.owner, calls)
+            except Throttled as exc:
+                if (held := self._throttled_log.allow()) is not None:
+                    self.log.info("rate_limited", principal=session.owner, limit=exc.limit, calls=calls, suppressed=held)
+                raise
         actions = upstream.mux.from_client(session.id, payload)
         count = self.metrics.message
         for msg in payload if payload.__class__ is list else (payload,):
@@ -554,3 +564,12 @@ def child_env(server: Server, environ: Mapping[str, str]) -> dict[str, str]:
         env["PATH"] = f"{path}{os.pathsep}{own_bin}" if path else own_bin
     return env
 
+
+# Requests a rate limit counts: every call but the session's own handshake and pings.
+_UNCOUNTED = frozenset({"initialize", "ping"})
+
+
+def _calls(payload: Any) -> int:
+    if payload.__class__ is dict:
+        return 1 if "id" in payload and payload.get("method", "initialize") not in _UNCOUNTED else 0
+    return sum(1 for m in payload if m.__class__ is dict and "id" in m and m.get("method", "initialize") not in _UNCOUNTED)

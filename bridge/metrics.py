@@ -173,6 +173,7 @@ class Metrics:
             {"version": __version__, "python": platform.python_version()}
         )
         self.rejections: Counter[str] = Counter()
+        self.rate_limited: Counter[tuple[str | None, str]] = Counter()  # (principal, limit) -> calls refused
         # A server removed by a reload keeps its counts: counters never go back.
         self.retired: dict[str, ServerMetrics] = {}
         self.registry.register(_Collector(servers, self))
@@ -200,6 +201,14 @@ class _Collector(Collector):
         for reason, n in sorted(self._metrics.rejections.items()):
             rejections.add_metric([reason], n)
         yield rejections
+        limited = CounterMetricFamily(
+            f"{PREFIX}_rate_limited",
+            "Calls refused (429) by a principal's rate limits, by principal and limit (rate, in_flight).",
+            labels=["principal", "limit"],
+        )
+        for (principal, limit), n in sorted(self._metrics.rate_limited.items(), key=str):
+            limited.add_metric([principal or "", limit], n)
+        yield limited
 
     def _counters(self, all_metrics: list[ServerMetrics]) -> Iterator[Metric]:
         opened = CounterMetricFamily(f"{PREFIX}_sessions_opened", "Client sessions opened.", labels=["server", "transport"])

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import token_bucket
 
-from .config import Config, Filter, Server
+from .config import Config, Filter, RateLimit, Server
 
 KINDS = ("tools", "prompts", "resources")
 
@@ -86,13 +86,14 @@ def _view(server: Server, narrowing: tuple[dict[str, Filter], ...] | None, serve
 ANONYMOUS = "\0"  # the bucket key of the one principal there is when no tokens are configured
 
 
-@dataclass(frozen=True, slots=True)
-class Throttled:
-    """Why a principal's calls were refused, and when to try again."""
+class Throttled(Exception):
+    """A principal's calls refused by its rate limits, and when to try again."""
 
-    limit: str  # "rate" or "in_flight": the metric's label
-    retry_after: int  # whole seconds, as Retry-After says it
-    reason: str
+    def __init__(self, limit: str, retry_after: int, reason: str) -> None:
+        super().__init__(reason)
+        self.limit = limit  # "rate" or "in_flight": the metric's label
+        self.retry_after = retry_after  # whole seconds, as Retry-After says it
+        self.reason = reason
 
 
 class RateLimiter:
@@ -100,26 +101,46 @@ class RateLimiter:
     `burst`; the maths is token-bucket's) and a cap on calls in flight, counted by the
     muxes in the shared `in_flight` counter."""
 
-    def __init__(self, config: Config, in_flight: Counter[str | None]) -> None:
+    def __init__(
+        self,
+        default: RateLimit,
+        rules: dict[str, RateLimit],
+        in_flight: Counter[str | None],
+        refused: Counter[tuple[str | None, str]],
+    ) -> None:
         self._in_flight = in_flight
-        self._default = config.limits.per_principal
-        self._rules = {t.name: t.rate_limit for t in config.security.tokens if t.rate_limit is not None}
+        self._refused = refused  # (principal, limit) -> calls refused: a metric, kept across reloads
+        self._default = default
+        self._rules = rules
+        self.active = any(_limits(rule) for rule in (self._default, *self._rules.values()))
         self._storage = token_bucket.MemoryStorage()
-        self._buckets: dict[str | None, token_bucket.Limiter | None] = {}
+        self._buckets: dict[str | None, token_bucket.Limiter] = {}
 
-    def admit(self, principal: str | None, calls: int) -> Throttled | None:
-        """Take `calls` new calls of `principal`, or say why not (then nothing is taken)."""
+    @classmethod
+    def of(cls, config: Config, in_flight: Counter[str | None], refused: Counter[tuple[str | None, str]]) -> RateLimiter:
+        rules = {t.name: t.rate_limit for t in config.security.tokens if t.rate_limit is not None}
+        return cls(config.limits.per_principal, rules, in_flight, refused)
+
+    def admit(self, principal: str | None, calls: int) -> None:
+        """Take `calls` new calls of `principal`, or raise Throttled (then nothing is taken)."""
         rule = self._rules.get(principal, self._default) if principal is not None else self._default
         if rule.in_flight is not None and self._in_flight[principal] + calls > rule.in_flight:
-            return Throttled("in_flight", 1, f"too many calls in flight for this principal (limit {rule.in_flight})")
+            self._refused[principal, "in_flight"] += calls
+            raise Throttled("in_flight", 1, f"too many calls in flight for this principal (limit {rule.in_flight})")
         if rule.per_second is None:
-            return None
+            return
         bucket = self._buckets.get(principal)
         if bucket is None:
             burst = rule.burst or max(1, int(rule.per_second))
             bucket = self._buckets[principal] = token_bucket.Limiter(rule.per_second, burst, self._storage)
         key = principal or ANONYMOUS
         if bucket.consume(key, calls):
-            return None
+            return
+        self._refused[principal, "rate"] += calls
         missing = calls - self._storage.get_token_count(key)
-        return Throttled("rate", max(1, math.ceil(missing / rule.per_second)), f"over this principal's rate of {rule.per_second:g} calls a second")
+        wait = max(1, math.ceil(missing / rule.per_second))
+        raise Throttled("rate", wait, f"over this principal's rate limit ({rule.per_second:g} calls a second)")
+
+
+def _limits(rule: RateLimit) -> bool:
+    return rule.per_second is not None or rule.in_flight is not None

@@ -9,8 +9,10 @@ import asyncio
 import json
 from typing import Any
 
+import aiohttp
 from conftest import faulty, pid_alive
 from rawclient import RawSse, call
+from rawstreamable import RawStreamable
 from test_supervision import server_pid, tool
 
 ALICE = "alice-token-0123456789"
@@ -140,3 +142,69 @@ async def test_one_principals_queue_delays_anothers_call_by_one_window_at_most(b
             waited = loop.time() - started
             # Behind all of alice's held calls it would wait three more windows (2 s).
             assert waited < 2 * window, f"bob waited {waited:.2f}s behind alice's queue"
+
+
+RATED = {
+    "servers": {"f": faulty()},
+    "security": {
+        "tokens": [
+            {"name": "alice", "token": ALICE, "rate_limit": {"per_second": 0.5, "burst": 3}},
+            {"name": "bob", "token": BOB},
+        ]
+    },
+    "limits": {"per_principal": {"in_flight": 2}},
+}
+
+
+def _echo(rid: Any) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": rid, "method": "tools/call", "params": call("echo", {"text": str(rid)})}
+
+
+async def test_a_principal_over_its_rate_gets_429_and_nothing_of_it_is_taken(bridge: Any) -> None:
+    async with bridge(RATED) as b:
+        async with RawSse(b.url("f"), bearer(ALICE)) as a, RawSse(b.url("f"), bearer(BOB)) as o:
+            await a.initialize()  # initialize and ping are not counted
+            await o.initialize()
+            for rid in (1, 2):
+                assert (await a.post(_echo(rid)))[0] == 202
+                assert "result" in await a.response(rid)
+            # One token left: a batch of two calls is refused whole.
+            status, body = await a.post([_echo("b1"), _echo("b2")])
+            assert status == 429, (status, body)
+            error = json.loads(body)["error"]
+            assert error["code"] == -32004 and "rate limit" in error["message"]
+            assert (await a.post(_echo(3)))[0] == 202
+            assert "result" in await a.response(3)
+            status, _ = await a.post(_echo(4))
+            assert status == 429
+            # Other principals are unaffected; bob has no rate, only the default cap in flight.
+            for rid in range(1, 8):
+                assert (await o.post(_echo(rid)))[0] == 202
+                assert "result" in await o.response(rid)
+            assert "result" in await a.request("ping", request_id="still")
+            got = await _drain(a, "barrier")
+            assert not [m for m in got if m.get("id") in ("b1", "b2", 4)], got  # refused: never answered, never run
+        async with aiohttp.ClientSession() as http, http.get(b.base + "/metrics", headers=bearer(BOB)) as resp:
+            metrics = await resp.text()
+        assert 'mcp_bridge_rate_limited_total{limit="rate",principal="alice"} 3.0' in metrics
+        assert [e["principal"] for e in b.named("rate_limited")] == ["alice", "alice"]
+
+
+async def test_calls_in_flight_are_capped_per_principal_across_transports(bridge: Any) -> None:
+    async with bridge(RATED) as b:
+        async with RawSse(b.url("f"), bearer(BOB)) as o, RawStreamable(b.url("f", "mcp"), {"Authorization": f"Bearer {BOB}"}) as s:
+            await o.initialize()
+            await s.initialize()
+            for rid in ("h1", "h2"):
+                status, _ = await o.post({"jsonrpc": "2.0", "id": rid, "method": "tools/call", "params": call("hang")})
+                assert status == 202
+            hanging = lambda e: e.get("line", "").startswith("faulty: hang")  # noqa: E731
+            first = await b.wait_for("server_stderr", where=hanging)
+            await b.wait_for("server_stderr", where=hanging, start=b.events.index(first) + 1)
+            reply = await s.post(_echo("over"))  # bob's third call, on another session and transport
+            assert reply.status == 429 and reply.headers["Retry-After"] == "1", (reply.status, reply.text)
+            assert "in flight" in reply.json["error"]["message"]
+            await o.post({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": "h1"}})
+            await b.wait_for("audit", where=lambda e: e["outcome"] == "cancelled")
+            response, _ = await s.request("tools/call", call("echo", {"text": "room"}), request_id="room")
+            assert "result" in response

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
@@ -14,6 +15,7 @@ from ..config import Config
 from ..gateway import Gateway, SessionLimitError
 from ..jsonrpc import ProtocolError
 from ..metrics import Metrics
+from ..policy import Throttled
 from ..security import Guard
 from ..sessions import Session
 from .http import PRINCIPAL, RETRY_AFTER_S, HttpError
@@ -25,6 +27,8 @@ class Live:
 
     config: Config
     guard: Guard
+    # Client calls in flight by principal, counted by every mux: outlives reloads.
+    in_flight: Counter[str | None] = field(default_factory=Counter)
 
 
 LIVE = web.AppKey("live", Live)
@@ -117,3 +121,15 @@ async def read_message(request: web.Request, gateway: Gateway) -> Any:
         if size > limit:
             raise HttpError(413, f"body is over the limit of {limit} bytes")
     return decode_body(chunks[0] if len(chunks) == 1 else b"".join(chunks), gateway)
+
+
+def route(gateway: Gateway, session: Session, payload: Any) -> None:
+    """Hand a POST's decoded body to the gateway; what it refuses is the POST's answer:
+    400 for what is not valid JSON-RPC, 429 for calls over their principal's limits
+    (nothing of the body is taken then)."""
+    try:
+        gateway.from_client(session, payload)
+    except ProtocolError as exc:
+        raise HttpError(400, exc.message, exc.code) from None
+    except Throttled as exc:
+        raise HttpError(429, exc.reason, jsonrpc.TOO_MANY_REQUESTS, {"Retry-After": str(exc.retry_after)}) from None

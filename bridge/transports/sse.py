@@ -17,7 +17,7 @@ from typing import Any
 from aiohttp import web
 
 from ..gateway import Gateway
-from ..jsonrpc import ProtocolError, RequestId
+from ..jsonrpc import RequestId
 from ..sessions import Session
 from . import common
 from .http import HttpError
@@ -182,7 +182,4 @@ def posted_session(gateway: Gateway, session_id: str | None, principal: str | No
 def take(gateway: Gateway, session: Session, payload: Any) -> None:
     if session.ended:  # while its body was arriving
         raise HttpError(404, "unknown session")
-    try:
-        gateway.from_client(session, payload)
-    except ProtocolError as exc:
-        raise HttpError(400, exc.message, exc.code) from None
+    common.route(gateway, session, payload)

@@ -22,7 +22,7 @@ from aiohttp import web
 
 from .. import jsonrpc
 from ..gateway import Gateway
-from ..jsonrpc import ProtocolError, RequestId
+from ..jsonrpc import RequestId
 from ..mux import PROTOCOL_VERSIONS
 from ..sessions import Session
 from . import common, http
@@ -327,11 +327,11 @@ def _check_version(version: str | None) -> None:
 
 def _route(gateway: Gateway, session: StreamableSession, payload: Any, initializing: bool) -> None:
     try:
-        gateway.from_client(session, payload)
-    except ProtocolError as exc:
+        common.route(gateway, session, payload)
+    except HttpError:
         if initializing:
             gateway.close_session(session, "invalid initialize")
-        raise HttpError(400, exc.message, exc.code) from None
+        raise
 
 
 def _after_initialize(gateway: Gateway, session: StreamableSession) -> None:
