@@ -31,7 +31,7 @@ JSON = "application/json"
 SSE = "text/event-stream"
 RETRY_AFTER_S = "5"  # what a 503 for a full or stopping server tells the client to wait
 # Set on an aiohttp request by the middleware: the name of the token that made it.
-PRINCIPAL = "mcp_bridge.principal"
+PRINCIPAL: web.RequestKey[str | None] = web.RequestKey("mcp_bridge.principal")
 
 
 class HttpError(Exception):
