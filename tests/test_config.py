@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import msgspec
@@ -179,3 +180,42 @@ def test_shipped_example_config_is_valid() -> None:
 def test_configs_compare_by_value() -> None:
     assert parse(MINIMAL, environ={}) == parse(MINIMAL, environ={})
     assert msgspec.structs.replace(parse(MINIMAL, environ={}).listen, port=1) != parse(MINIMAL, environ={}).listen
+
+
+def token_problems(**token: str) -> list[str]:
+    """The problems of a config whose one token has these keys (and a name)."""
+    entry = ", ".join(f"{key}: {json.dumps(value)}" for key, value in token.items())
+    return problems(MINIMAL + f"security: {{tokens: [{{name: t, {entry}}}]}}\n")
+
+
+def test_a_token_with_both_a_value_and_a_digest_is_refused() -> None:
+    both = token_problems(token="t" * 32, sha256="a" * 64)
+    assert both == ["security.tokens[0]: give exactly one of 'token' and 'sha256'"]
+
+
+@pytest.mark.parametrize("digest", ["a" * 63, "a" * 65, "g" * 64, "a" * 63 + "-", " " + "a" * 64, "a" * 64 + "\n"], ids=repr)
+def test_a_digest_is_exactly_64_hex_digits(digest: str) -> None:
+    assert token_problems(sha256=digest) == ["security.tokens[0].sha256: expected 64 hex digits"]
+
+
+def test_a_digest_of_64_hex_digits_either_case_is_accepted() -> None:
+    digest = "0123456789abcdef" * 3 + "0123456789ABCDEF"
+    config = parse(MINIMAL + f"security: {{tokens: [{{name: t, sha256: {digest}}}]}}\n", environ={})
+    assert config.security.tokens[0].sha256 == digest
+
+
+@pytest.mark.parametrize("length", [1, 8, 15])
+def test_a_token_shorter_than_16_characters_is_refused(length: int) -> None:
+    assert token_problems(token="t" * length) == ["security.tokens[0].token: too short (at least 16 characters)"]
+
+
+def test_a_token_of_16_characters_is_accepted() -> None:
+    config = parse(MINIMAL + "security: {tokens: [{name: t, token: tttttttttttttttt}]}\n", environ={})
+    assert config.security.tokens[0].token == "t" * 16
+
+
+def test_backoff_initial_may_equal_backoff_max_but_not_exceed_it() -> None:
+    text = "servers: {{time: {{command: uvx, restart: {{backoff_initial: {}, backoff_max: 2s}}}}}}\n"
+    restart = parse(text.format("2s"), environ={}).servers["time"].restart
+    assert restart.backoff_initial == restart.backoff_max == 2
+    assert problems(text.format("2.5s")) == ["servers.time.restart.backoff_initial: larger than backoff_max"]
