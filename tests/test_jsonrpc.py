@@ -60,6 +60,7 @@ def test_classify(msg: Any, kind: Kind) -> None:
         ([], "must be a JSON object", None),
         ({"id": 3, "method": "m"}, '"jsonrpc" must be "2.0"', 3),
         ({"jsonrpc": "1.0", "id": "r", "method": "m"}, '"jsonrpc" must be "2.0"', "r"),
+        ({"jsonrpc": "1.0", "id": {"r": 1}, "method": "m"}, '"jsonrpc" must be "2.0"', None),  # not an id: not echoed
         ({"jsonrpc": "2.0", "id": [1], "method": 3}, '"method" must be a string', None),
         ({"jsonrpc": "2.0", "id": 4, "method": 3}, '"method" must be a string', 4),
         ({"jsonrpc": "2.0", "id": 4, "method": "m", "params": [1]}, '"params" must be an object', 4),

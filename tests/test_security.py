@@ -245,6 +245,8 @@ LOOPBACK_HOSTS_REFUSED = [
     "[::]",
     "[2001:db8::1]:80",
     "",
+    "localhost:http",  # a port is digits
+    "127.0.0.1:8o",
 ]
 
 
@@ -258,10 +260,10 @@ def test_guard_host_on_loopback(bind: str) -> None:
 
 
 def test_guard_allowed_hosts_on_loopback() -> None:
-    g = make_guard(hosts=["bridge.example.com", "other.example.com:8443"])
-    for host in ["bridge.example.com", "bridge.example.com:443", "BRIDGE.Example.com", "other.example.com:8443", "localhost:1"]:
+    g = make_guard(hosts=["bridge.example.com", "other.example.com:8443", "Mixed.Example.COM"])
+    for host in ["bridge.example.com", "bridge.example.com:443", "BRIDGE.Example.com", "other.example.com:8443", "localhost:1", "mixed.example.com"]:
         assert g.host_allowed(host), host
-    for host in ["evil.example.com", "bridge.example.com.evil.example.com", "example.com", "other.example.com:9999"]:
+    for host in ["evil.example.com", "bridge.example.com.evil.example.com", "example.com", "other.example.com:9999", "bridge.example.com:x"]:
         assert not g.host_allowed(host), host
 
 
@@ -574,6 +576,9 @@ async def test_origin_and_cors(bridge: Any) -> None:
             assert {"GET", "POST"} <= methods, resp_headers
             allowed = {h.strip().lower() for h in resp_headers.get("Access-Control-Allow-Headers", "").split(",")}
             assert {"mcp-session-id", "authorization", "content-type"} <= allowed, resp_headers
+        # OPTIONS with no Origin is no preflight: it needs a token like any request.
+        status, _, body = await fetch("OPTIONS", b.url("f"), {"Access-Control-Request-Method": "POST"})
+        assert status == 401, (status, body)
         # A preflight from another origin: 403, no CORS headers.
         status, resp_headers, body = await fetch("OPTIONS", f"{b.base}/servers/f/messages", {**preflight, "Origin": EVIL_ORIGIN})
         assert status == 403, (status, body)
