@@ -255,7 +255,7 @@ def test_the_memory_of_cancelled_calls_is_bounded_and_forgets_the_oldest() -> No
         forwarded.append(fwd["id"])
     (forgotten,) = mux.from_server(jsonrpc.result(forwarded[0], {}))
     assert isinstance(forgotten, Discard) and forgotten.detail == {"id": forwarded[0]}
-    for upstream_id in (forwarded[1], forwarded[-1]):  # the oldest and newest still remembered
+    for upstream_id in (forwarded[1], forwarded[-1]):  # the oldest still remembered, and the newest
         assert mux.from_server(jsonrpc.result(upstream_id, {})) == []
 
 
