@@ -97,7 +97,8 @@ def classify(msg: Any) -> Kind:
 
 # A top-level id at the very start or very end of an object's text: how the
 # bridge names the request whose oversized response it had to drop.
-_LEADING_ID = re.compile(rb'^\s*\{\s*(?:"jsonrpc"\s*:\s*"2\.0"\s*,\s*)?"id"\s*:\s*(-?\d+|"[^"\\]*")')
+# The id must end where the head shows it ending: `"id":1.5` is not id 1.
+_LEADING_ID = re.compile(rb'^\s*\{\s*(?:"jsonrpc"\s*:\s*"2\.0"\s*,\s*)?"id"\s*:\s*(-?\d+|"[^"\\]*")\s*[,}]')
 _TRAILING_ID = re.compile(rb',\s*"id"\s*:\s*(-?\d+|"[^"\\]*")\s*\}\s*$')
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -40,7 +41,7 @@ def test_the_result_is_frozen() -> None:
 
 @pytest.mark.parametrize(
     ("text", "seconds"),
-    [("250ms", 0.25), ("30s", 30), ("5m", 300), ("1h", 3600), ("2.5s", 2.5), (7, 7), (0.5, 0.5)],
+    [("250ms", 0.25), ("30s", 30), ("5m", 300), ("1h", 3600), ("2.5s", 2.5), (7, 7), (0.5, 0.5), (0, 0), ("0s", 0)],
 )
 def test_durations(text: object, seconds: float) -> None:
     config = parse(MINIMAL + f"limits: {{request_timeout: {text}}}\n", environ={})
@@ -49,7 +50,8 @@ def test_durations(text: object, seconds: float) -> None:
 
 
 @pytest.mark.parametrize(
-    ("text", "size"), [("512", 512), ("64KiB", 65536), ("4MiB", 4 << 20), ("1GiB", 1 << 30), ("10MB", 10**7), (100, 100)]
+    ("text", "size"),
+    [("512", 512), ("7B", 7), ("2KB", 2000), ("64KiB", 65536), ("4MiB", 4 << 20), ("10MB", 10**7), ("3GB", 3 * 10**9), ("1GiB", 1 << 30), (100, 100)],
 )
 def test_sizes(text: object, size: int) -> None:
     config = parse(MINIMAL + f"limits: {{max_message_bytes: {text}}}\n", environ={})
@@ -62,17 +64,23 @@ listen: {port: "${PORT:-9000}"}
 servers:
   s:
     command: "${CMD}"
-    env: {TOKEN: "${SECRET}", LITERAL: "$${NOT_A_VAR}", MIXED: "a-${CMD}-b"}
+    env: {TOKEN: "${SECRET}", LITERAL: "$${NOT_A_VAR}", MIXED: "a-${CMD}-b", EMPTY: "${NOPE:-}", SET: "${CMD:-x}"}
 """
     config = parse(text, environ={"CMD": "run", "SECRET": "s3"})
     assert config.listen.port == 9000
     server = config.servers["s"]
     assert server.command == "run"
-    assert server.env == {"TOKEN": "s3", "LITERAL": "${NOT_A_VAR}", "MIXED": "a-run-b"}
+    assert server.env == {"TOKEN": "s3", "LITERAL": "${NOT_A_VAR}", "MIXED": "a-run-b", "EMPTY": "", "SET": "run"}
 
 
 def test_a_missing_variable_names_itself_and_its_key() -> None:
     assert problems("servers: {s: {command: '${NOPE}'}}") == ["servers.s.command: environment variable NOPE is not set"]
+    assert problems("servers: {s: {command: x, args: [a, '${NOPE}']}}") == ["servers.s.args[1]: environment variable NOPE is not set"]
+
+
+def test_keys_that_are_not_strings_are_reported_with_their_path() -> None:
+    assert problems("servers: {s: {command: x, env: {1: a}}}") == ["servers.s.env.1: keys must be strings"]
+    assert problems("servers: {1: {command: x}}") == ["servers.1: keys must be strings"]
 
 
 def test_every_problem_is_reported_with_its_path() -> None:
@@ -147,7 +155,20 @@ def test_off_loopback_without_tokens_is_refused_unless_allowed() -> None:
     parse(MINIMAL + f"listen: {{host: 0.0.0.0}}\nsecurity: {{tokens: [{{name: ops, token: {token}}}]}}\n", environ={})
 
 
-@pytest.mark.parametrize(("host", "loopback"), [("127.0.0.1", True), ("::1", True), ("localhost", True), ("127.1.2.3", True), ("0.0.0.0", False), ("10.0.0.1", False), ("example.com", False)])
+@pytest.mark.parametrize(
+    ("host", "loopback"),
+    [
+        ("127.0.0.1", True),
+        ("::1", True),
+        ("localhost", True),
+        ("app.localhost", True),  # RFC 6761
+        ("127.1.2.3", True),
+        ("0.0.0.0", False),
+        ("10.0.0.1", False),
+        ("example.com", False),
+        ("localhost.example.com", False),
+    ],
+)
 def test_loopback_detection(host: str, loopback: bool) -> None:
     assert is_loopback(host) is loopback
 
@@ -281,3 +302,66 @@ def test_slow_session_bytes_default_and_bound() -> None:
     assert problems(MINIMAL + "limits: {session_queue_bytes: 1MiB, max_message_bytes: 2MiB}\n") == [
         "limits.session_queue_bytes: smaller than limits.max_message_bytes (one message would drop a session)"
     ]
+
+
+def token_problems(**token: str) -> list[str]:
+    """The problems of a config whose one token has these keys (and a name)."""
+    entry = ", ".join(f"{key}: {json.dumps(value)}" for key, value in token.items())
+    return problems(MINIMAL + f"security: {{tokens: [{{name: t, {entry}}}]}}\n")
+
+
+def test_a_token_with_both_a_value_and_a_digest_is_refused() -> None:
+    both = token_problems(token="t" * 32, sha256="a" * 64)
+    assert both == ["security.tokens[0]: give exactly one of 'token', 'sha256' and 'token_file'"]
+
+
+@pytest.mark.parametrize("digest", ["a" * 63, "a" * 65, "g" * 64, "a" * 63 + "-", " " + "a" * 64, "a" * 64 + "\n"], ids=repr)
+def test_a_digest_is_exactly_64_hex_digits(digest: str) -> None:
+    assert token_problems(sha256=digest) == ["security.tokens[0].sha256: expected 64 hex digits"]
+
+
+def test_a_digest_of_64_hex_digits_either_case_is_accepted() -> None:
+    digest = "0123456789abcdef" * 3 + "0123456789ABCDEF"
+    config = parse(MINIMAL + f"security: {{tokens: [{{name: t, sha256: {digest}}}]}}\n", environ={})
+    assert config.security.tokens[0].sha256 == digest
+
+
+@pytest.mark.parametrize("length", [1, 8, 15])
+def test_a_token_shorter_than_16_characters_is_refused(length: int) -> None:
+    assert token_problems(token="t" * length) == ["security.tokens[0].token: too short (at least 16 characters)"]
+
+
+def test_a_token_of_16_characters_is_accepted() -> None:
+    config = parse(MINIMAL + "security: {tokens: [{name: t, token: tttttttttttttttt}]}\n", environ={})
+    assert config.security.tokens[0].token == "t" * 16
+
+
+def test_backoff_initial_may_equal_backoff_max_but_not_exceed_it() -> None:
+    text = "servers: {{time: {{command: uvx, restart: {{backoff_initial: {}, backoff_max: 2s}}}}}}\n"
+    restart = parse(text.format("2s"), environ={}).servers["time"].restart
+    assert restart.backoff_initial == restart.backoff_max == 2
+    assert problems(text.format("2.5s")) == ["servers.time.restart.backoff_initial: larger than backoff_max"]
+
+
+def test_a_server_name_is_at_most_64_characters() -> None:
+    name = "n" * 64
+    assert list(parse(f"servers: {{{name}: {{command: x}}}}\n", environ={}).servers) == [name]
+    (problem,) = problems(f"servers: {{{name}x: {{command: x}}}}\n")
+    assert problem.startswith(f"servers.{name}x: name must be 1-64 letters")
+
+
+def test_a_blank_command_is_refused() -> None:
+    assert problems("servers: {s: {command: '  '}}") == ["servers.s.command: must not be empty"]
+
+
+@pytest.mark.parametrize("path", ["metrics", "", "/servers/x"])
+def test_the_metrics_path_is_absolute_and_not_under_servers(path: str) -> None:
+    assert problems(MINIMAL + f"metrics: {{path: '{path}'}}\n") == ["metrics.path: must start with '/' and not be under /servers/"]
+
+
+@pytest.mark.parametrize("key", ["limits.max_sessions", "limits.max_inflight", "limits.session_queue", "servers.time.max_sessions"])
+def test_counts_are_at_least_one(key: str) -> None:
+    section, _, field = key.rpartition(".")
+    text = MINIMAL + f"limits: {{{field}: 0}}\n" if section == "limits" else f"servers: {{time: {{command: x, {field}: 0}}}}\n"
+    (problem,) = problems(text)
+    assert problem.startswith(f"{key}: expected `int` >= 1"), problem

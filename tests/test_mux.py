@@ -8,7 +8,7 @@ import pytest
 
 from bridge import jsonrpc
 from bridge.jsonrpc import ProtocolError
-from bridge.mux import Abandoned, Broadcast, Discard, Mux, RestartServer, State, Timer, ToServer, ToSession
+from bridge.mux import _CANCELLED_MEMORY, LOG_LEVELS, Abandoned, Broadcast, Discard, Mux, RestartServer, State, Timer, ToServer, ToSession
 
 INIT_RESULT = {"protocolVersion": "2025-06-18", "capabilities": {"tools": {}}, "serverInfo": {"name": "s", "version": "1"}}
 
@@ -295,8 +295,22 @@ def test_cancel_is_rewritten_upstream_and_no_late_result_reaches_the_client() ->
     (fwd,) = to_server(mux.from_client("a", req(4, "tools/call")))
     (cancel,) = to_server(mux.from_client("a", note("notifications/cancelled", requestId=4, reason="user")))
     assert cancel["params"] == {"requestId": fwd["id"], "reason": "user"}
+    assert mux.from_server(note("notifications/progress", progressToken=fwd["id"], progress=1)) == []  # dropped quietly
     assert mux.from_server(jsonrpc.result(fwd["id"], {})) == []  # dropped quietly
     assert mux.inflight("a") == 0
+
+
+def test_the_memory_of_cancelled_calls_is_bounded_and_forgets_the_oldest() -> None:
+    mux = ready_mux("a")
+    forwarded = []
+    for rid in range(_CANCELLED_MEMORY + 1):
+        (fwd,) = to_server(mux.from_client("a", req(rid, "tools/call")))
+        mux.from_client("a", note("notifications/cancelled", requestId=rid))
+        forwarded.append(fwd["id"])
+    (forgotten,) = mux.from_server(jsonrpc.result(forwarded[0], {}))
+    assert isinstance(forgotten, Discard) and forgotten.detail == {"id": forwarded[0]}
+    for upstream_id in (forwarded[1], forwarded[-1]):  # the oldest still remembered, and the newest
+        assert mux.from_server(jsonrpc.result(upstream_id, {})) == []
 
 
 def test_closing_a_session_cancels_its_calls_upstream() -> None:
@@ -477,6 +491,23 @@ def test_url_elicitation_only_goes_to_sessions_that_support_urls() -> None:
     assert isinstance(done, ToSession) and done.session == "url"
 
 
+def test_sampling_with_tools_or_context_goes_only_to_sessions_that_declared_them() -> None:
+    caps = {"plain": {"sampling": {}}, "tools": {"sampling": {"tools": {}}}, "context": {"sampling": {"context": {}}}}
+    mux = ready_mux("tools", "context", "plain", capabilities=caps)
+    for i, (params, able) in enumerate(
+        [
+            ({"tools": []}, "tools"),
+            ({"toolChoice": {"mode": "auto"}}, "tools"),
+            ({"includeContext": "thisServer"}, "context"),
+            ({"includeContext": "allServers"}, "context"),
+            ({"includeContext": "none"}, "plain"),
+        ]
+    ):
+        mux.from_client("plain", req(i, "ping"))  # plain is the most recently active session
+        (action,) = mux.from_server(req(i, "sampling/createMessage", messages=[], maxTokens=5, **params))
+        assert isinstance(action, ToSession) and action.session == able, params
+
+
 def test_a_session_that_leaves_before_answering_gives_the_server_an_error() -> None:
     mux = ready_mux("a", capabilities={"a": {"roots": {}}})
     (action,) = mux.from_server(req(8, "roots/list"))
@@ -491,6 +522,18 @@ def test_server_cancel_of_a_server_request_reaches_its_holder() -> None:
     (cancel,) = mux.from_server(note("notifications/cancelled", requestId=8))
     assert isinstance(cancel, ToSession) and cancel.session == "a"
     assert cancel.message["params"]["requestId"] == action.message["id"]  # type: ignore[union-attr]
+    (late,) = mux.from_client("a", jsonrpc.result(action.message["id"], {}))  # type: ignore[union-attr]
+    assert isinstance(late, Discard)  # the server gave up on it: no answer goes back
+    assert mux.table_sizes()["server_requests"] == 0
+
+
+def test_a_server_request_reusing_an_id_in_flight_is_dropped() -> None:
+    mux = ready_mux("a", capabilities={"a": {"roots": {}}})
+    (first,) = mux.from_server(req(8, "roots/list"))
+    (dropped,) = mux.from_server(req(8, "roots/list"))
+    assert isinstance(dropped, Discard) and dropped.detail == {"id": 8, "method": "roots/list"}
+    answer = to_server(mux.from_client("a", jsonrpc.result(first.message["id"], {"roots": []})))  # type: ignore[union-attr]
+    assert answer == [jsonrpc.result(8, {"roots": []})]
 
 
 def test_configured_roots_and_server_pings_are_answered_by_the_bridge() -> None:
@@ -498,6 +541,9 @@ def test_configured_roots_and_server_pings_are_answered_by_the_bridge() -> None:
     assert to_server(mux.from_server(req(1, "roots/list"))) == [jsonrpc.result(1, {"roots": [{"uri": "file:///srv"}]})]
     assert to_server(mux.from_server(req(2, "ping"))) == [jsonrpc.result(2, {})]
     assert mux.from_client("a", note("notifications/roots/list_changed")) == []
+    mux.open_session("b")  # the server need not ask again: the bridge answers roots itself
+    joined = mux.from_client("b", req(1, "initialize", protocolVersion="2025-06-18", capabilities={"roots": {}}, clientInfo={}))
+    assert to_server(joined) == []
 
 
 def test_a_client_with_roots_joining_prompts_the_server_to_ask_again() -> None:
@@ -573,6 +619,23 @@ def test_a_session_closing_withdraws_a_subscribe_another_session_queued() -> Non
     assert [m for m in sent if m.get("method") == "resources/subscribe"] == []
 
 
+def test_an_update_reaches_subscribers_of_its_uri_and_of_its_parents_only() -> None:
+    mux = ready_mux("a", "b", "c")
+    for sid, uri in (("a", "res://a"), ("b", "res://a/"), ("c", "res://ab")):
+        mux.from_client(sid, req(1, "resources/subscribe", uri=uri))
+    for uri, sessions in (
+        ("res://a", {"a"}),
+        ("res://a/", {"a", "b"}),
+        ("res://a/x", {"a", "b"}),
+        ("res://a/x/y", {"a", "b"}),
+        ("res://ab", {"c"}),
+        ("res://abc", set()),
+        ("res://", set()),
+    ):
+        actions = mux.from_server(note("notifications/resources/updated", uri=uri))
+        assert {s for a in actions if isinstance(a, Broadcast) for s in a.sessions} == sessions, uri
+
+
 def test_the_last_subscriber_leaving_unsubscribes_upstream() -> None:
     mux = ready_mux("a")
     (sub,) = to_server(mux.from_client("a", req(1, "resources/subscribe", uri="u")))
@@ -595,6 +658,25 @@ def test_the_server_log_level_is_the_most_verbose_any_session_wants() -> None:
     assert set(b.sessions) == {"a", "b"}  # type: ignore[union-attr]
     (restore,) = to_server(mux.close_session("b"))
     assert restore["method"] == "logging/setLevel" and restore["params"] == {"level": "warning"}
+
+
+def test_a_session_gets_log_messages_at_its_level_and_above_only() -> None:
+    mux = ready_mux(*LOG_LEVELS)
+    for sid in LOG_LEVELS:  # each session is named for the level it asks for
+        mux.from_client(sid, req(1, "logging/setLevel", level=sid))
+    for i, level in enumerate(LOG_LEVELS):
+        (b,) = mux.from_server(note("notifications/message", level=level, data="x"))
+        assert set(b.sessions) == set(LOG_LEVELS[: i + 1]), level  # type: ignore[union-attr]
+    (b,) = mux.from_server(note("notifications/message", level="unheard-of", data="x"))
+    assert set(b.sessions) == set(LOG_LEVELS), "a level the bridge does not know is shown to all"  # type: ignore[union-attr]
+
+
+def test_a_level_that_changes_nothing_upstream_is_answered_here() -> None:
+    mux = ready_mux("a", "b")
+    (fwd,) = to_server(mux.from_client("a", req(1, "logging/setLevel", level="debug")))
+    mux.from_server(jsonrpc.result(fwd["id"], {}))
+    actions = mux.from_client("b", req(1, "logging/setLevel", level="error"))
+    assert to_server(actions) == [] and to_session(actions, "b") == [jsonrpc.result(1, {})]
 
 
 def test_sessions_that_never_set_a_level_get_every_log_message() -> None:

@@ -245,6 +245,8 @@ LOOPBACK_HOSTS_REFUSED = [
     "[::]",
     "[2001:db8::1]:80",
     "",
+    "localhost:http",  # a port is digits
+    "127.0.0.1:8o",
 ]
 
 
@@ -258,10 +260,10 @@ def test_guard_host_on_loopback(bind: str) -> None:
 
 
 def test_guard_allowed_hosts_on_loopback() -> None:
-    g = make_guard(hosts=["bridge.example.com", "other.example.com:8443"])
-    for host in ["bridge.example.com", "bridge.example.com:443", "BRIDGE.Example.com", "other.example.com:8443", "localhost:1"]:
+    g = make_guard(hosts=["bridge.example.com", "other.example.com:8443", "Mixed.Example.COM"])
+    for host in ["bridge.example.com", "bridge.example.com:443", "BRIDGE.Example.com", "other.example.com:8443", "localhost:1", "mixed.example.com"]:
         assert g.host_allowed(host), host
-    for host in ["evil.example.com", "bridge.example.com.evil.example.com", "example.com", "other.example.com:9999"]:
+    for host in ["evil.example.com", "bridge.example.com.evil.example.com", "example.com", "other.example.com:9999", "bridge.example.com:x"]:
         assert not g.host_allowed(host), host
 
 
@@ -306,6 +308,44 @@ def test_guard_origin() -> None:
     public = make_guard(host="0.0.0.0", allow_unauthenticated=True)
     for origin in ["http://localhost:8080", "http://127.0.0.1:8080", ORIGIN]:
         assert not public.origin_allowed(origin), origin
+
+
+def test_guard_host_cache_is_bounded_and_answers_right_when_full() -> None:
+    g = make_guard(hosts=["bridge.example.com"])
+    for round_ in range(2):  # the second round asks again what the first filled the cache with
+        for i in range(3 * security.HOST_CACHE):
+            assert g.host_allowed(f"localhost:{i}"), (round_, i)
+            assert not g.host_allowed(f"evil{i}.example.com"), (round_, i)
+            assert g.host_allowed("bridge.example.com") and not g.host_allowed("evil.example.com"), (round_, i)
+            assert len(g._hosts) <= security.HOST_CACHE
+
+
+def test_admit_checks_host_then_origin_then_token_then_server() -> None:
+    g = make_guard(TOKENS, origins=[ORIGIN], environ=ENV)
+    alice = f"Bearer {ALICE}"
+    refusal = security.admit(g, "evil.example.com", EVIL_ORIGIN, None, "g")
+    assert isinstance(refusal, security.Refusal) and (refusal.status, refusal.kind) == (403, "host")
+    refusal = security.admit(g, "localhost", EVIL_ORIGIN, None, "g")
+    assert isinstance(refusal, security.Refusal) and (refusal.status, refusal.kind) == (403, "origin")
+    for header, kind in ((None, "missing_token"), (f"Bearer {WRONG}", "invalid_token")):
+        refusal = security.admit(g, "localhost", ORIGIN, header, "g")
+        assert isinstance(refusal, security.Refusal) and (refusal.status, refusal.kind) == (401, kind)
+        assert refusal.headers == {"WWW-Authenticate": security.WWW_AUTHENTICATE}
+    refusal = security.admit(g, "localhost", ORIGIN, alice, "g")
+    assert isinstance(refusal, security.Refusal) and (refusal.status, refusal.kind) == (403, "forbidden_server")
+    assert refusal.detail == {"token": "alice"}
+    for server in ("f", None):  # None: a path that names no server (/status, /metrics)
+        principal = security.admit(g, "localhost", None, alice, server)
+        assert isinstance(principal, security.Principal) and principal.name == "alice"
+    assert security.admit(make_guard(), "localhost", None, None, "f") is None  # no tokens: no auth
+
+
+def test_admit_preflight_needs_no_token_but_the_same_host_and_origin() -> None:
+    g = make_guard(TOKENS, origins=[ORIGIN], environ=ENV)
+    assert security.admit(g, "localhost:8080", ORIGIN, None, "g", preflight=True) is None
+    for host, origin, kind in (("evil.example.com", ORIGIN, "host"), ("localhost", EVIL_ORIGIN, "origin")):
+        refusal = security.admit(g, host, origin, None, "f", preflight=True)
+        assert isinstance(refusal, security.Refusal) and (refusal.status, refusal.kind) == (403, kind), (host, origin)
 
 
 # =================================================================== tokens end to end
@@ -536,6 +576,9 @@ async def test_origin_and_cors(bridge: Any) -> None:
             assert {"GET", "POST"} <= methods, resp_headers
             allowed = {h.strip().lower() for h in resp_headers.get("Access-Control-Allow-Headers", "").split(",")}
             assert {"mcp-session-id", "authorization", "content-type"} <= allowed, resp_headers
+        # OPTIONS with no Origin is no preflight: it needs a token like any request.
+        status, _, body = await fetch("OPTIONS", b.url("f"), {"Access-Control-Request-Method": "POST"})
+        assert status == 401, (status, body)
         # A preflight from another origin: 403, no CORS headers.
         status, resp_headers, body = await fetch("OPTIONS", f"{b.base}/servers/f/messages", {**preflight, "Origin": EVIL_ORIGIN})
         assert status == 403, (status, body)
@@ -552,6 +595,10 @@ async def test_host_header_dns_rebinding(bridge: Any) -> None:
             for method, url in (("GET", b.url("f")), ("POST", c.endpoint), ("GET", f"{b.base}/status"), ("GET", f"{b.base}/metrics")):
                 status, _, body = await fetch(method, url, {"Host": host}, data=json.dumps(PING) if method == "POST" else None)
                 assert status in (403, 421), (host, method, url, status, body)
+            # A CORS preflight is refused on its Host like any request, before its Origin is looked at.
+            preflight = {"Host": host, "Origin": f"http://localhost:{b.port}", "Access-Control-Request-Method": "POST"}
+            status, headers, body = await fetch("OPTIONS", c.endpoint, preflight)
+            assert status == 403 and "Access-Control-Allow-Methods" not in headers, (host, status, body)
         assert any("host" in str(e.get("reason", "")).lower() for e in rejections(b)), rejections(b)
         assert not c._held  # the refused POSTs never reached the session
         for host in ("localhost:1234", "localhost", "127.0.0.1", f"127.0.0.1:{b.port}", "[::1]:9", "bridge.example.com:8443"):
@@ -560,6 +607,9 @@ async def test_host_header_dns_rebinding(bridge: Any) -> None:
             status, _, body = await fetch("POST", c.endpoint, {"Host": host}, data=json.dumps({**PING, "id": host}))
             assert status == 202, (host, status, body)
             assert (await c.response(host))["result"] == {}
+            preflight = {"Host": host, "Origin": f"http://localhost:{b.port}", "Access-Control-Request-Method": "POST"}
+            status, headers, body = await fetch("OPTIONS", c.endpoint, preflight)
+            assert status == 204 and "POST" in headers["Access-Control-Allow-Methods"], (host, status, body)
         # Probes stay open whatever the Host.
         status, _, _ = await fetch("GET", f"{b.base}/healthz", {"Host": "evil.example.com"})
         assert status == 200

@@ -1,0 +1,245 @@
+"""Hand-made faults in the access, config, JSON-RPC and routing rules: does any test catch each?
+
+Each fault is a textual patch (one exact, unique snippet replaced) applied alone
+to a copy of the tree; the tests of the faulty module then run against that copy
+(`-x`: the first failure kills the fault). A fault that every test passes
+survived: a real bug that would ship green. Some faults are judged equivalent
+(no behaviour anyone can observe changes); they are run and listed apart, with why.
+
+    PYTHONPATH=$PWD .venv/bin/python tests/mutation/run.py [--baseline REV] [NAME ...]
+
+`--baseline REV` runs the same faults against the tests as they were at REV (the
+sources stay as they are now), for a before/after count. NAMEs pick faults by
+name prefix. Not collected by pytest (its name does not start with `test_`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+TIMEOUT = 600.0  # per fault: a fault that hangs the tests counts as killed, and says so
+
+TESTS = {
+    "bridge/security.py": ("tests/test_security.py",),
+    "bridge/config.py": ("tests/test_config.py",),
+    "bridge/jsonrpc.py": ("tests/test_jsonrpc.py", "tests/test_mux.py", "tests/test_mux_properties.py"),
+    "bridge/mux.py": ("tests/test_mux.py", "tests/test_mux_properties.py"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    name: str
+    module: str
+    old: str
+    new: str
+    equivalent: str = ""  # why no observable behaviour changes, when judged so
+
+
+SEC, CFG, RPC, MUX = "bridge/security.py", "bridge/config.py", "bridge/jsonrpc.py", "bridge/mux.py"
+
+# The fifteen that survived the first mutation run (issue 11).
+ISSUE_11 = [
+    Fault("sec-preflight-skips-host", SEC, "if not guard.host_allowed(host):", "if not preflight and not guard.host_allowed(host):"),
+    Fault("cfg-token-and-sha256", CFG, "if (token.token is None) == (token.sha256 is None):", "if token.token is None and token.sha256 is None:"),
+    Fault("cfg-sha256-63-digits", CFG, 'r"[0-9a-fA-F]{64}"', 'r"[0-9a-fA-F]{63,64}"'),
+    Fault("cfg-sha256-65-digits", CFG, 're.fullmatch(r"[0-9a-fA-F]{64}"', 're.match(r"[0-9a-fA-F]{64}"'),
+    Fault("cfg-sha256-not-hex", CFG, 'r"[0-9a-fA-F]{64}"', 'r"[0-9a-zA-Z]{64}"'),
+    Fault("cfg-token-8-enough", CFG, "len(token.token) < 16", "len(token.token) < 8"),
+    Fault("cfg-token-16-short", CFG, "len(token.token) < 16", "len(token.token) <= 16"),
+    Fault("cfg-backoff-equal-refused", CFG, "server.restart.backoff_initial > server.restart.backoff_max", "server.restart.backoff_initial >= server.restart.backoff_max"),
+    Fault("mux-updated-bare-prefix", MUX, 'uri.startswith(sub if sub.endswith("/") else sub + "/")', "uri.startswith(sub)"),
+    Fault("mux-log-level-exclusive", MUX, "level >= p.level", "level > p.level"),
+    Fault("rpc-error-data-null", RPC, '    if data is not None:\n        err["data"] = data', '    err["data"] = data'),
+    Fault("rpc-protocol-error-drops-id", RPC, "return error(self.request_id, self.code, self.message)", "return error(None, self.code, self.message)"),
+    Fault("sec-host-cache-unbounded", SEC, "                self._hosts.clear()", "                pass"),
+    Fault("mux-cancelled-unbounded", MUX, "            self._cancelled.popitem(last=False)", "            pass"),
+    Fault("mux-cancelled-forgets-newest", MUX, "self._cancelled.popitem(last=False)", "self._cancelled.popitem(last=True)"),
+]  # fmt: skip
+
+# Further faults of the same kinds: off-by-one, swapped condition, dropped branch.
+FURTHER = [
+    # security.py
+    Fault("sec-scheme-case-sensitive", SEC, 'if scheme.lower() != "bearer"', 'if scheme != "Bearer"'),
+    Fault("sec-first-match-returns", SEC, "                found = principal", "                return principal"),
+    Fault("sec-no-host-refused", SEC, "        if host is None:\n            return True", "        if host is None:\n            return False"),
+    Fault("sec-public-ignores-allowed-hosts", SEC, "            return not self.allowed_hosts", "            return True"),
+    Fault("sec-host-with-port-not-listed", SEC, "if host.lower() in self.allowed_hosts or name in self.allowed_hosts:", "if name in self.allowed_hosts:"),
+    Fault("sec-allowed-hosts-case", SEC, "frozenset(h.lower() for h in sec.allowed_hosts)", "frozenset(sec.allowed_hosts)"),
+    Fault("sec-origin-any-scheme", SEC, 'bool(sep) and scheme in ("http", "https") and', "bool(sep) and"),
+    Fault("sec-public-loopback-origin", SEC, "        if not self.loopback:\n            return False\n", ""),
+    Fault("sec-ipv6-bracket", SEC, 'host[1 : host.find("]")]', "host[1:-1]"),
+    Fault("sec-port-not-digits", SEC, "if sep and port.isdigit() and", "if sep and"),
+    Fault("sec-preflight-needs-token", SEC, "if preflight or not guard.principals:", "if not guard.principals:"),
+    Fault("sec-no-server-checked", SEC, "if server is not None and not principal.may_use(server):", "if not principal.may_use(server):"),
+    Fault("sec-token-kinds-swapped", SEC, '"invalid_token" if authorization is not None else "missing_token"', '"missing_token" if authorization is not None else "invalid_token"'),
+    # The whole preflight answer, given before the Host is looked at: only the daemon tests see it.
+    Fault("sec-preflight-before-checks", SEC, "        result = admit(", "        if preflight and request.app[LIVE].guard.origin_allowed(origin):\n            return web.Response(status=204, headers={\"Access-Control-Allow-Methods\": CORS_METHODS, \"Access-Control-Allow-Headers\": CORS_HEADERS, \"Access-Control-Max-Age\": \"600\"})\n        result = admit("),
+    Fault("sec-options-without-origin-open", SEC, 'preflight = origin is not None and request.method == "OPTIONS"', 'preflight = request.method == "OPTIONS"'),
+    Fault("sec-probes-guarded", SEC, "if request.path in OPEN_PATHS:", "if request.path in OPEN_PATHS and False:"),
+    Fault("sec-cors-for-any-origin", SEC, "if origin is None or not guard.origin_allowed(origin):", "if origin is None:"),
+    Fault("sec-host-cache-wrong-after-clear", SEC, "                self._hosts.clear()", "                self._hosts.clear()\n                return True"),
+    Fault("sec-origin-none-checked", SEC, "if origin is not None and not guard.origin_allowed(origin):", "if not guard.origin_allowed(origin):",
+          equivalent="origin_allowed(None) is True, so the None test in admit only saves a call"),
+    # config.py
+    Fault("cfg-zero-duration-refused", CFG, "if value.__class__ in (int, float) and value >= 0:", "if value.__class__ in (int, float) and value > 0:"),
+    Fault("cfg-negative-duration", CFG, "if value.__class__ in (int, float) and value >= 0:", "if value.__class__ in (int, float):"),
+    Fault("cfg-kb-is-kib", CFG, '"KB": 1000,', '"KB": 1024,'),
+    Fault("cfg-gb-is-gib", CFG, '"GB": 10**9,', '"GB": 1024**3,'),
+    Fault("cfg-minutes-are-seconds", CFG, '"m": 60.0,', '"m": 1.0,'),
+    Fault("cfg-escape-kept", CFG, "return match.group(0)[1:]", "return match.group(0)"),
+    Fault("cfg-empty-default-missing", CFG, "        if default is not None:\n            return default", "        if default:\n            return default"),
+    Fault("cfg-list-var-path", CFG, 'return [_interpolate(v, f"{path}[{i}]", environ, problems)', "return [_interpolate(v, path, environ, problems)"),
+    Fault("cfg-non-string-keys", CFG, '                problems.append(f"{_join(path, key)}: keys must be strings")\n', "                pass\n"),
+    Fault("cfg-required-not-checked", CFG, "        elif info.required:", "        elif False:"),
+    Fault("cfg-name-65-chars", CFG, "[A-Za-z0-9_.-]{0,63}$", "[A-Za-z0-9_.-]{0,64}$"),
+    Fault("cfg-blank-command", CFG, "if not server.command.strip():", "if not server.command:"),
+    Fault("cfg-duplicate-names", CFG, "        seen.add(token.name)\n", ""),
+    Fault("cfg-star-is-unknown", CFG, 'if server_name != "*" and server_name not in config.servers:', "if server_name not in config.servers:"),
+    Fault("cfg-metrics-path-relative", CFG, 'if not config.metrics.path.startswith("/") or', "if"),
+    Fault("cfg-dot-localhost", CFG, 'if host == "localhost" or host.endswith(".localhost"):', 'if host == "localhost":'),
+    Fault("cfg-zero-positive", CFG, "PositiveInt = Annotated[int, msgspec.Meta(ge=1)]", "PositiveInt = Annotated[int, msgspec.Meta(ge=0)]"),
+    Fault("cfg-yaml-line-zero-based", CFG, "mark.line + 1", "mark.line"),
+    Fault("cfg-unauthenticated-ignored", CFG, "if config.security.tokens or config.security.allow_unauthenticated or is_loopback(host):", "if config.security.tokens or is_loopback(host):"),
+    # jsonrpc.py
+    Fault("rpc-bool-id", RPC, "return cls is int or cls is str", "return isinstance(value, (int, str))"),
+    Fault("rpc-null-params-refused", RPC, "if params is not None and params.__class__ is not dict:", "if params.__class__ is not dict:"),
+    Fault("rpc-result-and-error", RPC, 'if ("result" in msg) == ("error" in msg):', 'if "result" not in msg and "error" not in msg:'),
+    Fault("rpc-unsafe-id", RPC, """raise ProtocolError(INVALID_REQUEST, 'invalid request: "jsonrpc" must be "2.0"', _safe_id(rid))""", """raise ProtocolError(INVALID_REQUEST, 'invalid request: "jsonrpc" must be "2.0"', rid)"""),
+    Fault("rpc-sniff-quotes-kept", RPC, "return raw[1:-1].decode(", "return raw.decode("),
+    Fault("rpc-sniff-head-only", RPC, "match = _LEADING_ID.match(head) or _TRAILING_ID.search(tail)", "match = _LEADING_ID.match(head)"),
+    Fault("rpc-sniff-id-prefix", RPC, '''(-?\\d+|"[^"\\\\]*")\\s*[,}]')''', '''(-?\\d+|"[^"\\\\]*")')'''),
+    Fault("rpc-empty-params-dropped", RPC, '    msg: Message = {"jsonrpc": "2.0", "id": request_id, "method": method}\n    if params is not None:', '    msg: Message = {"jsonrpc": "2.0", "id": request_id, "method": method}\n    if params:'),
+    # mux.py
+    Fault("mux-inflight-limit-plus-one", MUX, "len(peer.calls) >= self.max_inflight", "len(peer.calls) > self.max_inflight"),
+    Fault("mux-unsubscribe-last-kept", MUX, "len(subscribers) > 1:", "len(subscribers) >= 1:"),
+    Fault("mux-level-always-forwarded", MUX, "        if wanted == self._upstream_level:\n            return [self._reply(peer, msg[\"id\"], {})]\n", ""),
+    Fault("mux-cancel-not-remembered", MUX, "        self._remember_cancelled(call.upstream_id)\n        msg[\"params\"]", "        msg[\"params\"]"),
+    Fault("mux-timeout-not-remembered", MUX, "                self._remember_cancelled(call.upstream_id)\n                out.append(ToServer(_cancelled(call.upstream_id, \"request timed out\")))", "                out.append(ToServer(_cancelled(call.upstream_id, \"request timed out\")))"),
+    Fault("mux-held-answer-accepted", MUX, "if call is None or not call.sent:", "if call is None:"),
+    Fault("mux-unset-level-filtered", MUX, "(p.level is None or level >= p.level)", "(p.level is not None and level >= p.level)"),
+    Fault("mux-unknown-level-hidden", MUX, "_LEVEL_INDEX.get(_param(msg, \"level\"), len(LOG_LEVELS))", "_LEVEL_INDEX.get(_param(msg, \"level\"), 0)"),
+    Fault("mux-updated-exact-uri-ignored", MUX, "if uri == sub or uri.startswith(", "if uri.startswith("),
+    Fault("mux-updated-slash-doubled", MUX, 'uri.startswith(sub if sub.endswith("/") else sub + "/")', 'uri.startswith(sub + "/")'),
+    Fault("mux-least-verbose-level", MUX, "return min(levels) if levels else None", "return max(levels) if levels else None"),
+    Fault("mux-level-kept-on-close", MUX, "        if peer.level is not None:\n            out += self._sync_level()\n        return self._settle(out)", "        return self._settle(out)"),
+    Fault("mux-failed-becomes-down", MUX, "        if self.state is not State.FAILED:\n            self.state = State.DOWN", "        self.state = State.DOWN"),
+    Fault("mux-backlog-not-marked-sent", MUX, "                call.sent = True\n                call.sent_at = self._clock()\n        return [ToServer(m) for m in backlog]", "                call.sent_at = self._clock()\n        return [ToServer(m) for m in backlog]"),
+    Fault("mux-least-recent-session", MUX, "return max(able, key=lambda p: p.last_active, default=None), None", "return min(able, key=lambda p: p.last_active, default=None), None"),
+    Fault("mux-sampling-tools-ignored", MUX, 'if ("tools" in params or "toolChoice" in params) and "tools" not in cap:', "if False:"),
+    Fault("mux-sampling-context-ignored", MUX, 'return params.get("includeContext", "none") == "none" or "context" in cap', 'return params.get("includeContext", "none") == "none"'),
+    Fault("mux-url-elicitation-anywhere", MUX, 'if wanted == "elicitation" and params.get("mode") == "url":', "if False:"),
+    Fault("mux-progress-after-cancel-noisy", MUX, ' if token not in self._cancelled else []', ""),
+    Fault("mux-server-id-reuse", MUX, "        if server_id in self._server_request_ids:\n", "        if False:\n"),
+    Fault("mux-server-cancel-kept", MUX, "        req = self._server_requests[downstream_id]\n        self._forget_server_request(req)\n", "        req = self._server_requests[downstream_id]\n"),
+    Fault("mux-any-session-can-answer", MUX, "peer.can_answer = any(name in peer.capabilities for name in _CAPABILITY_FOR.values())", "peer.can_answer = True"),
+    Fault("mux-roots-prompt-with-own-roots", MUX, 'if self.roots is None and "roots" in peer.capabilities:', 'if "roots" in peer.capabilities:'),
+    Fault("mux-down-unsubscribe-sent", MUX, "        del self._subscribers[uri]\n        if self.state is not State.READY:\n            return []\n", "        del self._subscribers[uri]\n"),
+    Fault("mux-task-list-unfiltered", MUX, 'result["tasks"] = [t for t in result["tasks"] if t.__class__ is dict and _scalar(t.get("taskId")) in peer.tasks]', "pass"),
+    Fault("mux-version-newer-than-server", MUX, "PROTOCOL_VERSIONS.index(client_version) > PROTOCOL_VERSIONS.index(", "PROTOCOL_VERSIONS.index(client_version) < PROTOCOL_VERSIONS.index("),
+    Fault("mux-version-tie", MUX, "PROTOCOL_VERSIONS.index(client_version) > PROTOCOL_VERSIONS.index(", "PROTOCOL_VERSIONS.index(client_version) >= PROTOCOL_VERSIONS.index(",
+          equivalent="on a tie the client's and the server's version are the same string"),
+    Fault("mux-cancelled-kept-across-restart", MUX, "        self._cancelled.clear()\n", "",
+          equivalent="upstream ids come from one counter and are never reused, so ids of a dead process can match no new reply; only memory (bounded) differs"),
+    Fault("mux-timeout-at-the-instant", MUX, "            if call.started >= deadline:\n                continue", "            if call.started > deadline:\n                continue",
+          equivalent="differs only when a call is exactly `timeout` old on a float clock; either reading of 'after timeout seconds' is right"),
+]  # fmt: skip
+
+FAULTS = ISSUE_11 + FURTHER
+
+
+def copy_tree(dest: Path, baseline: str | None) -> None:
+    """The tracked files as they are now (tests as at `baseline`, if given), plus the node packages."""
+    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT, check=True, capture_output=True).stdout.split(b"\0")
+    for name in filter(None, (f.decode() for f in files)):
+        source = ROOT / name
+        if source.is_file() and not source.is_symlink():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, dest / name)
+    if baseline is not None:
+        shutil.rmtree(dest / "tests")
+        archive = subprocess.run(["git", "archive", baseline, "tests"], cwd=ROOT, check=True, capture_output=True).stdout
+        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+            tar.extractall(dest, filter="data")
+    modules = ROOT / "tests" / "node" / "node_modules"
+    if modules.exists():
+        (dest / "tests" / "node").mkdir(parents=True, exist_ok=True)
+        (dest / "tests" / "node" / "node_modules").symlink_to(modules.resolve())
+
+
+def run_tests(tree: Path, files: tuple[str, ...]) -> tuple[str, str]:
+    """'passed', 'failed' or 'timeout', and the first failing test's line (or why nothing ran)."""
+    present = [f for f in files if (tree / f).exists()]
+    if not present:
+        return "passed", "no tests"
+    env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1"}
+    command = [sys.executable, "-m", "pytest", "-x", "-q", "-rf", "-p", "no:cacheprovider", "--hypothesis-seed=0", *present]
+    try:
+        done = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        return "timeout", f"over {TIMEOUT:.0f}s"
+    finally:
+        shutil.rmtree(tree / ".hypothesis", ignore_errors=True)  # no example replayed from another fault
+    if done.returncode == 0:
+        return "passed", ""
+    failed = [line for line in done.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))]
+    if done.returncode != 1 or not failed:
+        return "failed", f"pytest exit {done.returncode}: {done.stdout.strip().splitlines()[-1:] or done.stderr[-200:]}"
+    return "failed", failed[0][:160]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--baseline", metavar="REV", help="run the tests as they were at this git revision")
+    parser.add_argument("names", nargs="*", help="only the faults whose name starts with one of these")
+    args = parser.parse_args()
+    faults = [f for f in FAULTS if not args.names or f.name.startswith(tuple(args.names))]
+    with tempfile.TemporaryDirectory(prefix="mutants-") as tmp:
+        tree = Path(tmp)
+        copy_tree(tree, args.baseline)
+        for module in sorted({f.module for f in faults}):
+            outcome, detail = run_tests(tree, TESTS[module])
+            if outcome != "passed":
+                print(f"the unchanged {module} fails its own tests: {detail}", file=sys.stderr)
+                return 2
+        survivors: list[Fault] = []
+        killed = 0
+        for fault in faults:
+            path = tree / fault.module
+            original = path.read_text()
+            if original.count(fault.old) != 1:
+                print(f"{fault.name}: its snippet occurs {original.count(fault.old)} times in {fault.module}", file=sys.stderr)
+                return 2
+            path.write_text(original.replace(fault.old, fault.new))
+            started = time.monotonic()
+            try:
+                outcome, detail = run_tests(tree, TESTS[fault.module])
+            finally:
+                path.write_text(original)
+            verdict = "survived" if outcome == "passed" else "killed" if outcome == "failed" else "killed (timeout)"
+            print(f"{verdict:<16} {fault.name:<36} {time.monotonic() - started:5.1f}s  {detail}", flush=True)
+            if outcome == "passed":
+                survivors.append(fault)
+            else:
+                killed += 1
+    equivalent = [f for f in survivors if f.equivalent]
+    real = [f for f in faults if not f.equivalent]
+    print(f"\n{killed} of {len(faults)} faults killed; {len(real) - (len(survivors) - len(equivalent))} of {len(real)} real faults killed")
+    for fault in survivors:
+        print(f"survivor {fault.name} ({fault.module})" + (f": judged equivalent, {fault.equivalent}" if fault.equivalent else ""))
+    return 1 if len(survivors) > len(equivalent) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
