@@ -7,6 +7,7 @@ The server processes are real (the demo server); only the HTTP client is in-proc
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import yaml
@@ -16,6 +17,7 @@ from bridge import config as cfg
 from bridge.app import apply_config, create_app
 from bridge.transports.common import GATEWAYS, LIVE
 from conftest import demo
+from rawclient import RawSse
 
 TOKEN = "ops-token-0123456789"
 
@@ -78,3 +80,23 @@ async def test_a_reload_changes_what_an_open_session_may_see(aiohttp_client: Any
     await apply_config(app, new)
     assert "echo" not in await tools()
     assert len(app[GATEWAYS]["demo"].sessions) == 1
+
+
+async def test_a_400_for_a_request_whose_id_could_be_read_carries_that_id(aiohttp_client: Any, bridge: Any) -> None:
+    """JSON-RPC: the error answers the request's id when it could be read, else null. The
+    same on aiohttp's path (in-process here) and on the fast path (the daemon below)."""
+    bad = {"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": ["not", "an", "object"]}
+    app = create_app(config())
+    client = await aiohttp_client(app)
+    await ready(client)
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t"}}}
+    opened = await client.post("/servers/demo/mcp", json=init, headers={**AUTH, "Accept": "application/json"})
+    session = {**AUTH, "Accept": "application/json", "Mcp-Session-Id": opened.headers["Mcp-Session-Id"]}
+    answered = await client.post("/servers/demo/mcp", json=bad, headers=session)
+    assert answered.status == 400 and (await answered.json())["id"] == 7
+    unreadable = await client.post("/servers/demo/mcp", data=b"{not json", headers=session)
+    assert unreadable.status == 400 and (await unreadable.json())["id"] is None
+    async with bridge({"servers": {"demo": demo()}}) as b, RawSse(b.url("demo")) as c:
+        await c.initialize()
+        status, body = await c.post(bad)
+        assert status == 400 and json.loads(body)["id"] == 7

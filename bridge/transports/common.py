@@ -130,6 +130,6 @@ def route(gateway: Gateway, session: Session, payload: Any) -> None:
     try:
         gateway.from_client(session, payload)
     except ProtocolError as exc:
-        raise HttpError(400, exc.message, exc.code) from None
+        raise HttpError(400, exc.message, exc.code, request_id=exc.request_id) from None
     except Throttled as exc:
         raise HttpError(429, exc.reason, jsonrpc.TOO_MANY_REQUESTS, {"Retry-After": str(exc.retry_after)}) from None

@@ -37,19 +37,25 @@ PRINCIPAL: web.RequestKey[str | None] = web.RequestKey("mcp_bridge.principal")
 class HttpError(Exception):
     """A request refused: rendered by each path as `status` with a JSON-RPC error body."""
 
-    __slots__ = ("code", "headers", "message", "status")
+    __slots__ = ("code", "headers", "message", "request_id", "status")
 
     def __init__(
-        self, status: int, message: str, code: int = jsonrpc.INVALID_REQUEST, headers: Mapping[str, str] | None = None
+        self,
+        status: int,
+        message: str,
+        code: int = jsonrpc.INVALID_REQUEST,
+        headers: Mapping[str, str] | None = None,
+        request_id: jsonrpc.RequestId | None = None,  # the request's, when it could be read
     ) -> None:
         super().__init__(status, message)
         self.status = status
         self.message = message
         self.code = code
         self.headers = headers
+        self.request_id = request_id
 
     def body(self) -> bytes:
-        return jsonrpc.encode(jsonrpc.error(None, self.code, self.message))
+        return jsonrpc.encode(jsonrpc.error(self.request_id, self.code, self.message))
 
 
 INTERNAL_ERROR = HttpError(500, "internal error", jsonrpc.INTERNAL_ERROR)  # a bug: the details are in the log
