@@ -14,6 +14,7 @@ import re
 import stat
 import types
 import typing
+import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -75,6 +76,7 @@ class Listen(Struct, frozen=True):
     host: str = "127.0.0.1"
     port: Port = 8080
     tls: TLS | None = None
+    trusted_proxies: tuple[str, ...] = ()  # addresses or networks that may set X-Forwarded-*
 
 
 class Filter(Struct, frozen=True):
@@ -105,8 +107,39 @@ class Token(Struct, frozen=True):
     resources: dict[str, Filter] = {}
 
 
+class Introspection(Struct, frozen=True):
+    """RFC 7662, for opaque access tokens."""
+
+    url: str
+    client_id: str
+    client_secret: str | None = None  # with client_secret_file: the file's content, filled in by parse
+    client_secret_file: str | None = None
+
+
+# Signature algorithms a token may use: asymmetric only (no `none`, no HMAC, so no key confusion).
+Algorithm = Literal["RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA"]
+
+
+class AuthorizationServer(Struct, frozen=True):
+    issuer: str
+    jwks_uri: str | None = None  # None: from the issuer's metadata
+    algorithms: tuple[Algorithm, ...] = ("RS256", "ES256")
+    audience: str | None = None  # None: the bridge's resource URL (or a server's)
+    principal_claim: str = "sub"
+    scopes_claim: str = "scope"  # a space-separated string or a list (a group claim)
+    leeway: Duration = Duration(30)
+    introspection: Introspection | None = None
+
+
+class OAuth(Struct, frozen=True):
+    authorization_servers: tuple[AuthorizationServer, ...]
+    resource: str | None = None  # the canonical public base URL; None: the listening address
+    scopes: dict[str, tuple[str, ...]] = {}  # scope or group value -> servers ("*": all)
+
+
 class Security(Struct, frozen=True):
     tokens: tuple[Token, ...] = ()
+    oauth: OAuth | None = None
     allowed_origins: tuple[str, ...] = ()
     allowed_hosts: tuple[str, ...] = ()
     allow_unauthenticated: bool = False
@@ -236,7 +269,7 @@ def parse(text: str, source: str = "<config>", environ: Mapping[str, str] | None
         raise ConfigError(source, problems)
     config = msgspec.convert(data, Config, strict=False, dec_hook=_dec_hook)
     problems = _semantic_problems(config)
-    config = _read_token_files(config, problems)
+    config = _read_secret_files(config, problems)
     if problems:
         raise ConfigError(source, problems)
     return config
@@ -302,8 +335,9 @@ def _why(exc: OSError | ValueError) -> str:
     return str(exc)
 
 
-def _read_token_files(config: Config, problems: list[str]) -> Config:
-    """Each token_file's token, read now: at start and on every reload, so a rotated file takes effect."""
+def _read_secret_files(config: Config, problems: list[str]) -> Config:
+    """Each token_file's token and introspection client_secret_file, read now: at start and on
+    every reload, so a rotated file takes effect."""
     tokens = list(config.security.tokens)
     for i, token in enumerate(tokens):
         if token.token_file is None or token.token is not None or token.sha256 is not None:
@@ -318,6 +352,21 @@ def _read_token_files(config: Config, problems: list[str]) -> Config:
             problems.append(f"{where}: the token in {token.token_file} is too short (at least {MIN_TOKEN} characters)")
         tokens[i] = msgspec.structs.replace(token, token=secret)
     security = msgspec.structs.replace(config.security, tokens=tuple(tokens))
+    oauth = security.oauth
+    if oauth is not None:
+        servers = list(oauth.authorization_servers)
+        for i, server in enumerate(servers):
+            intro = server.introspection
+            if intro is None or intro.client_secret_file is None or intro.client_secret is not None:
+                continue
+            where = f"security.oauth.authorization_servers[{i}].introspection.client_secret_file"
+            try:
+                secret = _read_secret_file(intro.client_secret_file).strip()
+            except (OSError, ValueError) as exc:
+                problems.append(f"{where}: cannot read {intro.client_secret_file}: {_why(exc)}")
+                continue
+            servers[i] = msgspec.structs.replace(server, introspection=msgspec.structs.replace(intro, client_secret=secret))
+        security = msgspec.structs.replace(security, oauth=msgspec.structs.replace(oauth, authorization_servers=tuple(servers)))
     return msgspec.structs.replace(config, security=security)
 
 
@@ -424,6 +473,8 @@ def _semantic_problems(config: Config) -> list[str]:
         where = f"security.tokens[{i}]"
         if token.name in seen:
             problems.append(f"{where}.name: duplicate token name {token.name!r}")
+        if "://" in token.name:
+            problems.append(f"{where}.name: must not contain '://' (that names OAuth principals: issuer#subject)")
         seen.add(token.name)
         if sum(source is not None for source in (token.token, token.sha256, token.token_file)) != 1:
             problems.append(f"{where}: give exactly one of 'token', 'sha256' and 'token_file'")
@@ -438,6 +489,12 @@ def _semantic_problems(config: Config) -> list[str]:
             for server_name in getattr(token, kind):
                 if server_name not in config.servers:
                     problems.append(f"{where}.{kind}.{server_name}: no server named {server_name!r}")
+    problems += _oauth_problems(config)
+    for i, proxy in enumerate(config.listen.trusted_proxies):
+        try:
+            ipaddress.ip_network(proxy, strict=False)
+        except ValueError:
+            problems.append(f"listen.trusted_proxies[{i}]: expected an address or a network like 10.0.0.0/8, got {proxy!r}")
     if config.limits.input_buffer() < config.limits.max_message_bytes:
         problems.append("limits.server_input_buffer: smaller than limits.max_message_bytes (no message would fit)")
     if config.limits.slow_bytes < config.limits.max_message_bytes:
@@ -448,10 +505,43 @@ def _semantic_problems(config: Config) -> list[str]:
     return problems
 
 
+def _oauth_problems(config: Config) -> list[str]:
+    oauth = config.security.oauth
+    if oauth is None:
+        return []
+    problems: list[str] = []
+    if oauth.resource is not None and not _is_base_url(oauth.resource):
+        problems.append(f"security.oauth.resource: expected an http(s) URL with no query or fragment, got {oauth.resource!r}")
+    if not oauth.authorization_servers:
+        problems.append("security.oauth.authorization_servers: at least one is required")
+    for i, server in enumerate(oauth.authorization_servers):
+        where = f"security.oauth.authorization_servers[{i}]"
+        for key in ("issuer", "jwks_uri"):
+            value = getattr(server, key)
+            if value is not None and not _is_base_url(value):
+                problems.append(f"{where}.{key}: expected an http(s) URL, got {value!r}")
+        if not server.algorithms:
+            problems.append(f"{where}.algorithms: at least one is required")
+        intro = server.introspection
+        if intro is not None and (intro.client_secret is None) == (intro.client_secret_file is None):
+            problems.append(f"{where}.introspection: give exactly one of 'client_secret' and 'client_secret_file'")
+    for scope, names in oauth.scopes.items():
+        for j, name in enumerate(names):
+            if name != "*" and name not in config.servers:
+                problems.append(f"security.oauth.scopes.{scope}[{j}]: no server named {name!r}")
+    return problems
+
+
+def _is_base_url(value: str) -> bool:
+    parts = urllib.parse.urlsplit(value)
+    return parts.scheme in ("http", "https") and bool(parts.netloc) and not parts.query and not parts.fragment
+
+
 def listen_problems(config: Config, host: str | None = None) -> list[str]:
     """Refuse to serve off loopback with no auth unless the config says so."""
     host = config.listen.host if host is None else host
-    if config.security.tokens or config.security.allow_unauthenticated or is_loopback(host):
+    security = config.security
+    if security.tokens or security.oauth is not None or security.allow_unauthenticated or is_loopback(host):
         return []
     return [
         f"listen.host: {host!r} is not loopback and security.tokens is empty; "
