@@ -12,7 +12,8 @@ from . import logs, policy, procstat, security
 from .config import Config
 from .gateway import Gateway
 from .metrics import Metrics
-from .security import Guard
+from .principals import OAuthVerifier
+from .security import WELL_KNOWN, Guard
 from .transports import http, sse, streamable
 from .transports.common import GATEWAYS, LIVE, METRICS, Live
 
@@ -23,7 +24,9 @@ def create_app(config: Config) -> web.Application:
     gateways: dict[str, Gateway] = {}
     metrics = Metrics(gateways.values)
     # Bodies are read and limited by the transports (limits.max_message_bytes, reloadable).
-    live = Live(config, Guard(config))
+    oauth = OAuthVerifier(config.security.oauth) if config.security.oauth is not None else None
+    live = Live(config, Guard(config, oauth), oauth=oauth)
+    metrics.oauth = lambda: live.oauth
     app = web.Application(middlewares=[http.middleware(lambda: live.guard, metrics.rejected)])
     app.on_response_prepare.append(http.cors_hook(lambda: live.guard))
     app[LIVE] = live
@@ -38,6 +41,8 @@ def create_app(config: Config) -> web.Application:
     app.router.add_post("/servers/{name}/mcp", streamable.post)
     app.router.add_get("/servers/{name}/mcp", streamable.get, allow_head=False)
     app.router.add_delete("/servers/{name}/mcp", streamable.delete)
+    app.router.add_get(WELL_KNOWN, protected_resource)
+    app.router.add_get(WELL_KNOWN + "/servers/{name}/{transport:mcp|sse}", protected_resource)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/status", status)
@@ -46,12 +51,20 @@ def create_app(config: Config) -> web.Application:
     app.on_startup.append(_start_gateways)
     # Shutdown, not cleanup: open streams only end once their sessions close.
     app.on_shutdown.append(_stop_gateways)
+    app.on_cleanup.append(_close_oauth)
     return app
+
+
+async def _close_oauth(app: web.Application) -> None:
+    if (oauth := app[LIVE].oauth) is not None:
+        await oauth.close()
 
 
 async def _start_gateways(app: web.Application) -> None:
     for gateway in app[GATEWAYS].values():
         await gateway.start()
+    if (oauth := app[LIVE].oauth) is not None:
+        await oauth.start()  # failing is not fatal: /readyz says so until keys come
 
 
 async def _stop_gateways(app: web.Application) -> None:
@@ -103,7 +116,14 @@ async def apply_config(app: web.Application, new: Config) -> None:
         if name not in changed and name not in added:
             gateway.update_limits(new.limits)
             gateway.keepalive = new.sse.keepalive
-    live.config, live.guard = new, Guard(new)
+    oauth = live.oauth
+    if new.security.oauth != old.security.oauth:
+        oauth = OAuthVerifier(new.security.oauth) if new.security.oauth is not None else None
+        if oauth is not None:
+            await oauth.start()
+        if live.oauth is not None:
+            await live.oauth.close()
+    live.config, live.guard, live.oauth = new, Guard(new, oauth), oauth
     log.info("config_reloaded", added=added, removed=removed, restarted=changed, unchanged=len(gateways) - len(added) - len(changed))
 
 
@@ -124,9 +144,38 @@ async def healthz(request: web.Request) -> web.Response:
 
 async def readyz(request: web.Request) -> web.Response:
     problems = {name: reason for name, g in request.app[GATEWAYS].items() if (reason := g.readiness()) is not None}
+    body: dict[str, object] = {"status": "ready"}
+    oauth = request.app[LIVE].oauth
+    if oauth is not None:
+        # Keys cached: ready (an issuer that is down now only matters for new keys).
+        issuers = {issuer: keys.state() for issuer, keys in oauth.issuers.items()}
+        body["authorization_servers"] = issuers
+        if any(keys.fetched_at is None for keys in oauth.issuers.values()):
+            problems["oauth"] = "no keys yet from " + ", ".join(i for i, k in oauth.issuers.items() if k.fetched_at is None)
     if problems:
-        return web.json_response({"status": "not ready", "servers": problems}, status=503)
-    return web.json_response({"status": "ready"})
+        return web.json_response({**body, "status": "not ready", "servers": problems}, status=503)
+    return web.json_response(body)
+
+
+async def protected_resource(request: web.Request) -> web.Response:
+    """OAuth 2.0 protected resource metadata (RFC 9728) of the bridge, or of one server
+    (`/servers/NAME/mcp` or `/sse`): where to sign in, and the scopes that grant it."""
+    live = request.app[LIVE]
+    guard, oauth = live.guard, live.oauth
+    name = request.match_info.get("name")
+    if oauth is None or (name is not None and name not in request.app[GATEWAYS]):
+        raise http.HttpError(404, "no protected resource here")
+    resource = guard.resource + (f"/servers/{name}/{request.match_info['transport']}" if name is not None else "")
+    scopes = oauth.scopes_for(name) if name is not None else sorted(oauth.config.scopes)
+    return web.json_response(
+        {
+            "resource": resource,
+            "authorization_servers": list(oauth.issuers),
+            "scopes_supported": scopes,
+            "bearer_methods_supported": ["header"],
+            "resource_name": f"mcp-bridge {name}" if name is not None else "mcp-bridge",
+        }
+    )
 
 
 async def status(request: web.Request) -> web.Response:

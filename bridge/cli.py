@@ -80,7 +80,7 @@ def _load(args: argparse.Namespace) -> Config:
     config = load(args.config)
     host = args.host or config.listen.host
     port = config.listen.port if args.port is None else args.port
-    problems = listen_problems(config, host)
+    problems = listen_problems(config, host, port)
     if not 0 <= port <= 65535:
         problems.append(f"--port: {port} is not a port number")
     if problems:

@@ -22,6 +22,8 @@ from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTO
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from .principals import OAuthVerifier
+
 from . import __version__, jsonrpc, procstat
 
 PREFIX = "mcp_bridge"
@@ -174,6 +176,7 @@ class Metrics:
         )
         self.rejections: Counter[str] = Counter()
         self.rate_limited: Counter[tuple[str | None, str]] = Counter()  # (principal, limit) -> calls refused
+        self.oauth: Callable[[], OAuthVerifier | None] = lambda: None  # the live one, set by the app
         # A server removed by a reload keeps its counts: counters never go back.
         self.retired: dict[str, ServerMetrics] = {}
         self.registry.register(_Collector(servers, self))
@@ -209,6 +212,24 @@ class _Collector(Collector):
         for (principal, limit), n in sorted(self._metrics.rate_limited.items(), key=str):
             limited.add_metric([principal or "", limit], n)
         yield limited
+        yield from self._oauth()
+
+    def _oauth(self) -> Iterator[Metric]:
+        oauth = self._metrics.oauth()
+        if oauth is None:
+            return
+        tokens = CounterMetricFamily(
+            f"{PREFIX}_oauth_tokens", "OAuth access tokens checked, by outcome (ok, or the reason refused).", labels=["outcome"]
+        )
+        for outcome, n in sorted(oauth.outcomes.items()):
+            tokens.add_metric([outcome], n)
+        fetches = CounterMetricFamily(
+            f"{PREFIX}_oauth_key_fetches", "Fetches of an issuer's signing keys (JWKS), by result.", labels=["issuer", "result"]
+        )
+        for issuer, keys in sorted(oauth.issuers.items()):
+            fetches.add_metric([issuer, "ok"], keys.refreshes)
+            fetches.add_metric([issuer, "failed"], keys.failures)
+        yield from (tokens, fetches)
 
     def _counters(self, all_metrics: list[ServerMetrics]) -> Iterator[Metric]:
         opened = CounterMetricFamily(f"{PREFIX}_sessions_opened", "Client sessions opened.", labels=["server", "transport"])

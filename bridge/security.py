@@ -19,8 +19,10 @@ from dataclasses import dataclass
 
 from . import logs
 from .config import Config, is_loopback
+from .principals import OAuthVerifier, TokenRefused, Unavailable
 
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})
+WELL_KNOWN = "/.well-known/oauth-protected-resource"  # and under it, per server: open, like the probes
 HOST_CACHE = 256
 CORS_METHODS = "GET, POST, DELETE, OPTIONS"
 CORS_HEADERS = "Authorization, Content-Type, Accept, Mcp-Session-Id, MCP-Protocol-Version, Last-Event-ID"
@@ -31,8 +33,9 @@ WWW_AUTHENTICATE = 'Bearer realm="mcp-bridge"'
 @dataclass(frozen=True, slots=True)
 class Principal:
     name: str
-    digest: bytes
+    digest: bytes  # of its static token; empty for a principal signed in with OAuth
     servers: frozenset[str] | None  # None: every server
+    oauth: bool = False
 
     def may_use(self, server: str) -> bool:
         return self.servers is None or server in self.servers
@@ -41,8 +44,13 @@ class Principal:
 class Guard:
     """The access rules of one config; pure, so they are tested without HTTP."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, oauth: OAuthVerifier | None = None) -> None:
         sec = config.security
+        self.oauth = oauth
+        if oauth is not None:
+            assert sec.oauth is not None
+            self.resource = (sec.oauth.resource or default_resource(config)).rstrip("/")
+            self.extra_audience = frozenset(s.audience for s in sec.oauth.authorization_servers if s.audience is not None)
         self.principals = tuple(
             Principal(
                 t.name,
@@ -57,20 +65,67 @@ class Guard:
         self.metrics_path = config.metrics.path
         self._hosts: dict[str, bool] = {}  # every request asks; the answers are few
 
+    @property
+    def authenticating(self) -> bool:
+        return bool(self.principals) or self.oauth is not None
+
     def authenticate(self, authorization: str | None) -> Principal | None:
-        """The principal whose token this header carries, checked against every token in constant time."""
-        if not authorization:
-            return None
-        scheme, _, token = authorization.partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
+        """The principal whose static token this header carries, checked against every token
+        in constant time."""
+        token = _bearer(authorization)
+        if token is None:
             return None
         # Header bytes that are not UTF-8 arrive as surrogates: keep them, they just match nothing.
-        digest = hashlib.sha256(token.strip().encode("utf-8", "surrogateescape")).digest()
+        digest = hashlib.sha256(token.encode("utf-8", "surrogateescape")).digest()
         found = None
         for principal in self.principals:
             if hmac.compare_digest(digest, principal.digest):
                 found = principal
         return found
+
+    def sign_in(self, authorization: str | None, server: str | None, transport: str = "mcp") -> Principal | Refusal:
+        """The principal an OAuth access token proves, for a request to `server` (or to the
+        bridge itself); may raise NeedsFetch. Only when `oauth` is set."""
+        assert self.oauth is not None
+        token = _bearer(authorization)
+        if token is None:
+            kind = "invalid_token" if authorization is not None else "missing_token"
+            return Refusal(401, kind, kind.replace("_", " "), {"WWW-Authenticate": self.challenge(server, transport)})
+        try:
+            identity = self.oauth.check(token, self.audiences(server))
+        except TokenRefused as exc:
+            challenge = self.challenge(server, transport, error="invalid_token", description=exc.reason)
+            return Refusal(401, "invalid_token", exc.reason, {"WWW-Authenticate": challenge})
+        except Unavailable as exc:
+            return Refusal(503, "oauth_unavailable", str(exc), {"Retry-After": str(exc.retry_after)})
+        return Principal(identity.name, b"", identity.servers, oauth=True)
+
+    def audiences(self, server: str | None) -> frozenset[str]:
+        """What a token's `aud` may name to be used here (RFC 8707): the bridge, or the server."""
+        base = {self.resource, *self.extra_audience}
+        if server is not None:
+            base |= {f"{self.resource}/servers/{server}/mcp", f"{self.resource}/servers/{server}/sse"}
+        return frozenset(base)
+
+    def metadata_url(self, server: str | None, transport: str = "mcp") -> str:
+        """Where the protected resource metadata of this server (or the bridge) is (RFC 9728)."""
+        path = f"/servers/{server}/{transport}" if server is not None else ""
+        return f"{self.resource}/.well-known/oauth-protected-resource{path}"
+
+    def challenge(self, server: str | None, transport: str = "mcp", error: str | None = None, description: str | None = None) -> str:
+        """The WWW-Authenticate value of a 401 (or, with `insufficient_scope`, a 403; RFC 6750)."""
+        if self.oauth is None:
+            return WWW_AUTHENTICATE
+        parts = [f'resource_metadata="{self.metadata_url(server, transport)}"']
+        needed = self.oauth.scopes_for(server) if server is not None else []
+        if needed:
+            parts.append(f'scope="{" ".join(needed)}"')
+        if error is not None:
+            parts.append(f'error="{error}"')
+        if description is not None:
+            # A quoted-string: the reasons are the bridge's own one-liners, but keep them quotable.
+            parts.append(f'error_description="{description.replace(chr(92), "/").replace(chr(34), chr(39))}"')
+        return "Bearer " + ", ".join(parts)
 
     def host_allowed(self, host: str | None) -> bool:
         """When bound to loopback, only loopback names (any port) or listed hosts: no DNS rebinding."""
@@ -126,20 +181,33 @@ def admit(
     authorization: str | None,
     server: str | None,
     preflight: bool = False,
+    transport: str = "mcp",
 ) -> Refusal | Principal | None:
     """The access rules, cheap-first: a Refusal, else the token's principal (None when
-    no tokens are configured, and for a CORS preflight, which carries no token)."""
+    no tokens are configured, and for a CORS preflight, which carries no token). With
+    OAuth, a token that is not a static one is an access token: may raise NeedsFetch."""
     if not guard.host_allowed(host):
         return Refusal(403, "host", "host not allowed", detail={"host": host})
     if origin is not None and not guard.origin_allowed(origin):
         return Refusal(403, "origin", "origin not allowed", detail={"origin": origin})
-    if preflight or not guard.principals:
+    if preflight or not guard.authenticating:
         return None
     principal = guard.authenticate(authorization)
     if principal is None:
-        kind = "invalid_token" if authorization is not None else "missing_token"
-        return Refusal(401, kind, kind.replace("_", " "), {"WWW-Authenticate": WWW_AUTHENTICATE})
+        if guard.oauth is None:
+            kind = "invalid_token" if authorization is not None else "missing_token"
+            return Refusal(401, kind, kind.replace("_", " "), {"WWW-Authenticate": WWW_AUTHENTICATE})
+        signed_in = guard.sign_in(authorization, server, transport)
+        if isinstance(signed_in, Refusal):
+            return signed_in
+        principal = signed_in
     if server is not None and not principal.may_use(server):
+        if principal.oauth:
+            challenge = guard.challenge(server, transport, error="insufficient_scope")
+            return Refusal(
+                403, "insufficient_scope", f"no scope of this token grants server {server!r}",
+                {"WWW-Authenticate": challenge}, detail={"principal": principal.name},
+            )  # fmt: skip
         return Refusal(403, "forbidden_server", f"token not allowed for server {server!r}", detail={"token": principal.name})
     return principal
 
@@ -157,3 +225,19 @@ def cors_headers(guard: Guard, origin: str | None) -> dict[str, str] | None:
     if origin is None or not guard.origin_allowed(origin):
         return None
     return {"Access-Control-Allow-Origin": origin, "Access-Control-Expose-Headers": CORS_EXPOSE, "Vary": "Origin"}
+
+
+def _bearer(authorization: str | None) -> str | None:
+    """The token of a `Bearer` Authorization header, or None."""
+    if not authorization:
+        return None
+    scheme, _, token = authorization.partition(" ")
+    token = token.strip()
+    return token if scheme.lower() == "bearer" and token else None
+
+
+def default_resource(config: Config) -> str:
+    """The bridge's resource URL when `security.oauth.resource` is not set: where it listens."""
+    listen = config.listen
+    host = f"[{listen.host}]" if ":" in listen.host else listen.host
+    return f"{'https' if listen.tls is not None else 'http'}://{host}:{listen.port}"

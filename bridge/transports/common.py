@@ -16,6 +16,7 @@ from ..gateway import Gateway, SessionLimitError
 from ..jsonrpc import ProtocolError
 from ..metrics import Metrics
 from ..policy import Throttled
+from ..principals import OAuthVerifier
 from ..security import Guard
 from ..sessions import Session
 from .http import PRINCIPAL, RETRY_AFTER_S, HttpError
@@ -29,6 +30,7 @@ class Live:
     guard: Guard
     # Client calls in flight by principal, counted by every mux: outlives reloads.
     in_flight: Counter[str | None] = field(default_factory=Counter)
+    oauth: OAuthVerifier | None = None  # its keys and checked tokens outlive reloads that keep security.oauth
 
 
 LIVE = web.AppKey("live", Live)

@@ -36,6 +36,7 @@ from aiohttp import web
 
 from .. import logs
 from ..gateway import Gateway
+from ..principals import NeedsFetch
 from ..security import cors_headers
 from ..sessions import Session
 from . import common, sse, streamable
@@ -349,7 +350,13 @@ class Connection(asyncio.Protocol):
                 return
             start = end + 4
             stop = start + head.content_length
-            if not self._admit(head):
+            try:
+                admitted = self._admit(head)
+            except NeedsFetch:
+                # Its access token needs the network to check: aiohttp's path can wait for it.
+                self._hand_off(data[pos:])
+                return
+            if not admitted:
                 return
             if stop > len(data):
                 self._head = head

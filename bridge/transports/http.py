@@ -18,6 +18,7 @@ Also the reading of `Accept` (media ranges with their q values).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Protocol
 
@@ -25,7 +26,8 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from .. import jsonrpc, logs
-from ..security import CORS_HEADERS, CORS_METHODS, OPEN_PATHS, Guard, Refusal, admit, cors_headers, refused
+from ..principals import NeedsFetch
+from ..security import CORS_HEADERS, CORS_METHODS, OPEN_PATHS, WELL_KNOWN, Guard, Refusal, admit, cors_headers, refused
 
 JSON = "application/json"
 SSE = "text/event-stream"
@@ -97,7 +99,8 @@ def check_access(
     """The access rules for one request; a refusal is counted (`count` is told its reason
     word), logged once and raised as an HttpError."""
     preflight = origin is not None and method == "OPTIONS"
-    result = admit(guard, host, origin, authorization, server, preflight)
+    transport = "mcp" if path.endswith("/mcp") else "sse"  # which metadata a 401 points to
+    result = admit(guard, host, origin, authorization, server, preflight, transport)
     if isinstance(result, Refusal):
         refused(count, result, path, remote)
         raise HttpError(result.status, result.reason, headers=result.headers)
@@ -115,10 +118,12 @@ def middleware(guard: Callable[[], Guard], count: Callable[[str], None]) -> Midd
     @web.middleware
     async def http_layer(request: web.Request, handler: Handler) -> web.StreamResponse:
         try:
-            if request.path not in OPEN_PATHS:
+            if request.path not in OPEN_PATHS and not request.path.startswith(WELL_KNOWN):
                 headers = request.headers
-                access = check_access(
-                    guard(),
+                checking = guard()
+                check = functools.partial(
+                    check_access,
+                    checking,
                     count,
                     method=request.method,
                     path=request.path,
@@ -128,6 +133,17 @@ def middleware(guard: Callable[[], Guard], count: Callable[[str], None]) -> Midd
                     authorization=headers.get("Authorization"),
                     remote=request.remote,
                 )
+                try:
+                    access = check()
+                except NeedsFetch:
+                    # An access token whose issuer's keys must be fetched first (at most once
+                    # per issuer and interval): the one place a request waits on the network.
+                    assert checking.oauth is not None
+                    await checking.oauth.fetch(_token(headers.get("Authorization")))
+                    try:
+                        access = check()
+                    except NeedsFetch:
+                        raise HttpError(503, "the authorization server's keys are being fetched", headers={"Retry-After": RETRY_AFTER_S}) from None
                 if access.preflight:
                     return web.Response(status=204, headers=PREFLIGHT_HEADERS)
                 request[PRINCIPAL] = access.principal
@@ -227,3 +243,7 @@ def _q(params: list[str]) -> float:
                 return 0.0  # not a weight: refuse the range rather than guess
             return q if 0.0 <= q <= 1.0 else 0.0
     return 1.0
+
+
+def _token(authorization: str | None) -> str:
+    return (authorization or "").partition(" ")[2].strip()

@@ -1,0 +1,159 @@
+"""OAuth access tokens checked by bridge/principals.py and bridge/security.py, without IO:
+the issuer's keys are put in place by the test (the real provider is in tests/test_oauth.py)."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import time
+from typing import Any
+
+import jwt
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+
+from bridge.config import parse
+from bridge.principals import NeedsFetch, OAuthVerifier, TokenRefused, Unavailable
+from bridge.security import Guard, Principal, Refusal, admit
+
+ISSUER = "http://127.0.0.1:9999/realms/ops"
+BASE = "http://127.0.0.1:8080"
+CONFIG = f"""
+listen: {{host: 127.0.0.1, port: 8080}}
+servers: {{time: {{command: x}}, files: {{command: x}}}}
+security:
+  oauth:
+    authorization_servers:
+      - {{issuer: "{ISSUER}", algorithms: [RS256, ES256], scopes_claim: groups}}
+    scopes: {{"mcp:time": [time], "mcp:all": ["*"]}}
+"""
+RSA = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+EC = ec.generate_private_key(ec.SECP256R1())
+
+
+def jwk(key: Any, kid: str) -> jwt.PyJWK:
+    data = json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(key.public_key()) if isinstance(key, rsa.RSAPrivateKey) else jwt.algorithms.ECAlgorithm.to_jwk(key.public_key()))
+    return jwt.PyJWK({**data, "kid": kid, "use": "sig"})
+
+
+def guard(now: float | None = None) -> Guard:
+    config = parse(CONFIG, environ={})
+    assert config.security.oauth is not None
+    clock = [time.monotonic() if now is None else now]
+    verifier = OAuthVerifier(config.security.oauth, clock=lambda: clock[0])
+    keys = verifier.issuers[ISSUER]
+    keys.keys = {"r1": jwk(RSA, "r1"), "e1": jwk(EC, "e1")}
+    keys.fetched_at = keys.attempted_at = clock[0]
+    return Guard(config, verifier)
+
+
+def token(claims: dict[str, Any] | None = None, *, key: Any = RSA, alg: str = "RS256", kid: str = "r1", drop: tuple[str, ...] = ()) -> str:
+    now = int(time.time())
+    body = {"iss": ISSUER, "sub": "alice", "aud": f"{BASE}/servers/time/mcp", "exp": now + 300, "iat": now, "groups": ["mcp:time"], **(claims or {})}
+    for name in drop:
+        body.pop(name)
+    return jwt.encode(body, key, algorithm=alg, headers={"kid": kid})
+
+
+def check(g: Guard, tok: str, server: str | None = "time") -> Refusal | Principal | None:
+    return admit(g, "127.0.0.1:8080", None, f"Bearer {tok}", server)
+
+
+def test_a_valid_token_names_its_principal_by_issuer_and_subject() -> None:
+    g = guard()
+    for tok in (token(), token(kid="e1", key=EC, alg="ES256"), token({"aud": BASE}), token({"aud": [f"{BASE}/servers/time/sse", "other"]})):
+        principal = check(g, tok)
+        assert isinstance(principal, Principal), principal
+        assert principal.name == f"{ISSUER}#alice" and principal.oauth and principal.servers == frozenset({"time"})
+
+
+@pytest.mark.parametrize(
+    ("tok", "reason"),
+    [
+        (token({"exp": int(time.time()) - 120}), "token expired"),
+        (token({"nbf": int(time.time()) + 120}), "token not yet valid"),
+        (token({"iss": "http://127.0.0.1:9999/realms/other"}), "token from an unknown issuer"),
+        (token({"aud": f"{BASE}/servers/files/mcp"}), "token is for another resource"),
+        (token({"aud": "https://elsewhere.example.com"}), "token is for another resource"),
+        (token(drop=("exp",)), "token refused"),
+        (token(drop=("sub",)), "token refused"),
+        (token(key=rsa.generate_private_key(public_exponent=65537, key_size=2048)), "token signature does not verify"),
+        ("not.a.jwt", "not a JWT access token"),
+    ],
+)
+def test_refused_tokens_get_401_invalid_token_naming_the_reason(tok: str, reason: str) -> None:
+    refusal = check(guard(), tok)
+    assert isinstance(refusal, Refusal) and refusal.status == 401, refusal
+    assert refusal.reason.startswith(reason), refusal.reason
+    header = (refusal.headers or {})["WWW-Authenticate"]
+    assert header.startswith(f'Bearer resource_metadata="{BASE}/.well-known/oauth-protected-resource/servers/time/mcp"')
+    assert 'error="invalid_token"' in header and tok not in header
+
+
+def test_alg_none_and_hmac_with_the_public_key_are_refused() -> None:
+    claims = {"iss": ISSUER, "sub": "mallory", "aud": BASE, "exp": int(time.time()) + 300, "groups": ["mcp:all"]}
+    unsigned = jwt.encode(claims, None, algorithm="none", headers={"kid": "r1"})
+    public_pem = RSA.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    header = base64.urlsafe_b64encode(json.dumps({"alg": "HS256", "typ": "JWT", "kid": "r1"}).encode()).rstrip(b"=")
+    payload = base64.urlsafe_b64encode(json.dumps(claims).encode()).rstrip(b"=")
+    signature = base64.urlsafe_b64encode(hmac.new(public_pem, header + b"." + payload, hashlib.sha256).digest()).rstrip(b"=")
+    confused = (header + b"." + payload + b"." + signature).decode()
+    for tok in (unsigned, confused):
+        refusal = check(guard(), tok)
+        assert isinstance(refusal, Refusal) and refusal.status == 401 and "algorithm" in refusal.reason, refusal
+
+
+def test_a_tampered_payload_is_refused() -> None:
+    head, _, rest = token().partition(".")
+    _, _, signature = rest.partition(".")
+    forged = base64.urlsafe_b64encode(json.dumps({"iss": ISSUER, "sub": "alice", "aud": BASE, "exp": 9999999999, "groups": ["mcp:all"]}).encode()).rstrip(b"=").decode()
+    refusal = check(guard(), f"{head}.{forged}.{signature}")
+    assert isinstance(refusal, Refusal) and refusal.reason == "token signature does not verify"
+
+
+def test_a_token_without_the_scope_for_a_server_gets_403_insufficient_scope() -> None:
+    refusal = check(guard(), token({"aud": BASE}), server="files")
+    assert isinstance(refusal, Refusal) and refusal.status == 403 and refusal.kind == "insufficient_scope"
+    header = (refusal.headers or {})["WWW-Authenticate"]
+    assert 'error="insufficient_scope"' in header and 'scope="mcp:all"' in header
+    everything = check(guard(), token({"aud": BASE, "groups": ["mcp:all"]}), server="files")
+    assert isinstance(everything, Principal) and everything.servers is None
+
+
+def test_no_token_gets_401_pointing_at_the_metadata_with_the_scope_it_needs() -> None:
+    refusal = admit(guard(), "127.0.0.1:8080", None, None, "time", transport="sse")
+    assert isinstance(refusal, Refusal) and refusal.status == 401
+    assert (refusal.headers or {})["WWW-Authenticate"] == (
+        f'Bearer resource_metadata="{BASE}/.well-known/oauth-protected-resource/servers/time/sse", scope="mcp:all mcp:time"'
+    )
+
+
+def test_an_unknown_kid_fetches_keys_once_then_refuses_or_says_unavailable() -> None:
+    g = guard(now=1000.0)
+    verifier = g.oauth
+    assert verifier is not None
+    keys = verifier.issuers[ISSUER]
+    keys.attempted_at = 1000.0 - 31  # the last fetch was long enough ago
+    with pytest.raises(NeedsFetch):
+        check(g, token(kid="r2"))
+    keys.attempted_at = 1000.0  # fetched now, and it still has no r2
+    refusal = check(g, token(kid="r2"))
+    assert isinstance(refusal, Refusal) and refusal.reason == "token signed with an unknown key"
+    keys.error = "connection refused"  # the fetch failed: the issuer is down
+    refusal = check(g, token(kid="r3"))
+    assert isinstance(refusal, Refusal) and refusal.status == 503 and (refusal.headers or {})["Retry-After"] == "5"
+    assert isinstance(check(g, token()), Principal)  # keys already held keep working
+    with pytest.raises(TokenRefused):
+        verifier.check(token({"exp": int(time.time()) - 100}), frozenset({BASE}))
+    assert not isinstance(Unavailable(ISSUER), TokenRefused)
+
+
+def test_static_tokens_keep_working_beside_oauth() -> None:
+    config = parse(CONFIG + "  tokens: [{name: ci, token: ci-token-0123456789ab, servers: [files]}]\n", environ={})
+    assert config.security.oauth is not None
+    g = Guard(config, OAuthVerifier(config.security.oauth))
+    principal = admit(g, "127.0.0.1:8080", None, "Bearer ci-token-0123456789ab", "files")
+    assert isinstance(principal, Principal) and principal.name == "ci" and not principal.oauth
