@@ -130,6 +130,10 @@ class OAuthVerifier:
         self._clock = clock
         self._wall = wall
         self._checked: OrderedDict[bytes, Identity] = OrderedDict()
+        # Opaque tokens an issuer said are not active, or could not be asked about: digest ->
+        # until when that answer holds (so a flood of bogus tokens is not a flood of requests).
+        self._inactive: OrderedDict[bytes, tuple[float, bool]] = OrderedDict()
+        self._introspecting = [s for s in config.authorization_servers if s.introspection is not None]
         self._http: aiohttp.ClientSession | None = None
         self.outcomes: dict[str, int] = {}  # reason word -> count: a metric
 
@@ -148,7 +152,7 @@ class OAuthVerifier:
         digest = hashlib.sha256(token.encode("utf-8", "surrogateescape")).digest()
         identity = self._checked.get(digest)
         if identity is None:
-            identity = self._verify(token)
+            identity = self._verify(token, digest)
             self._remember(digest, identity)
         elif identity.expires is not None and identity.expires <= self._wall():
             del self._checked[digest]
@@ -159,17 +163,22 @@ class OAuthVerifier:
         return identity
 
     async def fetch(self, token: str) -> None:
-        """Do the IO the last `check` of this token needed (keys of its issuer)."""
+        """Do the IO the last `check` of this token needed: its issuer's keys, or for an
+        opaque token, the introspection."""
         issuer = self._issuer_of(token)
         if issuer is not None:
             await self._refresh(issuer)
+        elif self._introspecting:
+            await self._introspect(token)
 
-    def _verify(self, token: str) -> Identity:
+    def _verify(self, token: str, digest: bytes) -> Identity:
         try:
             header = jwt.get_unverified_header(token)
             unverified = jwt.decode(token, options={"verify_signature": False})
         except jwt.PyJWTError:
-            raise self._refuse(TokenRefused("not a JWT access token", "malformed")) from None
+            if not self._introspecting:
+                raise self._refuse(TokenRefused("not a JWT access token", "malformed")) from None
+            return self._introspected(digest)
         iss = unverified.get("iss")
         issuer = self.issuers.get(iss) if isinstance(iss, str) else None
         if issuer is None:
@@ -228,6 +237,46 @@ class OAuthVerifier:
             audiences,
             float(expires) + server.leeway if isinstance(expires, int | float) else None,
         )
+
+    def _introspected(self, digest: bytes) -> Identity:
+        """An opaque token: what introspection said of it, if it was asked (else NeedsFetch)."""
+        answer = self._inactive.get(digest)
+        if answer is None or answer[0] <= self._clock():
+            raise NeedsFetch()
+        if answer[1]:
+            raise Unavailable(self._introspecting[0].issuer)
+        raise self._refuse(TokenRefused("token is not active", "inactive"))
+
+    async def _introspect(self, token: str) -> None:
+        """Ask each issuer with an introspection endpoint about an opaque token (RFC 7662)."""
+        digest = hashlib.sha256(token.encode("utf-8", "surrogateescape")).digest()
+        if self._http is None:
+            self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=FETCH_TIMEOUT))
+        down = False
+        for server in self._introspecting:
+            intro = server.introspection
+            assert intro is not None
+            headers = {"Accept": "application/json", "Authorization": aiohttp.encode_basic_auth(intro.client_id, intro.client_secret or "")}
+            try:
+                async with self._http.post(intro.url, data={"token": token}, headers=headers) as resp:
+                    resp.raise_for_status()
+                    claims = json.loads(await resp.content.read(1 << 16))
+            except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+                down = True
+                logs.get().warning("oauth_introspection_failed", issuer=server.issuer, error=_one_line(exc))
+                continue
+            if isinstance(claims, dict) and claims.get("active") is True and claims.get("iss", server.issuer) == server.issuer:
+                try:
+                    identity = self._identity(server, {"iss": server.issuer, **claims})
+                except (KeyError, TokenRefused):
+                    continue  # active, but without the claims a principal needs
+                if identity.expires is not None and identity.expires > self._wall():
+                    self._remember(digest, identity)
+                    return
+        # Not active anywhere (or nobody could say): remember that for a while.
+        self._inactive[digest] = (self._clock() + (RETRY_AFTER_S if down else REFRESH_EVERY), down)
+        if len(self._inactive) > MAX_CACHED:
+            self._inactive.popitem(last=False)
 
     def scopes_for(self, server: str) -> list[str]:
         """The scopes (or group values) that grant `server`: what a 403 says is needed."""

@@ -157,3 +157,58 @@ def test_static_tokens_keep_working_beside_oauth() -> None:
     g = Guard(config, OAuthVerifier(config.security.oauth))
     principal = admit(g, "127.0.0.1:8080", None, "Bearer ci-token-0123456789ab", "files")
     assert isinstance(principal, Principal) and principal.name == "ci" and not principal.oauth
+
+
+async def test_opaque_tokens_are_introspected_once_and_remembered(aiohttp_server: Any) -> None:
+    """RFC 7662: an opaque token is asked about once; the answer holds until the token
+    expires (active) or for a while (not active), so a flood of bogus tokens is not a
+    flood of requests to the identity provider."""
+    from aiohttp import web
+
+    asked: list[str] = []
+
+    async def introspect(request: web.Request) -> web.Response:
+        assert request.headers["Authorization"].startswith("Basic ")
+        form = await request.post()
+        asked.append(str(form["token"]))
+        if form["token"] == "opaque-good":
+            return web.json_response(
+                {"active": True, "sub": "bob", "aud": BASE, "exp": int(time.time()) + 300, "groups": ["mcp:time"]}
+            )
+        return web.json_response({"active": False})
+
+    app = web.Application()
+    app.router.add_post("/introspect", introspect)
+    server = await aiohttp_server(app)
+    config = parse(
+        CONFIG.replace(
+            "scopes_claim: groups}",
+            f"scopes_claim: groups, introspection: {{url: 'http://127.0.0.1:{server.port}/introspect', client_id: bridge, client_secret: s3cret}}}}",
+        ),
+        environ={},
+    )
+    assert config.security.oauth is not None
+    verifier = OAuthVerifier(config.security.oauth)
+    try:
+        for opaque in ("opaque-good", "opaque-dead"):
+            with pytest.raises(NeedsFetch):
+                verifier.check(opaque, frozenset({BASE}))
+            await verifier.fetch(opaque)
+        identity = verifier.check("opaque-good", frozenset({BASE}))
+        assert identity.name == f"{ISSUER}#bob" and identity.servers == frozenset({"time"})
+        with pytest.raises(TokenRefused, match="not active"):
+            verifier.check("opaque-dead", frozenset({BASE}))
+        for _ in range(3):
+            verifier.check("opaque-good", frozenset({BASE}))
+            with pytest.raises(TokenRefused):
+                verifier.check("opaque-dead", frozenset({BASE}))
+        assert asked == ["opaque-good", "opaque-dead"]
+        await server.close()  # the identity provider goes away
+        with pytest.raises(NeedsFetch):
+            verifier.check("opaque-new", frozenset({BASE}))
+        await verifier.fetch("opaque-new")
+        with pytest.raises(Unavailable):
+            verifier.check("opaque-new", frozenset({BASE}))
+        assert verifier.check("opaque-good", frozenset({BASE})).name == f"{ISSUER}#bob"  # cached: still fine
+    finally:
+        await verifier.close()
