@@ -165,7 +165,8 @@ async def protected_resource(request: web.Request) -> web.Response:
     name = request.match_info.get("name")
     if oauth is None or (name is not None and name not in request.app[GATEWAYS]):
         raise http.HttpError(404, "no protected resource here")
-    resource = guard.resource + (f"/servers/{name}/{request.match_info['transport']}" if name is not None else "")
+    base = guard.resource_for(request.remote, http.forwarded(request))
+    resource = base + (f"/servers/{name}/{request.match_info['transport']}" if name is not None else "")
     scopes = oauth.scopes_for(name) if name is not None else sorted(oauth.config.scopes)
     return web.json_response(
         {

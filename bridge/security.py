@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -23,6 +24,8 @@ from .principals import OAuthVerifier, TokenRefused, Unavailable
 
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})
 WELL_KNOWN = "/.well-known/oauth-protected-resource"  # and under it, per server: open, like the probes
+Forwarded = tuple[str | None, str | None, str | None]  # X-Forwarded-Proto, -Host, -Prefix of a request
+NOT_FORWARDED: Forwarded = (None, None, None)
 HOST_CACHE = 256
 CORS_METHODS = "GET, POST, DELETE, OPTIONS"
 CORS_HEADERS = "Authorization, Content-Type, Accept, Mcp-Session-Id, MCP-Protocol-Version, Last-Event-ID"
@@ -49,7 +52,9 @@ class Guard:
         self.oauth = oauth
         if oauth is not None:
             assert sec.oauth is not None
-            self.resource = (sec.oauth.resource or default_resource(config)).rstrip("/")
+            self.configured_resource = sec.oauth.resource.rstrip("/") if sec.oauth.resource else None
+            self.resource = self.configured_resource or default_resource(config)
+            self.trusted_proxies = tuple(ipaddress.ip_network(p, strict=False) for p in config.listen.trusted_proxies)
             self.extra_audience = frozenset(s.audience for s in sec.oauth.authorization_servers if s.audience is not None)
         self.principals = tuple(
             Principal(
@@ -83,40 +88,62 @@ class Guard:
                 found = principal
         return found
 
-    def sign_in(self, authorization: str | None, server: str | None, transport: str = "mcp") -> Principal | Refusal:
+    def sign_in(self, authorization: str | None, server: str | None, transport: str, resource: str) -> Principal | Refusal:
         """The principal an OAuth access token proves, for a request to `server` (or to the
         bridge itself); may raise NeedsFetch. Only when `oauth` is set."""
         assert self.oauth is not None
         token = _bearer(authorization)
         if token is None:
             kind = "invalid_token" if authorization is not None else "missing_token"
-            return Refusal(401, kind, kind.replace("_", " "), {"WWW-Authenticate": self.challenge(server, transport)})
+            return Refusal(401, kind, kind.replace("_", " "), {"WWW-Authenticate": self.challenge(resource, server, transport)})
         try:
-            identity = self.oauth.check(token, self.audiences(server))
+            identity = self.oauth.check(token, self.audiences(resource, server))
         except TokenRefused as exc:
-            challenge = self.challenge(server, transport, error="invalid_token", description=exc.reason)
+            challenge = self.challenge(resource, server, transport, error="invalid_token", description=exc.reason)
             return Refusal(401, "invalid_token", exc.reason, {"WWW-Authenticate": challenge})
         except Unavailable as exc:
             return Refusal(503, "oauth_unavailable", str(exc), {"Retry-After": str(exc.retry_after)})
         return Principal(identity.name, b"", identity.servers, oauth=True)
 
-    def audiences(self, server: str | None) -> frozenset[str]:
+    def resource_for(self, remote: str | None, forwarded: Forwarded) -> str:
+        """The bridge's resource URL as this request's client sees it: `security.oauth.resource`
+        if set; else what a trusted proxy says (X-Forwarded-Proto, -Host, -Prefix); else
+        where it listens. Nobody else can change it: tokens are checked against it."""
+        if self.configured_resource is not None:
+            return self.configured_resource
+        proto, host, prefix = forwarded
+        if host and self.trusts(remote):
+            return f"{(proto or 'https').split(',')[0].strip()}://{host.split(',')[0].strip()}{(prefix or '').rstrip('/')}"
+        return self.resource
+
+    def trusts(self, remote: str | None) -> bool:
+        if remote is None or not self.trusted_proxies:
+            return False
+        try:
+            address = ipaddress.ip_address(remote)
+        except ValueError:
+            return False
+        return any(address in network for network in self.trusted_proxies)
+
+    def audiences(self, resource: str, server: str | None) -> frozenset[str]:
         """What a token's `aud` may name to be used here (RFC 8707): the bridge, or the server."""
-        base = {self.resource, *self.extra_audience}
+        base = {resource, *self.extra_audience}
         if server is not None:
-            base |= {f"{self.resource}/servers/{server}/mcp", f"{self.resource}/servers/{server}/sse"}
+            base |= {f"{resource}/servers/{server}/mcp", f"{resource}/servers/{server}/sse"}
         return frozenset(base)
 
-    def metadata_url(self, server: str | None, transport: str = "mcp") -> str:
+    def metadata_url(self, resource: str, server: str | None, transport: str = "mcp") -> str:
         """Where the protected resource metadata of this server (or the bridge) is (RFC 9728)."""
         path = f"/servers/{server}/{transport}" if server is not None else ""
-        return f"{self.resource}/.well-known/oauth-protected-resource{path}"
+        return f"{resource}/.well-known/oauth-protected-resource{path}"
 
-    def challenge(self, server: str | None, transport: str = "mcp", error: str | None = None, description: str | None = None) -> str:
+    def challenge(
+        self, resource: str, server: str | None, transport: str = "mcp", error: str | None = None, description: str | None = None
+    ) -> str:
         """The WWW-Authenticate value of a 401 (or, with `insufficient_scope`, a 403; RFC 6750)."""
         if self.oauth is None:
             return WWW_AUTHENTICATE
-        parts = [f'resource_metadata="{self.metadata_url(server, transport)}"']
+        parts = [f'resource_metadata="{self.metadata_url(resource, server, transport)}"']
         needed = self.oauth.scopes_for(server) if server is not None else []
         if needed:
             parts.append(f'scope="{" ".join(needed)}"')
@@ -182,6 +209,7 @@ def admit(
     server: str | None,
     preflight: bool = False,
     transport: str = "mcp",
+    resource: str = "",
 ) -> Refusal | Principal | None:
     """The access rules, cheap-first: a Refusal, else the token's principal (None when
     no tokens are configured, and for a CORS preflight, which carries no token). With
@@ -197,13 +225,13 @@ def admit(
         if guard.oauth is None:
             kind = "invalid_token" if authorization is not None else "missing_token"
             return Refusal(401, kind, kind.replace("_", " "), {"WWW-Authenticate": WWW_AUTHENTICATE})
-        signed_in = guard.sign_in(authorization, server, transport)
+        signed_in = guard.sign_in(authorization, server, transport, resource or guard.resource)
         if isinstance(signed_in, Refusal):
             return signed_in
         principal = signed_in
     if server is not None and not principal.may_use(server):
         if principal.oauth:
-            challenge = guard.challenge(server, transport, error="insufficient_scope")
+            challenge = guard.challenge(resource or guard.resource, server, transport, error="insufficient_scope")
             return Refusal(
                 403, "insufficient_scope", f"no scope of this token grants server {server!r}",
                 {"WWW-Authenticate": challenge}, detail={"principal": principal.name},

@@ -39,8 +39,8 @@ def jwk(key: Any, kid: str) -> jwt.PyJWK:
     return jwt.PyJWK({**data, "kid": kid, "use": "sig"})
 
 
-def guard(now: float | None = None) -> Guard:
-    config = parse(CONFIG, environ={})
+def guard(now: float | None = None, text: str = CONFIG) -> Guard:
+    config = parse(text, environ={})
     assert config.security.oauth is not None
     clock = [time.monotonic() if now is None else now]
     verifier = OAuthVerifier(config.security.oauth, clock=lambda: clock[0])
@@ -212,3 +212,28 @@ async def test_opaque_tokens_are_introspected_once_and_remembered(aiohttp_server
         assert verifier.check("opaque-good", frozenset({BASE})).name == f"{ISSUER}#bob"  # cached: still fine
     finally:
         await verifier.close()
+
+
+def test_the_resource_url_comes_from_config_or_a_trusted_proxy_only() -> None:
+    proxied = CONFIG.replace("listen: {host: 127.0.0.1, port: 8080}", "listen: {host: 127.0.0.1, port: 8080, trusted_proxies: [10.0.0.0/8]}")
+    g = guard(text=proxied)
+    forwarded = ("https", "mcp.example.com", "/bridge/")
+    assert g.resource_for("10.1.2.3", forwarded) == "https://mcp.example.com/bridge"
+    assert g.resource_for("192.0.2.7", forwarded) == BASE  # not a trusted proxy: its headers change nothing
+    assert g.resource_for("10.1.2.3", (None, None, None)) == BASE
+    pinned = parse(proxied.replace("    authorization_servers:", "    resource: https://bridge.example.com/\n    authorization_servers:"), environ={})
+    assert pinned.security.oauth is not None
+    assert Guard(pinned, OAuthVerifier(pinned.security.oauth)).resource_for("10.1.2.3", forwarded) == "https://bridge.example.com"
+    # A token for the proxied resource is good through the proxy, and only there.
+    tok = token({"aud": "https://mcp.example.com/bridge/servers/time/mcp"})
+    assert isinstance(admit(g, "127.0.0.1:8080", None, f"Bearer {tok}", "time", resource=g.resource_for("10.1.2.3", forwarded)), Principal)
+    refused = admit(g, "127.0.0.1:8080", None, f"Bearer {tok}", "time", resource=g.resource_for("192.0.2.7", forwarded))
+    assert isinstance(refused, Refusal) and refused.reason == "token is for another resource"
+
+
+def test_oauth_needs_a_resource_url_when_the_listening_address_cannot_be_one() -> None:
+    from bridge.config import ConfigError
+
+    with pytest.raises(ConfigError) as raised:
+        parse(CONFIG.replace("port: 8080", "port: 0"), environ={})
+    assert raised.value.problems[0].startswith("security.oauth.resource: required when listening on port 0")

@@ -37,7 +37,7 @@ from aiohttp import web
 from .. import logs
 from ..gateway import Gateway
 from ..principals import NeedsFetch
-from ..security import cors_headers
+from ..security import NOT_FORWARDED, Forwarded, cors_headers
 from ..sessions import Session
 from . import common, sse, streamable
 from .http import INTERNAL_ERROR, HttpError, check_access
@@ -61,7 +61,7 @@ _HAND_OFF_FIELDS = frozenset({b"transfer-encoding", b"expect", b"upgrade"})
 # The headers read here: each may appear once.
 _WATCHED = frozenset(
     {b"host", b"origin", b"authorization", b"content-length", b"connection", b"accept", b"mcp-session-id", b"mcp-protocol-version"}
-) | _HAND_OFF_FIELDS
+) | _HAND_OFF_FIELDS | {b"x-forwarded-proto", b"x-forwarded-host", b"x-forwarded-prefix"}  # fmt: skip
 _ACCEPTED_BODY = b"Accepted"
 
 
@@ -69,8 +69,8 @@ class Head:
     """The parts of a message POST's head that this path reads."""
 
     __slots__ = (
-        "accept", "authorization", "close", "content_length", "gateway", "host", "mcp", "mcp_version", "origin",
-        "principal", "refusal", "server", "session", "session_id",
+        "accept", "authorization", "close", "content_length", "forwarded", "gateway", "host", "mcp", "mcp_version",
+        "origin", "principal", "refusal", "server", "session", "session_id",
     )  # fmt: skip
 
     def __init__(self) -> None:
@@ -86,6 +86,7 @@ class Head:
         self.host: str | None = None
         self.origin: str | None = None
         self.authorization: str | None = None
+        self.forwarded: Forwarded = NOT_FORWARDED
         self.content_length = 0
         self.close = False
 
@@ -140,6 +141,9 @@ def message_head(target: bytes, found: dict[bytes, bytes]) -> Head | None:
         out.origin = _text(origin)
     if (authorization := found.get(b"authorization")) is not None:
         out.authorization = _text(authorization)
+    if b"x-forwarded-host" in found or b"x-forwarded-proto" in found or b"x-forwarded-prefix" in found:
+        get = found.get
+        out.forwarded = (_or_none(get(b"x-forwarded-proto")), _or_none(get(b"x-forwarded-host")), _or_none(get(b"x-forwarded-prefix")))
     if out.mcp:
         out.accept = _text(found.get(b"accept", b""))
         if (session_id := found.get(b"mcp-session-id")) is not None:
@@ -175,6 +179,10 @@ def _target(target: bytes, out: Head) -> bool:
     session_id = found.get(b"session_id") or found.get(b"sessionId")
     out.session_id = session_id.decode("ascii", "surrogateescape") if session_id else None
     return True
+
+
+def _or_none(value: bytes | None) -> str | None:
+    return None if value is None else _text(value)
 
 
 def _text(value: bytes) -> str:
@@ -402,6 +410,7 @@ class Connection(asyncio.Protocol):
                 origin=head.origin,
                 authorization=head.authorization,
                 remote=self._remote,
+                forwarded=head.forwarded,
             ).principal
             head.gateway = common.gateway_named(app[common.GATEWAYS], head.server)
             if not head.mcp:  # Streamable looks its session up after reading the body, as aiohttp does

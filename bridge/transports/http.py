@@ -27,7 +27,9 @@ from aiohttp.typedefs import Handler, Middleware
 
 from .. import jsonrpc, logs
 from ..principals import NeedsFetch
-from ..security import CORS_HEADERS, CORS_METHODS, OPEN_PATHS, WELL_KNOWN, Guard, Refusal, admit, cors_headers, refused
+from ..security import (
+    CORS_HEADERS, CORS_METHODS, NOT_FORWARDED, OPEN_PATHS, WELL_KNOWN, Forwarded, Guard, Refusal, admit, cors_headers, refused,
+)  # fmt: skip
 
 JSON = "application/json"
 SSE = "text/event-stream"
@@ -95,12 +97,14 @@ def check_access(
     origin: str | None,
     authorization: str | None,
     remote: str | None,
+    forwarded: Forwarded = NOT_FORWARDED,
 ) -> Access:
     """The access rules for one request; a refusal is counted (`count` is told its reason
     word), logged once and raised as an HttpError."""
     preflight = origin is not None and method == "OPTIONS"
     transport = "mcp" if path.endswith("/mcp") else "sse"  # which metadata a 401 points to
-    result = admit(guard, host, origin, authorization, server, preflight, transport)
+    resource = guard.resource_for(remote, forwarded) if guard.oauth is not None else ""
+    result = admit(guard, host, origin, authorization, server, preflight, transport, resource)
     if isinstance(result, Refusal):
         refused(count, result, path, remote)
         raise HttpError(result.status, result.reason, headers=result.headers)
@@ -132,6 +136,7 @@ def middleware(guard: Callable[[], Guard], count: Callable[[str], None]) -> Midd
                     origin=headers.get("Origin"),
                     authorization=headers.get("Authorization"),
                     remote=request.remote,
+                    forwarded=forwarded(request),
                 )
                 try:
                     access = check()
@@ -157,6 +162,11 @@ def middleware(guard: Callable[[], Guard], count: Callable[[str], None]) -> Midd
             return render(INTERNAL_ERROR)
 
     return http_layer
+
+
+def forwarded(request: web.Request) -> Forwarded:
+    headers = request.headers
+    return headers.get("X-Forwarded-Proto"), headers.get("X-Forwarded-Host"), headers.get("X-Forwarded-Prefix")
 
 
 def render(error: HttpError) -> web.Response:
