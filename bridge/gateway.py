@@ -114,7 +114,7 @@ class Upstream:
     def _stalled(self) -> None:
         self._stall = None
         limits = self.gateway.limits
-        self._log.error("server_stalled", pid=self._pid(), refused=self.refused, after_s=float(limits.server_input_stall))
+        self._log.error("server_stalled", pid=self._pid(), refused=self.refused, after_s=limits.server_input_stall)
         self.supervisor.restart(f"server stopped reading its input for {limits.server_input_stall:g}s")
 
     def _cancel_stall(self) -> None:
@@ -340,7 +340,7 @@ class Gateway:
         if upstream is None or upstream.mux.sessions():
             return
         del self._by_principal[principal]
-        self.log.info("server_retired", principal=principal, idle_s=float(self.server.principal_idle_timeout))
+        self.log.info("server_retired", principal=principal, idle_s=self.server.principal_idle_timeout)
         self._stop_later(upstream)
 
     def _stop_later(self, upstream: Upstream) -> None:

@@ -89,10 +89,20 @@ def _thread_died(t: threading.ExceptHookArgs) -> None:
 
 def _json(event: dict[str, Any], **_: Any) -> str:
     try:
-        return msgspec.json.encode(event, enc_hook=str).decode()
+        return msgspec.json.encode(event, enc_hook=_plain).decode()
     except UnicodeEncodeError:
         # A header or line that was not UTF-8 (surrogates): escape rather than lose the event.
         return json.dumps(event, default=str, ensure_ascii=True)
+
+
+def _plain(value: object) -> object:
+    """What msgspec cannot encode by itself: config numbers (Duration, Size: float and int
+    subclasses) as numbers, anything else as its text."""
+    if isinstance(value, float):
+        return float(value)
+    if isinstance(value, int):
+        return int(value)
+    return str(value)
 
 
 def get(name: str = "bridge", **bound: Any) -> structlog.typing.FilteringBoundLogger:
