@@ -85,7 +85,7 @@ def _missing() -> str | None:
 
 
 MISSING = _missing()
-# `pytestmark = [*idp.NEEDS_IDP]` in a test module that starts the provider.
+# `pytestmark = NEEDS_IDP` in a test module that starts the provider.
 NEEDS_IDP = [pytest.mark.node, pytest.mark.skipif(MISSING is not None, reason=MISSING or "")]
 
 

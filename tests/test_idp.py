@@ -16,6 +16,8 @@ import aiohttp
 import httpx2
 import jwt
 import pytest
+from jwt.algorithms import HMACAlgorithm
+from jwt.utils import base64url_decode
 from aiohttp import web
 from idp import NEEDS_IDP, REDIRECT_URI, Idp, SignInError, SigningKey, authorize, idp, oauth_client  # noqa: F401
 
@@ -84,13 +86,13 @@ async def test_es256_access_tokens(idp):
 
 async def test_refusals(idp):
     """What the provider itself refuses: a resource that is not on loopback, an unknown
-    account, an authorization request without PKCE."""
+    account, an authorization request without PKCE even from a confidential client."""
     async with idp() as p:
         with pytest.raises(SignInError, match="invalid_target"):
             await p.access_token("alice", "https://elsewhere.example/mcp", ["mcp:time"])
         with pytest.raises(SignInError, match="unknown account"):
             await p.access_token("mallory", RESOURCE, ["mcp:time"])
-        client_id = (await p.register())["client_id"]
+        client_id = (await p.register(token_endpoint_auth_method="client_secret_basic"))["client_id"]
         meta = await p.metadata()
         url = f"{meta['authorization_endpoint']}?response_type=code&client_id={client_id}&redirect_uri={REDIRECT_URI}&scope=mcp:time"
         with pytest.raises(SignInError, match="requires PKCE"):
@@ -110,10 +112,13 @@ async def test_minted_tokens_verify_like_the_providers(idp):
         with pytest.raises(jwt.InvalidAudienceError):
             await verify(p, p.mint("http://127.0.0.1:9/other"), RESOURCE)
         assert jwt.get_unverified_header(p.mint(RESOURCE, algorithm="none"))["alg"] == "none"
-        # The confusion token is a valid HS256 JWS whose secret is the public key's PEM.
+        # The confusion token: HS256 whose secret is the public key's PEM, what a verifier
+        # that took the key for an HMAC secret would accept.
         confused = p.mint(RESOURCE, algorithm="HS256")
         assert jwt.get_unverified_header(confused) == {"alg": "HS256", "typ": "at+jwt", "kid": p.key().kid}
-        assert jwt.api_jws.PyJWS().get_unverified_header(confused)["alg"] == "HS256"
+        signed, _, signature = confused.rpartition(".")
+        hs256 = HMACAlgorithm(HMACAlgorithm.SHA256)
+        assert hs256.verify(signed.encode(), p.key().public_pem(), base64url_decode(signature))
 
 
 async def test_rotation_without_restart(idp):
