@@ -5,7 +5,7 @@
 `npm ci --prefix tests/node` installs (oidc-provider 9 does not support 20). The
 test owns the signing keys (`SigningKey`): it writes them as a JWKS file the
 provider loads, so it can also mint tokens with them (`Idp.mint`: expired, for
-another audience, `alg: none`, HMAC signed with the public key...) and rotate
+another audience, `alg: none`, HMAC signed with the public key...; `tampered`) and rotate
 them while the provider runs (`Idp.rotate`, a SIGHUP the provider acknowledges
 on stdout). The provider's stdout is one JSON event a line; every wait here is
 on one of those events, bounded.
@@ -43,6 +43,7 @@ from conftest import ROOT
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from jwt.algorithms import ECAlgorithm, HMACAlgorithm, RSAAlgorithm
+from jwt.utils import base64url_decode, base64url_encode
 from mcp.client.auth import AuthorizationCodeResult, OAuthClientProvider, PKCEParameters
 from mcp.shared.auth import OAuthClientInformationFull, OAuthClientMetadata, OAuthToken
 from pydantic import AnyUrl
@@ -136,6 +137,13 @@ class _KeyAsHmacSecret(HMACAlgorithm):
 _CONFUSED = jwt.PyJWS()
 _CONFUSED.unregister_algorithm("HS256")
 _CONFUSED.register_algorithm("HS256", _KeyAsHmacSecret(HMACAlgorithm.SHA256))
+
+
+def tampered(token: str, claims: Mapping[str, Any]) -> str:
+    """`token` with `claims` changed in its payload, its header and signature kept."""
+    header, payload, signature = token.split(".")
+    changed = {**json.loads(base64url_decode(payload)), **claims}
+    return f"{header}.{base64url_encode(json.dumps(changed).encode()).decode()}.{signature}"
 
 
 def _http() -> aiohttp.ClientSession:

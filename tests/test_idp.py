@@ -19,7 +19,7 @@ import pytest
 from jwt.algorithms import HMACAlgorithm
 from jwt.utils import base64url_decode
 from aiohttp import web
-from idp import NEEDS_IDP, REDIRECT_URI, Idp, SignInError, SigningKey, authorize, idp, oauth_client  # noqa: F401
+from idp import NEEDS_IDP, REDIRECT_URI, Idp, SignInError, SigningKey, authorize, idp, oauth_client, tampered  # noqa: F401
 
 pytestmark = NEEDS_IDP
 
@@ -111,6 +111,11 @@ async def test_minted_tokens_verify_like_the_providers(idp):
             await verify(p, p.mint(RESOURCE, {"exp": int(time.time()) - 60}), RESOURCE)
         with pytest.raises(jwt.InvalidAudienceError):
             await verify(p, p.mint("http://127.0.0.1:9/other"), RESOURCE)
+        real = await p.access_token("bob", RESOURCE, ["mcp:time"])
+        forged = tampered(real, {"groups": ["mcp:all"]})
+        assert jwt.decode(forged, options={"verify_signature": False})["groups"] == ["mcp:all"]
+        with pytest.raises(jwt.InvalidSignatureError):
+            await verify(p, forged, RESOURCE)
         assert jwt.get_unverified_header(p.mint(RESOURCE, algorithm="none"))["alg"] == "none"
         # The confusion token: HS256 whose secret is the public key's PEM, what a verifier
         # that took the key for an HMAC secret would accept.
