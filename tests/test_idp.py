@@ -4,22 +4,34 @@ What the bridge's OAuth tests rely on: the provider's discovery and registration
 the code flow with PKCE yielding a JWT access token for the requested resource,
 tokens minted by the test verifying like the provider's, key rotation without a
 restart, a restart on the same port, and the SDK's OAuth client signing in by
-itself from a bare 401 (here against a stand-in resource server of a few lines,
-so that the harness is proven before the bridge serves OAuth).
+itself from a bare 401, against resource servers that are not the bridge (a
+stand-in of a few lines, and the SDK's own server), so that the harness is
+proven before the bridge serves OAuth.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import socket
 import time
 
 import aiohttp
 import httpx2
 import jwt
 import pytest
-from jwt.algorithms import HMACAlgorithm
-from jwt.utils import base64url_decode
+import uvicorn
 from aiohttp import web
 from idp import NEEDS_IDP, REDIRECT_URI, Idp, SignInError, SigningKey, authorize, idp, oauth_client, tampered  # noqa: F401
+from jwt.algorithms import HMACAlgorithm
+from jwt.utils import base64url_decode
+from mcp import ClientSession
+from mcp.client.sse import sse_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.server.auth.middleware.auth_context import get_access_token
+from mcp.server.auth.provider import AccessToken
+from mcp.server.auth.settings import AuthSettings
+from mcp.server.mcpserver import MCPServer
 
 pytestmark = NEEDS_IDP
 
@@ -215,3 +227,66 @@ async def test_sdk_signs_in_from_a_bare_401(idp, aiohttp_server):
         assert (seen[0]["sub"], seen[0]["groups"]) == ("bob", ["mcp:time"])
         assert seen[0]["scope"] == "mcp:time"
         assert auth.context.storage.client_info.client_id
+
+
+class _JwtVerifier:
+    """The SDK server's `TokenVerifier` over the provider's keys: the SDK's own resource
+    server stands in for the bridge in `test_sdk_session_signs_in`."""
+
+    def __init__(self, p: Idp, resource: str) -> None:
+        self.p = p
+        self.resource = resource
+
+    async def verify_token(self, token: str) -> AccessToken | None:
+        try:
+            claims = await verify(self.p, token, self.resource)
+        except (jwt.InvalidTokenError, KeyError):
+            return None
+        scopes = claims["scope"].split()
+        return AccessToken(token=token, client_id=claims["client_id"], scopes=scopes, expires_at=claims["exp"],
+                           resource=claims["aud"], subject=claims["sub"], claims=claims)  # fmt: skip
+
+
+@pytest.mark.parametrize("transport", ["streamable", "sse"])
+async def test_sdk_session_signs_in(idp, transport):
+    """The SDK's client session over Streamable HTTP or HTTP+SSE against the SDK's own
+    resource server: the first request meets a 401, `oauth_client` signs alice in, the
+    tool sees her."""
+    async with idp() as p:
+        # Bound and listening before uvicorn runs: the resource URL is known up front and
+        # the client's first connection waits in the backlog instead of being refused.
+        sock = socket.create_server(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}/{'mcp' if transport == 'streamable' else 'sse'}"
+        settings = AuthSettings(
+            issuer_url=p.issuer, resource_server_url=url, required_scopes=["mcp:time"], validate_token_resource=True
+        )
+        server = MCPServer("reference", token_verifier=_JwtVerifier(p, url), auth=settings)
+
+        @server.tool()
+        def whoami() -> str:
+            token = get_access_token()
+            assert token is not None
+            return f"{token.subject} {token.claims['groups']}"
+
+        app = server.streamable_http_app() if transport == "streamable" else server.sse_app()
+        uv = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+        serving = asyncio.get_running_loop().create_task(uv.serve(sockets=[sock]))
+        try:
+            auth = oauth_client(url, "alice")
+            async with contextlib.AsyncExitStack() as stack:
+                if transport == "streamable":
+                    http = await stack.enter_async_context(httpx2.AsyncClient(auth=auth, timeout=10))
+                    read, write = await stack.enter_async_context(streamable_http_client(url, http_client=http))
+                else:
+                    read, write = await stack.enter_async_context(sse_client(url, auth=auth, timeout=10))
+                session = await stack.enter_async_context(ClientSession(read, write))
+                async with asyncio.timeout(20):
+                    await session.initialize()
+                    result = await session.call_tool("whoami", {})
+            assert [c.text for c in result.content] == ["alice ['mcp:all']"]
+            claims = jwt.decode(auth.context.current_tokens.access_token, options={"verify_signature": False})
+            assert (claims["aud"], claims["scope"]) == (url, "mcp:time")
+        finally:
+            uv.should_exit = True
+            async with asyncio.timeout(10):
+                await serving
