@@ -55,6 +55,15 @@ def create_app(config: Config) -> web.Application:
     return app
 
 
+def listening(app: web.Application, port: int) -> None:
+    """The port the daemon is bound to (with `--port 0`, known only now): the default
+    OAuth resource URL is where it listens."""
+    live = app[LIVE]
+    live.port = port
+    if live.oauth is not None:
+        live.guard = Guard(live.config, live.oauth, port)
+
+
 async def _close_oauth(app: web.Application) -> None:
     if (oauth := app[LIVE].oauth) is not None:
         await oauth.close()
@@ -123,7 +132,7 @@ async def apply_config(app: web.Application, new: Config) -> None:
             await oauth.start()
         if live.oauth is not None:
             await live.oauth.close()
-    live.config, live.guard, live.oauth = new, Guard(new, oauth), oauth
+    live.config, live.guard, live.oauth = new, Guard(new, oauth, live.port), oauth
     log.info("config_reloaded", added=added, removed=removed, restarted=changed, unchanged=len(gateways) - len(added) - len(changed))
 
 

@@ -14,7 +14,7 @@ import msgspec
 from aiohttp import web
 
 from . import __version__, logs, runtime
-from .app import apply_config, create_app, drain
+from .app import apply_config, create_app, drain, listening
 from .config import Config, ConfigError, listen_problems, load
 from .transports import fastpath
 from .transports.common import GATEWAYS, LIVE
@@ -80,7 +80,7 @@ def _load(args: argparse.Namespace) -> Config:
     config = load(args.config)
     host = args.host or config.listen.host
     port = config.listen.port if args.port is None else args.port
-    problems = listen_problems(config, host, port)
+    problems = listen_problems(config, host)
     if not 0 <= port <= 65535:
         problems.append(f"--port: {port} is not a port number")
     if problems:
@@ -130,6 +130,8 @@ async def serve(config: Config, reload_config: Callable[[], Config]) -> None:
             reuse_address=True,
         )
         bound = [s.getsockname() for s in server.sockets]
+        if bound:
+            listening(app, bound[0][1])
         log.info(
             "listening",
             host=config.listen.host,

@@ -537,14 +537,13 @@ def _is_base_url(value: str) -> bool:
     return parts.scheme in ("http", "https") and bool(parts.netloc) and not parts.query and not parts.fragment
 
 
-def listen_problems(config: Config, host: str | None = None, port: int | None = None) -> list[str]:
+def listen_problems(config: Config, host: str | None = None) -> list[str]:
     """Refuse to serve off loopback with no auth unless the config says so."""
     host = config.listen.host if host is None else host
     security = config.security
-    port = config.listen.port if port is None else port
-    if security.oauth is not None and security.oauth.resource is None and (port == 0 or host in ("0.0.0.0", "::", "")):
+    if security.oauth is not None and security.oauth.resource is None and host in ("0.0.0.0", "::", ""):
         return [
-            "security.oauth.resource: required when listening on port 0 or on every address "
+            "security.oauth.resource: required when listening on every address "
             "(it is the URL clients reach the bridge at, which tokens must name)"
         ]
     if security.tokens or security.oauth is not None or security.allow_unauthenticated or is_loopback(host):

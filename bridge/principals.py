@@ -135,13 +135,29 @@ class OAuthVerifier:
         self._inactive: OrderedDict[bytes, tuple[float, bool]] = OrderedDict()
         self._introspecting = [s for s in config.authorization_servers if s.introspection is not None]
         self._http: aiohttp.ClientSession | None = None
+        self._retrying: asyncio.Task[None] | None = None
         self.outcomes: dict[str, int] = {}  # reason word -> count: a metric
 
     async def start(self) -> None:
-        """Fetch every issuer's keys once, so that the first requests need not wait."""
-        await asyncio.gather(*(self._refresh(keys) for keys in self.issuers.values()))
+        """Fetch every issuer's keys once, so that the first requests need not wait; an issuer
+        that cannot be reached now is tried again in the background until it gives them."""
+        await asyncio.gather(*(self._first_keys(keys) for keys in self.issuers.values()))
+        if any(keys.fetched_at is None for keys in self.issuers.values()):
+            self._retrying = asyncio.get_running_loop().create_task(self._until_keys())
+
+    async def _first_keys(self, issuer: IssuerKeys) -> None:
+        await self._refresh(issuer)
+        issuer.attempted_at = -REFRESH_EVERY  # the first unknown kid may fetch again at once
+
+    async def _until_keys(self) -> None:
+        while missing := [keys for keys in self.issuers.values() if keys.fetched_at is None]:
+            await asyncio.sleep(RETRY_AFTER_S)
+            await asyncio.gather(*(self._first_keys(keys) for keys in missing))
 
     async def close(self) -> None:
+        if self._retrying is not None:
+            self._retrying.cancel()
+            self._retrying = None
         if self._http is not None:
             await self._http.close()
             self._http = None

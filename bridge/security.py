@@ -47,13 +47,13 @@ class Principal:
 class Guard:
     """The access rules of one config; pure, so they are tested without HTTP."""
 
-    def __init__(self, config: Config, oauth: OAuthVerifier | None = None) -> None:
+    def __init__(self, config: Config, oauth: OAuthVerifier | None = None, port: int | None = None) -> None:
         sec = config.security
         self.oauth = oauth
         if oauth is not None:
             assert sec.oauth is not None
             self.configured_resource = sec.oauth.resource.rstrip("/") if sec.oauth.resource else None
-            self.resource = self.configured_resource or default_resource(config)
+            self.resource = self.configured_resource or default_resource(config, port)
             self.trusted_proxies = tuple(ipaddress.ip_network(p, strict=False) for p in config.listen.trusted_proxies)
             self.extra_audience = frozenset(s.audience for s in sec.oauth.authorization_servers if s.audience is not None)
         self.principals = tuple(
@@ -264,8 +264,9 @@ def _bearer(authorization: str | None) -> str | None:
     return token if scheme.lower() == "bearer" and token else None
 
 
-def default_resource(config: Config) -> str:
-    """The bridge's resource URL when `security.oauth.resource` is not set: where it listens."""
+def default_resource(config: Config, port: int | None = None) -> str:
+    """The bridge's resource URL when `security.oauth.resource` is not set: where it listens
+    (`port`: the one bound, when the config says 0)."""
     listen = config.listen
     host = f"[{listen.host}]" if ":" in listen.host else listen.host
-    return f"{'https' if listen.tls is not None else 'http'}://{host}:{listen.port}"
+    return f"{'https' if listen.tls is not None else 'http'}://{host}:{listen.port if port is None else port}"

@@ -231,9 +231,12 @@ def test_the_resource_url_comes_from_config_or_a_trusted_proxy_only() -> None:
     assert isinstance(refused, Refusal) and refused.reason == "token is for another resource"
 
 
-def test_oauth_needs_a_resource_url_when_the_listening_address_cannot_be_one() -> None:
+def test_without_a_resource_url_the_bridge_is_where_it_listens() -> None:
     from bridge.config import ConfigError
 
     with pytest.raises(ConfigError) as raised:
-        parse(CONFIG.replace("port: 8080", "port: 0"), environ={})
-    assert raised.value.problems[0].startswith("security.oauth.resource: required when listening on port 0")
+        parse(CONFIG.replace("host: 127.0.0.1, port: 8080", "host: 0.0.0.0, port: 8080"), environ={})
+    assert raised.value.problems[0].startswith("security.oauth.resource: required when listening on every address")
+    config = parse(CONFIG.replace("port: 8080", "port: 0"), environ={})  # the port bound is known once bound
+    assert config.security.oauth is not None
+    assert Guard(config, OAuthVerifier(config.security.oauth), 43210).resource == "http://127.0.0.1:43210"

@@ -31,6 +31,7 @@ class Live:
     # Client calls in flight by principal, counted by every mux: outlives reloads.
     in_flight: Counter[str | None] = field(default_factory=Counter)
     oauth: OAuthVerifier | None = None  # its keys and checked tokens outlive reloads that keep security.oauth
+    port: int | None = None  # the one bound, once it is
 
 
 LIVE = web.AppKey("live", Live)
