@@ -118,6 +118,13 @@ async def test_metadata_names_the_resource_and_the_authorization_server(bridge: 
         async with http.get(f"{b.base}/readyz") as resp:
             ready = await resp.json()  # (the servers may still be starting: not the point here)
         assert ready["authorization_servers"] == {p.issuer: "ok"} and "oauth" not in ready.get("servers", {})
+        assert (await _post(b, "time", p.mint(b.url("time", "mcp"), {"exp": 1}))).status == 401
+        async with http.get(f"{b.base}/metrics", headers={"Authorization": f"Bearer {p.mint(b.base)}"}) as resp:
+            assert resp.status == 200
+            metrics = await resp.text()
+        assert 'mcp_bridge_oauth_tokens_total{outcome="ok"} 1.0' in metrics
+        assert 'mcp_bridge_oauth_tokens_total{outcome="expired"} 1.0' in metrics
+        assert f'mcp_bridge_oauth_key_fetches_total{{issuer="{p.issuer}",result="ok"}} 1.0' in metrics
 
 
 REFUSALS = {
