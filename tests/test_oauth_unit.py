@@ -8,6 +8,7 @@ import hashlib
 import hmac
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 import jwt
@@ -71,20 +72,22 @@ def test_a_valid_token_names_its_principal_by_issuer_and_subject() -> None:
 
 
 @pytest.mark.parametrize(
-    ("tok", "reason"),
+    ("make", "reason"),
     [
-        (token({"exp": int(time.time()) - 120}), "token expired"),
-        (token({"nbf": int(time.time()) + 120}), "token not yet valid"),
-        (token({"iss": "http://127.0.0.1:9999/realms/other"}), "token from an unknown issuer"),
-        (token({"aud": f"{BASE}/servers/files/mcp"}), "token is for another resource"),
-        (token({"aud": "https://elsewhere.example.com"}), "token is for another resource"),
-        (token(drop=("exp",)), "token refused"),
-        (token(drop=("sub",)), "token refused"),
-        (token(key=rsa.generate_private_key(public_exponent=65537, key_size=2048)), "token signature does not verify"),
-        ("not.a.jwt", "not a JWT access token"),
+        (lambda: token({"exp": int(time.time()) - 120}), "token expired"),
+        (lambda: token({"nbf": int(time.time()) + 120}), "token not yet valid"),
+        (lambda: token({"iss": "http://127.0.0.1:9999/realms/other"}), "token from an unknown issuer"),
+        (lambda: token({"aud": f"{BASE}/servers/files/mcp"}), "token is for another resource"),
+        (lambda: token({"aud": "https://elsewhere.example.com"}), "token is for another resource"),
+        (lambda: token(drop=("exp",)), "token refused"),
+        (lambda: token(drop=("sub",)), "token refused"),
+        (lambda: token(key=rsa.generate_private_key(public_exponent=65537, key_size=2048)), "token signature does not verify"),
+        (lambda: "not.a.jwt", "not a JWT access token"),
     ],
+    ids=["expired", "not_yet_valid", "issuer", "other_server", "other_resource", "no_exp", "no_sub", "signature", "not_jwt"],
 )
-def test_refused_tokens_get_401_invalid_token_naming_the_reason(tok: str, reason: str) -> None:
+def test_refused_tokens_get_401_invalid_token_naming_the_reason(make: Callable[[], str], reason: str) -> None:
+    tok = make()  # now, not when the tests were collected: times are relative to now
     refusal = check(guard(), tok)
     assert isinstance(refusal, Refusal) and refusal.status == 401, refusal
     assert refusal.reason.startswith(reason), refusal.reason
