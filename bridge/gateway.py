@@ -310,7 +310,7 @@ class Gateway:
             self.metrics.sessions_dropped[reason] += 1
         if self.server.mode == "per-session":
             self._stop_later(upstream)
-        elif self.server.mode == "per-principal" and not upstream.mux.sessions():
+        elif self.server.mode == "per-principal" and not upstream.mux.sessions() and session.owner not in self._retiring:
             self._retiring[session.owner] = asyncio.get_running_loop().call_later(
                 self.server.principal_idle_timeout, self._retire, session.owner
             )
