@@ -961,10 +961,9 @@ class Mux:
     def _busy_principals(self) -> set[str | None]:
         """The principals with calls the server is working on now (two at most: enough to decide)."""
         busy: set[str | None] = set()
-        peers = self._peers
         for call in self._calls.values():
             if call.sent and call.session is not None:
-                busy.add(peers[call.session].principal)
+                busy.add(call.principal)
                 if len(busy) > 1:
                     break
         return busy
