@@ -8,6 +8,7 @@ changes something is an `audit` event naming the admin.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -25,7 +26,8 @@ Reload = Callable[[], Awaitable[list[str]]]
 RELOAD: web.AppKey[Reload] = web.AppKey("admin_reload")
 StatusOf = Callable[[Gateway], dict[str, object]]
 ENDED_MESSAGE = "session ended by an administrator"
-LOOPBACK_ADMIN = "(loopback, no tokens)"  # who the audit names when no authentication is configured
+LOOPBACK_ADMIN = "(loopback, no tokens)"
+_RESTARTS: set[asyncio.Task[int]] = set()  # restarts under way, held until done  # who the audit names when no authentication is configured
 
 
 def add_routes(app: web.Application, status_of: StatusOf) -> None:
@@ -89,10 +91,15 @@ async def restart(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAYS].get(name)
     if gateway is None:
         raise HttpError(404, f"no server named {name!r}")
-    admin = _admin(request)
+    if gateway.restarting:
+        raise HttpError(409, f"server {name!r} is already restarting")
     _audit(request, "restart_server", server=name)
     drain = request.app[LIVE].config.limits.drain_timeout
-    count = await gateway.restart(f"restarted by {admin}", drain)
+    # Shielded: an admin who hangs up mid-way must not leave the server stopped.
+    task = asyncio.get_running_loop().create_task(gateway.restart(f"restarted by {_admin(request)}", drain))
+    _RESTARTS.add(task)
+    task.add_done_callback(_RESTARTS.discard)
+    count = await asyncio.shield(task)
     return web.json_response({"restarted": name, "processes": count})
 
 

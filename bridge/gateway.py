@@ -187,7 +187,10 @@ class Upstream:
         self.child = None
         self._cancel_stall()
         self.gateway.apply(self, self.mux.server_exited(reason))
-        self.supervisor.start()
+        # Meanwhile the gateway may have stopped (reload, shutdown) or, per session, its session
+        # closed and this process retired: then it stays stopped.
+        if self.gateway.accepting and any(u is self for u in self.gateway.upstreams()):
+            self.supervisor.start()
 
     def ready(self) -> bool:
         return self.supervisor.status is Status.RUNNING and self.mux.state is State.READY
@@ -222,6 +225,7 @@ class Gateway:
         self._ticker: asyncio.Task[None] | None = None
         self._pinger: asyncio.Task[None] | None = None
         self.accepting = True
+        self.restarting = False  # an admin restart is under way (Gateway.restart)
         self.limiter = RateLimiter(RateLimit(), {}, self.in_flight, Counter())  # none, until the app sets its own
         self._throttled_log = logs.Throttle(1.0, 10)
         self._default_view: View | None = None
@@ -355,11 +359,15 @@ class Gateway:
         in flight to end, then stop each process (SIGTERM, then shutdown_timeout) and start it
         again. Sessions stay open: their calls wait for the new process, as after a crash.
         How many processes were restarted."""
-        deadline = time.monotonic() + drain_timeout
-        while self.inflight() and time.monotonic() < deadline:
-            await asyncio.sleep(RESTART_POLL_S)
-        upstreams = list(self.upstreams())
-        await asyncio.gather(*(u.restart(reason) for u in upstreams))
+        self.restarting = True
+        try:
+            deadline = time.monotonic() + drain_timeout
+            while self.inflight() and time.monotonic() < deadline:
+                await asyncio.sleep(RESTART_POLL_S)
+            upstreams = list(self.upstreams())
+            await asyncio.gather(*(u.restart(reason) for u in upstreams))
+        finally:
+            self.restarting = False
         return len(upstreams)
 
     def _principal_upstream(self, principal: str | None) -> Upstream:

@@ -284,7 +284,11 @@ async def test_admin_restarts_a_server_and_its_sessions_recover(bridge):
             old = b.server_pids()
             # A call that outlasts the drain (limits.drain_timeout) fails when the process stops.
             slow = await call_in_flight(c)
-            status, body = await api("POST", f"{b.base}/admin/servers/demo/restart")
+            restart = asyncio.create_task(api("POST", f"{b.base}/admin/servers/demo/restart"))
+            await b.wait_for("audit", where=lambda e: e.get("method") == "admin/restart_server")
+            status, body = await api("POST", f"{b.base}/admin/servers/demo/restart")  # while it drains
+            assert status == 409 and "already restarting" in body["error"]["message"], body
+            status, body = await restart
             assert status == 200 and body == {"restarted": "demo", "processes": 1}, body
             with pytest.raises(Exception, match="restarted by ops"):
                 async with asyncio.timeout(10):
