@@ -22,7 +22,7 @@ from . import logs
 from .config import Config, is_loopback
 from .principals import OAuthVerifier, TokenRefused, Unavailable
 
-OPEN_PATHS = frozenset({"/healthz", "/readyz"})
+OPEN_PATHS = frozenset({"/healthz", "/readyz", "/ui", "/ui/app.js", "/ui/app.css"})  # the probes; the status page's static files
 ADMIN_PATH = "/admin/"  # the admin API: only for admins (Guard.admin_allowed)
 WELL_KNOWN = "/.well-known/oauth-protected-resource"  # and under it, per server: open, like the probes
 Forwarded = tuple[str | None, str | None, str | None]  # X-Forwarded-Proto, -Host, -Prefix of a request

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -16,6 +17,8 @@ from typing import Any
 import aiohttp
 import pytest
 import yaml
+import browser
+from browser import CHROMIUM, Page
 from conftest import PY, ROOT, SERVERS
 from sdk import Client, connect, text_of
 
@@ -398,3 +401,74 @@ async def test_ctl_every_action(bridge, tmp_path: Path):
     # A daemon that is gone: exit 2, said plainly.
     code, out, err = await ctl(b, admin, "servers")
     assert code == 2 and "cannot reach" in err, (code, err)
+
+
+# ==================================================================== status page
+
+ARTIFACTS = Path(os.environ.get("MCP_BRIDGE_TEST_ARTIFACTS", ROOT / "tests" / "artifacts"))
+
+
+def by_id(element: str, js: str) -> str:
+    return f"document.getElementById({json.dumps(element)}){js}"
+
+
+async def sign_in(page: Page, token: str) -> None:
+    await page.wait_for(by_id("signin", ".hidden === false"))
+    await page.evaluate(by_id("token", f".value = {json.dumps(token)}") + "; " + by_id("signin", ".requestSubmit()"))
+
+
+VISIBLE_BUTTONS = "[...document.querySelectorAll('button')].filter(b => b.offsetParent !== null).map(b => b.textContent)"
+
+
+def sessions_shown(server: str) -> str:
+    return f"document.querySelector('tr[data-server={server}] td.sessions')?.textContent"
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium (Debian package chromium)")
+async def test_status_page_in_a_browser(bridge, tmp_path: Path):
+    async with bridge(admin_config()) as b:
+        async with aiohttp.ClientSession() as http, http.get(b.base + "/ui") as resp:
+            assert resp.status == 200 and resp.content_type == "text/html"
+            csp = resp.headers["Content-Security-Policy"]
+            assert "script-src 'self'" in csp and "unsafe-inline" not in csp and "default-src 'none'" in csp, csp
+        async with browser.launch(tmp_path) as page:
+            await page.navigate(b.base + "/ui")
+            # Without a token: a sign-in form, nothing of the daemon.
+            await sign_in(page, "not-a-token-at-all-000")
+            await page.wait_for(by_id("signin-error", ".textContent === 'That token was refused.'"))
+            assert "demo" not in await page.evaluate("document.body.innerText")
+            # A client's token: read-only.
+            await sign_in(page, USER_TOKEN)
+            await page.wait_for(sessions_shown("demo") + " === '0'")
+            assert await page.evaluate(by_id("viewer", ".textContent")) == "read-only"
+            assert await page.evaluate(by_id("sessions-part", ".hidden")) is True
+            assert await page.evaluate(VISIBLE_BUTTONS) == ["Sign out"]
+            await page.evaluate(by_id("signout", ".click()"))
+            # An admin: sessions too, and the actions; counts follow sessions opening and closing.
+            await sign_in(page, ADMIN_TOKEN)
+            await page.wait_for(by_id("viewer", ".textContent === 'admin'"))
+            url = b.url("demo", "mcp")
+            async with connect(url, streamable=True, headers=ALICE), connect(b.url("demo"), headers=ALICE):
+                await page.wait_for(sessions_shown("demo") + " === '2'")
+                await page.wait_for("document.querySelectorAll('tr[data-session]').length === 2")
+                assert await page.evaluate("document.querySelector('tr[data-server=demo] td.name').textContent") == "demo"
+                assert await page.evaluate(VISIBLE_BUTTONS) == ["Sign out", "Reload config", "Restart", "End", "End"]
+                await page.screenshot(ARTIFACTS / "status-page.png")
+            await page.wait_for(sessions_shown("demo") + " === '0'")
+            await page.wait_for("document.querySelectorAll('tr[data-session]').length === 0")
+        assert not page.errors, page.errors
+        assert page.requests and all(u.startswith(b.base + "/") for u in page.requests), page.requests
+        assert (ARTIFACTS / "status-page.png").stat().st_size > 10_000
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium (Debian package chromium)")
+async def test_status_page_without_tokens_on_loopback(bridge, tmp_path: Path):
+    # No authentication configured: loopback's viewers are admins, with no sign-in (as with
+    # a proxy in front that adds each request's Authorization header).
+    async with bridge({"servers": {"demo": {"command": PY, "args": ["-m", "bridge.demo_server"]}}}) as b:
+        async with browser.launch(tmp_path) as page:
+            await page.navigate(b.base + "/ui")
+            await page.wait_for(by_id("viewer", ".textContent === 'admin'"))
+            assert await page.evaluate(by_id("signin", ".hidden")) is True
+            await page.wait_for(sessions_shown("demo") + " === '0'")
+        assert not page.errors and not page.http_errors, (page.errors, page.http_errors)
