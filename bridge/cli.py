@@ -32,7 +32,10 @@ ONE_LINE_NAME = "default"
 ONE_LINE_SOURCE = "command line"
 MODES = get_args(Mode)
 # The one-liner's static tokens: (name, roles, variable); VARIABLE_FILE names a file holding it.
-ONE_LINE_TOKENS: tuple[tuple[str, list[str], str], ...] = (("default", [], "MCP_BRIDGE_TOKEN"), ("admin", ["admin"], "MCP_BRIDGE_ADMIN_TOKEN"))
+ONE_LINE_TOKENS: tuple[tuple[str, list[str], str], ...] = (
+    ("default", [], "MCP_BRIDGE_TOKEN"),
+    ("admin", ["admin"], "MCP_BRIDGE_ADMIN_TOKEN"),
+)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
