@@ -83,12 +83,16 @@ async def test_one_liner_takes_its_token_from_the_environment(bridge, tmp_path: 
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN + "\n")
     command = [PY, "-m", "bridge.demo_server"]
-    async with bridge({}, command=command, env={"MCP_BRIDGE_TOKEN_FILE": str(token_file)}) as b:
+    env = {"MCP_BRIDGE_TOKEN_FILE": str(token_file), "MCP_BRIDGE_ADMIN_TOKEN": ADMIN_TOKEN}
+    async with bridge({}, command=command, env=env) as b:
         url = b.url("default", "mcp")
         status, body = await post(url, INITIALIZE)
         assert status == 401, body
         status, body = await post(url, INITIALIZE, token=TOKEN)
         assert status == 200 and '"serverInfo"' in body, body
+        # The admin token is the admin API's; the client token is not.
+        assert (await api("GET", b.base + "/admin/servers", token=ADMIN_TOKEN))[0] == 200
+        assert (await api("GET", b.base + "/admin/servers", token=TOKEN))[0] == 403
 
 
 def test_one_liner_refuses_what_it_cannot_serve(tmp_path: Path):
