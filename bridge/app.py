@@ -8,7 +8,7 @@ import time
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from . import logs, policy, procstat, security
+from . import admin, logs, policy, procstat, security, statuspage
 from .config import Config
 from .gateway import Gateway
 from .metrics import Metrics
@@ -46,6 +46,8 @@ def create_app(config: Config) -> web.Application:
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/status", status)
+    admin.add_routes(app, server_status)
+    statuspage.add_routes(app)
     if config.metrics.enabled:
         app.router.add_get(config.metrics.path, scrape)
     app.on_startup.append(_start_gateways)

@@ -4,18 +4,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 import ssl
 import sys
-from collections.abc import Callable, Coroutine, Sequence
-from typing import Any
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from pathlib import Path
+from typing import Any, get_args
 
 import msgspec
+import yaml
 from aiohttp import web
 
-from . import __version__, logs, runtime
+from . import __version__, admin, logs, mcpservers, runtime
 from .app import apply_config, create_app, drain, listening
-from .config import Config, ConfigError, listen_problems, load
+from .config import Config, ConfigError, Mode, build, listen_problems, load
 from .transports import fastpath
 from .transports.common import GATEWAYS, LIVE
 
@@ -25,38 +28,73 @@ LISTEN_BACKLOG = 4096
 # Once the gateways have stopped, how long a connection may take to write its stream's last
 # events and end it, on either path: a client that does not read must not hold up the exit.
 CLOSE_GRACE_S = 5.0
+ONE_LINE_NAME = "default"
+ONE_LINE_SOURCE = "command line"
+MODES = get_args(Mode)
+# The one-liner's static tokens: (name, roles, variable); VARIABLE_FILE names a file holding it.
+ONE_LINE_TOKENS: tuple[tuple[str, list[str], str], ...] = (
+    ("default", [], "MCP_BRIDGE_TOKEN"),
+    ("admin", ["admin"], "MCP_BRIDGE_ADMIN_TOKEN"),
+)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The daemon's options; `-- COMMAND [ARGS...]` after them serves that one command (`command`)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command: list[str] = []
+    if "--" in argv:
+        split = argv.index("--")
+        argv, command = argv[:split], argv[split + 1 :]
     parser = argparse.ArgumentParser(
-        prog="mcp-bridge", description="Serve stdio MCP servers over HTTP+SSE and Streamable HTTP."
+        prog="mcp-bridge",
+        description="Serve stdio MCP servers over HTTP+SSE and Streamable HTTP.",
+        usage="%(prog)s (--config FILE | [--name NAME] [--mode MODE] -- COMMAND [ARGS...]) [options]",
+        epilog="Also: `mcp-bridge config convert FILE`, `mcp-bridge ctl --help`.",
     )
-    parser.add_argument("--config", required=True, metavar="FILE", help="YAML config file")
+    parser.add_argument("--config", metavar="FILE", help="YAML config file, or an MCP client's mcpServers JSON")
+    parser.add_argument("--name", help=f"with -- COMMAND: the server's name in its URLs (default {ONE_LINE_NAME!r})")
+    parser.add_argument("--mode", choices=MODES, help="with -- COMMAND: the server's mode (default shared)")
     parser.add_argument("--host", help="listen address (overrides listen.host)")
     parser.add_argument("--port", type=int, help="listen port, 0 for any free port (overrides listen.port)")
-    parser.add_argument("--check", action="store_true", help="validate the config, print what is wrong, exit")
+    parser.add_argument("--check", action="store_true", help="validate the config, print what is wrong or what would be served, exit")
     parser.add_argument("--log-format", choices=["json", "console"], help="overrides logging.format")
     parser.add_argument("--log-level", choices=list(logs.LEVELS), help="overrides logging.level")
     parser.add_argument("--loop", choices=["asyncio", "uvloop"], default="asyncio", help="event loop (uvloop: pip install uvloop)")
     parser.add_argument("--version", action="version", version=f"mcp-bridge {__version__}")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    args.command = command
+    if (args.config is None) == (not command):
+        parser.error("give either --config FILE or -- COMMAND [ARGS...]")
+    if args.config is not None and (args.name is not None or args.mode is not None):
+        parser.error("--name and --mode are for -- COMMAND; a config file names and sets up its own servers")
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["config"]:
+        return convert_main(argv[1:])
+    if argv[:1] == ["ctl"]:
+        from . import ctl  # the client side: none of it is loaded by the daemon
+
+        return ctl.main(argv[1:])
     args = parse_args(argv)
+    notes: list[str] = []
     try:
-        config = _load(args)
+        config = _load(args, notes)
     except ConfigError as exc:
-        for problem in exc.problems:
-            print(f"{exc.source}: {problem}", file=sys.stderr)
+        _print_problems(exc)
         return EXIT_USAGE
     if args.check:
-        print(f"{args.config}: ok ({len(config.servers)} servers: {', '.join(config.servers)})")
+        for note in notes:
+            print(f"{args.config}: {note}")
+        print(describe(config, args.config or ONE_LINE_SOURCE))
         return EXIT_OK
     logs.setup(args.log_format or config.logging.format, args.log_level or config.logging.level)
     log = logs.get()
+    _log_notes(args, notes)
     try:
-        _run(serve(config, lambda: _load(args)), args.loop)
+        _run(serve(config, lambda: _reload_config(args)), args.loop)
     except OSError as exc:
         log.error("startup_failed", error=str(exc))
         return EXIT_ERROR
@@ -75,17 +113,109 @@ def _run(main: Coroutine[Any, Any, None], loop: str) -> None:
         asyncio.run(main)
 
 
-def _load(args: argparse.Namespace) -> Config:
-    """The config file with the command line's overrides applied; ConfigError lists every problem."""
-    config = load(args.config)
+def _load(args: argparse.Namespace, notes: list[str] | None = None) -> Config:
+    """The config (the file, or the one command) with the command line's overrides applied;
+    ConfigError lists every problem."""
+    source = args.config or ONE_LINE_SOURCE
+    config = load(args.config, notes=notes) if args.config is not None else one_line_config(args, os.environ)
     host = args.host or config.listen.host
     port = config.listen.port if args.port is None else args.port
     problems = listen_problems(config, host)
+    if problems and args.config is None:
+        problems = [f"--host: {host!r} is not loopback and no token is set; set MCP_BRIDGE_TOKEN or MCP_BRIDGE_TOKEN_FILE"]
     if not 0 <= port <= 65535:
         problems.append(f"--port: {port} is not a port number")
     if problems:
-        raise ConfigError(args.config, problems)
+        raise ConfigError(source, problems)
     return msgspec.structs.replace(config, listen=msgspec.structs.replace(config.listen, host=host, port=port))
+
+
+def _reload_config(args: argparse.Namespace) -> Config:
+    notes: list[str] = []
+    config = _load(args, notes)
+    _log_notes(args, notes)
+    return config
+
+
+def _log_notes(args: argparse.Namespace, notes: list[str]) -> None:
+    for note in notes:
+        logs.get().warning("config_entry_skipped", config=args.config, note=note)
+
+
+def _print_problems(exc: ConfigError) -> None:
+    for problem in exc.problems:
+        print(f"{exc.source}: {problem}", file=sys.stderr)
+
+
+def one_line_config(args: argparse.Namespace, environ: Mapping[str, str]) -> Config:
+    """The config of `mcp-bridge [options] -- COMMAND [ARGS...]`: that one command as server
+    `--name`, static tokens from the environment (ONE_LINE_TOKENS), validated as a file is."""
+    server: dict[str, Any] = {"command": args.command[0], "args": args.command[1:]}
+    if args.mode is not None:
+        server["mode"] = args.mode
+    tokens: list[dict[str, Any]] = []
+    terms = {f"servers.{args.name or ONE_LINE_NAME}": "--name"}  # key paths, in the command line's terms
+    problems: list[str] = []
+    for name, roles, variable in ONE_LINE_TOKENS:
+        value, path = environ.get(variable), environ.get(variable + "_FILE")
+        if value is not None and path is not None:
+            problems.append(f"{variable}: set both it and {variable}_FILE; give one")
+        elif value is not None or path is not None:
+            terms[f"security.tokens[{len(tokens)}]"] = variable if value is not None else variable + "_FILE"
+            source = {"token": value} if value is not None else {"token_file": path}
+            tokens.append({"name": name, **source, "roles": roles})
+    if problems:
+        raise ConfigError(ONE_LINE_SOURCE, problems)
+    data = {"servers": {args.name or ONE_LINE_NAME: server}, "security": {"tokens": tokens}}
+    try:
+        # Arguments are the shell's, already expanded: a `${` in them is meant literally.
+        return build(data, ONE_LINE_SOURCE, environ, interpolate=False)
+    except ConfigError as exc:
+        raise ConfigError(ONE_LINE_SOURCE, [_in_terms(p, terms) for p in exc.problems]) from None
+
+
+def _in_terms(problem: str, terms: Mapping[str, str]) -> str:
+    path, sep, rest = problem.partition(": ")
+    for key, term in terms.items():
+        if path == key or path.startswith(key + "."):
+            return f"{term} ({path}){sep}{rest}"
+    return problem
+
+
+def describe(config: Config, source: str) -> str:
+    """What `--check` prints for a valid config: each server's endpoints, mode and protocol eras."""
+    listen = config.listen
+    host = f"[{listen.host}]" if ":" in listen.host else listen.host
+    base = f"{'https' if listen.tls is not None else 'http'}://{host}:{listen.port}"
+    lines = [f"{source}: ok ({len(config.servers)} servers: {', '.join(config.servers)})"]
+    for name, server in config.servers.items():
+        lines.append(f"  {name} (mode {server.mode}): {server.command} {' '.join(server.args)}".rstrip())
+        lines.append(f"    {base}/servers/{name}/mcp  Streamable HTTP (protocol 2025-03-26 and later)")
+        lines.append(f"    {base}/servers/{name}/sse  HTTP+SSE (protocol 2024-11-05)")
+    if listen.port == 0:
+        lines.append("  (port 0: the port chosen is logged in the `listening` event)")
+    return "\n".join(lines)
+
+
+def convert_main(argv: Sequence[str]) -> int:
+    """`mcp-bridge config convert FILE`: an mcpServers JSON file as the equivalent YAML config."""
+    parser = argparse.ArgumentParser(prog="mcp-bridge config")
+    sub = parser.add_subparsers(dest="action", required=True)
+    sub.add_parser("convert", help="print the YAML config equivalent to an mcpServers JSON file").add_argument("file")
+    args = parser.parse_args(argv)
+    notes: list[str] = []
+    try:
+        load(args.file, notes=notes)  # the same validation as serving it
+        data = yaml.safe_load(Path(args.file).read_text(encoding="utf-8"))
+    except ConfigError as exc:
+        _print_problems(exc)
+        return EXIT_USAGE
+    if not mcpservers.is_mcp_servers(data):
+        print(f"{args.file}: not an mcpServers file (it is already in the YAML format)", file=sys.stderr)
+        return EXIT_USAGE
+    converted, _ = mcpservers.to_config(data)
+    print(mcpservers.to_yaml(converted, notes), end="")
+    return EXIT_OK
 
 
 async def serve(config: Config, reload_config: Callable[[], Config]) -> None:
@@ -93,7 +223,7 @@ async def serve(config: Config, reload_config: Callable[[], Config]) -> None:
     log = logs.get()
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
-    reloads: set[asyncio.Task[None]] = set()
+    reloads: set[asyncio.Task[list[str]]] = set()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)  # first, so that a signal during startup stops cleanly
     runtime.raise_open_file_limit()
@@ -104,6 +234,8 @@ async def serve(config: Config, reload_config: Callable[[], Config]) -> None:
         task = loop.create_task(_reload(app, reload_config))
         reloads.add(task)
         task.add_done_callback(reloads.discard)
+
+    app[admin.RELOAD] = lambda: _reload(app, reload_config)
 
     loop.add_signal_handler(signal.SIGHUP, on_hup)
     idle = config.limits.keepalive_timeout
@@ -162,14 +294,16 @@ async def serve(config: Config, reload_config: Callable[[], Config]) -> None:
     log.info("stopped")
 
 
-async def _reload(app: web.Application, reload_config: Callable[[], Config]) -> None:
+async def _reload(app: web.Application, reload_config: Callable[[], Config]) -> list[str]:
+    """Load the config again and apply it; the problems that kept it from loading, if any."""
     log = logs.get()
     try:
         new = reload_config()
     except ConfigError as exc:
         log.error("reload_rejected", config=exc.source, problems=exc.problems)
-        return
+        return exc.problems
     await apply_config(app, new)
+    return []
 
 
 def _tls(config: Config) -> ssl.SSLContext | None:

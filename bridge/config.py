@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import ipaddress
+import json
 import os
 import re
 import stat
@@ -22,9 +23,12 @@ from typing import Annotated, Any, Literal
 import msgspec
 import yaml
 
+from . import mcpservers
+
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
 Port = Annotated[int, msgspec.Meta(ge=0, le=65535)]
 LogLevel = Literal["debug", "info", "warning", "error", "critical"]
+Mode = Literal["shared", "per-principal", "per-session"]
 SERVER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 ENV_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\*?$")  # a variable name, or a prefix ending in *
 MIN_TOKEN = 16
@@ -100,6 +104,7 @@ class Token(Struct, frozen=True):
     sha256: str | None = None
     token_file: str | None = None
     servers: tuple[str, ...] = ("*",)
+    roles: tuple[Literal["admin"], ...] = ()  # admin: may use the admin API (/admin)
     rate_limit: RateLimit | None = None  # None: limits.per_principal
     # Per server name: narrows what the server's own filters let through, for this token.
     tools: dict[str, Filter] = {}
@@ -211,7 +216,7 @@ class Server(Struct, frozen=True):
     env: dict[str, str] = {}
     inherit_env: tuple[str, ...] = ()  # daemon variables passed on, beyond the minimal ones
     cwd: str | None = None
-    mode: Literal["shared", "per-principal", "per-session"] = "shared"
+    mode: Mode = "shared"
     principal_idle_timeout: Duration = Duration(300)  # per-principal: a process with no session is stopped after this
     roots: tuple[str, ...] | None = None
     restart: Restart = Restart()
@@ -243,18 +248,24 @@ class ConfigError(Exception):
         self.problems = problems
 
 
-def load(path: str | Path, environ: Mapping[str, str] | None = None) -> Config:
+def load(path: str | Path, environ: Mapping[str, str] | None = None, notes: list[str] | None = None) -> Config:
+    """The config in `path`: the YAML format, or an MCP client's `mcpServers` JSON (whose
+    entries a bridge cannot serve are skipped, each described in `notes`)."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(str(path), [f"cannot read: {exc}"]) from None
-    return parse(text, str(path), os.environ if environ is None else environ)
+    return parse(text, str(path), os.environ if environ is None else environ, notes)
 
 
-def parse(text: str, source: str = "<config>", environ: Mapping[str, str] | None = None) -> Config:
+def parse(
+    text: str, source: str = "<config>", environ: Mapping[str, str] | None = None, notes: list[str] | None = None
+) -> Config:
     try:
-        data = yaml.safe_load(text)
+        data = json.loads(text) if source.endswith(".json") else yaml.safe_load(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(source, [f"not valid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}"]) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
@@ -262,8 +273,22 @@ def parse(text: str, source: str = "<config>", environ: Mapping[str, str] | None
         raise ConfigError(source, [f"not valid YAML{where}: {reason}"]) from None
     if data is None:
         data = {}
+    if mcpservers.is_mcp_servers(data):
+        data, skipped = mcpservers.to_config(data)
+        if notes is not None:
+            notes += skipped
+        try:
+            return build(data, source, environ)
+        except ConfigError as exc:
+            raise ConfigError(source, [mcpservers.in_file_terms(p) for p in exc.problems]) from None
+    return build(data, source, environ)
+
+
+def build(data: Any, source: str, environ: Mapping[str, str] | None = None, interpolate: bool = True) -> Config:
+    """A Config from parsed data (a file's, or one the command line made), every problem reported."""
     problems: list[str] = []
-    data = _interpolate(data, "", os.environ if environ is None else environ, problems)
+    if interpolate:
+        data = _interpolate(data, "", os.environ if environ is None else environ, problems)
     _check(data, Config, "", problems)
     if problems:
         raise ConfigError(source, problems)

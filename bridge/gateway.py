@@ -34,6 +34,7 @@ KEEPALIVE_PASSES = 5  # checks per keepalive interval: comments come every 4/5 t
 KEEPALIVE_SLICE = 64  # keepalives written between yields to the event loop
 # Session ends the bridge chose, counted as drops (a client closing its stream is not one).
 DROP_REASONS = frozenset({"slow", "idle", "server_gone", "shutdown"})
+RESTART_POLL_S = 0.05  # how often a graceful restart looks whether the calls in flight have ended
 NOT_READING = "server is not reading its input (limits.server_input_buffer)"
 
 
@@ -179,6 +180,18 @@ class Upstream:
         self._cancel_stall()
         await self.supervisor.stop()
 
+    async def restart(self, reason: str) -> None:
+        """Stop the process gently and start a new one; what is still in flight fails with `reason`."""
+        self._log.info("server_restarting", pid=self._pid(), reason=reason)
+        await self.supervisor.stop()
+        self.child = None
+        self._cancel_stall()
+        self.gateway.apply(self, self.mux.server_exited(reason))
+        # Meanwhile the gateway may have stopped (reload, shutdown) or, per session, its session
+        # closed and this process retired: then it stays stopped.
+        if self.gateway.accepting and any(u is self for u in self.gateway.upstreams()):
+            self.supervisor.start()
+
     def ready(self) -> bool:
         return self.supervisor.status is Status.RUNNING and self.mux.state is State.READY
 
@@ -212,6 +225,7 @@ class Gateway:
         self._ticker: asyncio.Task[None] | None = None
         self._pinger: asyncio.Task[None] | None = None
         self.accepting = True
+        self.restarting = False  # an admin restart is under way (Gateway.restart)
         self.limiter = RateLimiter(RateLimit(), {}, self.in_flight, Counter())  # none, until the app sets its own
         self._throttled_log = logs.Throttle(1.0, 10)
         self._default_view: View | None = None
@@ -321,6 +335,40 @@ class Gateway:
             reason=reason,
             duration_s=round(time.monotonic() - session.created, 3),
         )
+
+    def end_session(self, session: Session, message: str) -> int:
+        """End a session from outside (the admin API): each of its calls in flight gets an
+        error with `message` first, then it closes (the calls are cancelled upstream, its
+        streams end). How many calls were in flight."""
+        upstream = self._upstreams.get(session.id)
+        if upstream is None:
+            return 0
+        pending = list(upstream.mux.peer(session.id).calls)
+        for request_id in pending:
+            session.deliver(encode(jsonrpc.error(request_id, jsonrpc.SESSION_CLOSED, message)), request_id, True)
+        session.flush()
+        self.close_session(session, "ended")
+        return len(pending)
+
+    def session_inflight(self, session: Session) -> int:
+        upstream = self._upstreams.get(session.id)
+        return upstream.mux.inflight(session.id) if upstream is not None else 0
+
+    async def restart(self, reason: str, drain_timeout: float) -> int:
+        """Restart this server's processes gracefully: wait up to `drain_timeout` for the calls
+        in flight to end, then stop each process (SIGTERM, then shutdown_timeout) and start it
+        again. Sessions stay open: their calls wait for the new process, as after a crash.
+        How many processes were restarted."""
+        self.restarting = True
+        try:
+            deadline = time.monotonic() + drain_timeout
+            while self.inflight() and time.monotonic() < deadline:
+                await asyncio.sleep(RESTART_POLL_S)
+            upstreams = list(self.upstreams())
+            await asyncio.gather(*(u.restart(reason) for u in upstreams))
+        finally:
+            self.restarting = False
+        return len(upstreams)
 
     def _principal_upstream(self, principal: str | None) -> Upstream:
         """Per-principal mode: the process this principal's sessions share, started on first use."""

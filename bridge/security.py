@@ -22,7 +22,8 @@ from . import logs
 from .config import Config, is_loopback
 from .principals import OAuthVerifier, TokenRefused, Unavailable
 
-OPEN_PATHS = frozenset({"/healthz", "/readyz"})
+OPEN_PATHS = frozenset({"/healthz", "/readyz", "/ui", "/ui/app.js", "/ui/app.css"})  # the probes; the status page's static files
+ADMIN_PATH = "/admin/"  # the admin API: only for admins (Guard.admin_allowed)
 WELL_KNOWN = "/.well-known/oauth-protected-resource"  # and under it, per server: open, like the probes
 Forwarded = tuple[str | None, str | None, str | None]  # X-Forwarded-Proto, -Host, -Prefix of a request
 NOT_FORWARDED: Forwarded = (None, None, None)
@@ -39,6 +40,7 @@ class Principal:
     digest: bytes  # of its static token; empty for a principal signed in with OAuth
     servers: frozenset[str] | None  # None: every server
     oauth: bool = False
+    admin: bool = False  # `roles: [admin]`: may use the admin API
 
     def may_use(self, server: str) -> bool:
         return self.servers is None or server in self.servers
@@ -61,6 +63,7 @@ class Guard:
                 t.name,
                 bytes.fromhex(t.sha256) if t.sha256 is not None else hashlib.sha256((t.token or "").encode()).digest(),
                 None if "*" in t.servers else frozenset(t.servers),
+                admin="admin" in t.roles,
             )
             for t in sec.tokens
         )
@@ -73,6 +76,13 @@ class Guard:
     @property
     def authenticating(self) -> bool:
         return bool(self.principals) or self.oauth is not None
+
+    def admin_allowed(self, principal: Principal | None) -> bool:
+        """The admin API (ADMIN_PATH): a token with the admin role; with no authentication
+        configured, anyone who reaches a loopback bind (never an open non-loopback one)."""
+        if principal is not None:
+            return principal.admin
+        return not self.authenticating and self.loopback
 
     def authenticate(self, authorization: str | None) -> Principal | None:
         """The principal whose static token this header carries, checked against every token

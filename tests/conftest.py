@@ -106,13 +106,25 @@ def pid_alive(pid: int) -> bool:
 
 @contextlib.asynccontextmanager
 async def run_bridge(
-    tmp_path: Path, config: dict[str, Any], *args: str, env: dict[str, str] | None = None, expect_exit: int = 0
+    tmp_path: Path,
+    config: dict[str, Any] | Path,
+    *args: str,
+    env: dict[str, str] | None = None,
+    expect_exit: int = 0,
+    command: list[str] | None = None,
 ) -> AsyncIterator[Bridge]:
-    config = {"listen": {"host": "127.0.0.1", "port": 0}, **config}
-    config_path = tmp_path / "servers.yaml"
-    config_path.write_text(yaml.safe_dump(config))
+    """`config` is written to a file; or is a file, served on a free loopback port; or, with
+    `command`, the one-liner `mcp-bridge ARGS -- COMMAND` runs instead (on a free loopback port)."""
+    on_free_port = ["--host", "127.0.0.1", "--port", "0"]
+    if isinstance(config, Path):
+        config_path = config
+        source = ["--config", str(config), *on_free_port]
+    else:
+        config_path = tmp_path / "servers.yaml"
+        config_path.write_text(yaml.safe_dump({"listen": {"host": "127.0.0.1", "port": 0}, **config}))
+        source = ["--config", str(config_path)] if command is None else on_free_port
     proc = await asyncio.create_subprocess_exec(
-        PY, "-m", "bridge", "--config", str(config_path), "--log-level", "debug", *args,
+        PY, "-m", "bridge", *source, "--log-level", "debug", *args, *(["--", *command] if command else []),
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE,
@@ -138,7 +150,7 @@ async def run_bridge(
 def bridge(tmp_path: Path) -> Callable[..., contextlib.AbstractAsyncContextManager[Bridge]]:
     """`async with bridge({"servers": {...}}) as b:` runs a daemon for the test."""
 
-    def start(config: dict[str, Any], *args: str, **kwargs: Any) -> contextlib.AbstractAsyncContextManager[Bridge]:
+    def start(config: dict[str, Any] | Path, *args: str, **kwargs: Any) -> contextlib.AbstractAsyncContextManager[Bridge]:
         return run_bridge(tmp_path, config, *args, **kwargs)
 
     return start

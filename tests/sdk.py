@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
+import httpx2
 import mcp_types as types
 from mcp import ClientSession
 from mcp.client.sse import sse_client
@@ -208,9 +209,10 @@ async def connect(
     read_timeout: float | None = 30.0,
     initialize: bool = True,
     streamable: bool = False,
+    headers: dict[str, str] | None = None,
 ) -> AsyncIterator[Client]:
     """An initialized SDK client session over HTTP+SSE, or with `streamable` over Streamable HTTP
-    (`url` is then the server's `/mcp` endpoint).
+    (`url` is then the server's `/mcp` endpoint); `headers` go with every request (a token).
 
     `sampling(client, params)` returns (or awaits) the text of the assistant's answer;
     when given, the session declares the sampling capability. `roots` makes
@@ -240,7 +242,11 @@ async def connect(
         if holder:
             holder[0].logs.append(params)
 
-    transport = streamable_http_client(url) if streamable else sse_client(url, timeout=10.0)
+    if streamable:
+        client = httpx2.AsyncClient(headers=headers, timeout=30) if headers else None
+        transport = streamable_http_client(url, http_client=client)
+    else:
+        transport = sse_client(url, timeout=10.0, headers=headers)
     async with transport as (read, write):
         async with ClientSession(
             _RecordingReader(read, wire),  # type: ignore[arg-type]

@@ -28,7 +28,7 @@ from aiohttp.typedefs import Handler, Middleware
 from .. import jsonrpc, logs
 from ..principals import NeedsFetch
 from ..security import (
-    CORS_HEADERS, CORS_METHODS, NOT_FORWARDED, OPEN_PATHS, WELL_KNOWN, Forwarded, Guard, Refusal, admit, cors_headers, refused,
+    ADMIN_PATH, CORS_HEADERS, CORS_METHODS, NOT_FORWARDED, OPEN_PATHS, WELL_KNOWN, Forwarded, Guard, Refusal, admit, cors_headers, refused,
 )  # fmt: skip
 
 JSON = "application/json"
@@ -105,6 +105,8 @@ def check_access(
     transport = "mcp" if path.endswith("/mcp") else "sse"  # which metadata a 401 points to
     resource = guard.resource_for(remote, forwarded) if guard.oauth is not None else ""
     result = admit(guard, host, origin, authorization, server, preflight, transport, resource)
+    if not preflight and path.startswith(ADMIN_PATH) and not isinstance(result, Refusal) and not guard.admin_allowed(result):
+        result = Refusal(403, "not_admin", "the admin API needs a token with the admin role", detail={"token": result.name if result is not None else None})
     if isinstance(result, Refusal):
         refused(count, result, path, remote)
         raise HttpError(result.status, result.reason, headers=result.headers)

@@ -1,0 +1,158 @@
+// The status page: reads /status (any token) and, for admins, /admin/sessions; polls every 2 s.
+// Data only ever reaches the page as text (textContent), never as markup.
+"use strict";
+
+const POLL_MS = 2000;
+const KEY = "mcp-bridge-token";
+const $ = (id) => document.getElementById(id);
+let timer = null;
+let admin = null; // asked once per sign-in: a viewer's refusal is logged by the bridge, so not every poll
+
+function headers() {
+  const token = sessionStorage.getItem(KEY);
+  return token ? { Authorization: "Bearer " + token } : {};
+}
+
+async function api(method, path) {
+  // Relative: the page works wherever a proxy mounts the bridge.
+  const response = await fetch(path, { method, headers: headers(), cache: "no-store", credentials: "omit" });
+  let body = null;
+  try { body = await response.json(); } catch (e) { body = null; }
+  return { status: response.status, body };
+}
+
+function cell(row, text, cls) {
+  const td = document.createElement("td");
+  td.textContent = text === null || text === undefined ? "-" : String(text);
+  if (cls) td.className = cls;
+  row.appendChild(td);
+  return td;
+}
+
+function button(label, onClick) {
+  const b = document.createElement("button");
+  b.type = "button";
+  b.textContent = label;
+  b.addEventListener("click", onClick);
+  return b;
+}
+
+function seconds(s) {
+  if (s === null || s === undefined) return "-";
+  if (s < 90) return Math.round(s) + "s";
+  if (s < 5400) return Math.round(s / 60) + "m";
+  return Math.round(s / 3600) + "h";
+}
+
+function renderServers(servers) {
+  const body = $("servers").tBodies[0];
+  body.replaceChildren();
+  for (const [name, s] of Object.entries(servers)) {
+    const row = document.createElement("tr");
+    row.dataset.server = name;
+    cell(row, name, "name");
+    cell(row, s.mode);
+    cell(row, s.ready ? "ready" : "not ready", s.ready ? "ok" : "bad");
+    cell(row, s.sessions, "num sessions");
+    cell(row, s.in_flight, "num");
+    cell(row, s.processes.map((p) => `${p.pid ?? "-"} ${p.state}${p.uptime_s != null ? " " + seconds(p.uptime_s) : ""}`).join("\n") || "none");
+    cell(row, s.processes.reduce((n, p) => n + p.restarts, 0), "num restarts");
+    const errors = cell(row, "");
+    const lines = [];
+    for (const p of s.processes) {
+      if (p.failure) lines.push(p.failure);
+      lines.push(...p.stderr_tail.slice(-5));
+    }
+    const pre = document.createElement("pre");
+    pre.textContent = lines.join("\n");
+    errors.replaceChildren(pre);
+    if (admin) {
+      const actions = cell(row, "");
+      actions.replaceChildren(button("Restart", () => act("POST", `admin/servers/${encodeURIComponent(name)}/restart`, `restart ${name}`)));
+    }
+    body.appendChild(row);
+  }
+}
+
+function renderSessions(sessions) {
+  const body = $("sessions").tBodies[0];
+  body.replaceChildren();
+  for (const s of sessions) {
+    const row = document.createElement("tr");
+    row.dataset.session = s.id;
+    cell(row, s.id.slice(0, 12), "mono");
+    cell(row, s.server);
+    cell(row, s.principal);
+    cell(row, s.transport);
+    cell(row, s.protocol_version);
+    cell(row, seconds(s.age_s), "num");
+    cell(row, s.in_flight, "num");
+    cell(row, seconds(s.idle_s), "num");
+    const actions = cell(row, "");
+    actions.replaceChildren(button("End", () => act("DELETE", `admin/sessions/${encodeURIComponent(s.id)}`, `end session ${s.id}`)));
+    body.appendChild(row);
+  }
+}
+
+async function act(method, path, what) {
+  if (!window.confirm(`Really ${what}?`)) return;
+  const { status, body } = await api(method, path);
+  $("error").textContent = status < 400 ? "" : `${what}: ${status} ${body?.error?.message ?? ""}`;
+  refresh();
+}
+
+function showSignIn(message) {
+  clearTimeout(timer);
+  $("status").hidden = true;
+  $("signin").hidden = false;
+  $("signout").hidden = sessionStorage.getItem(KEY) === null;
+  $("viewer").textContent = "";
+  $("signin-error").textContent = message;
+}
+
+async function refresh() {
+  clearTimeout(timer);
+  try {
+    const status = await api("GET", "status");
+    if (status.status === 401 || status.status === 403) {
+      const refused = sessionStorage.getItem(KEY) !== null;
+      sessionStorage.removeItem(KEY);
+      admin = null;
+      showSignIn(refused ? "That token was refused." : "");
+      return;
+    }
+    if (status.status !== 200) throw new Error(`status: ${status.status}`);
+    const sessions = admin === false ? null : await api("GET", "admin/sessions");
+    admin = sessions !== null && sessions.status === 200;
+    $("signin").hidden = true;
+    $("status").hidden = false;
+    $("signout").hidden = sessionStorage.getItem(KEY) === null;
+    $("viewer").textContent = admin ? "admin" : "read-only";
+    for (const el of document.querySelectorAll(".admin")) el.hidden = !admin;
+    $("sessions-part").hidden = !admin;
+    renderServers(status.body.servers);
+    if (admin) renderSessions(sessions.body.sessions);
+    $("updated").textContent = new Date().toLocaleTimeString();
+    $("error").textContent = "";
+  } catch (e) {
+    $("error").textContent = `Cannot reach the bridge: ${e.message}`;
+  }
+  timer = setTimeout(refresh, POLL_MS);
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  $("signin").addEventListener("submit", (event) => {
+    event.preventDefault();
+    sessionStorage.setItem(KEY, $("token").value.trim());
+    $("token").value = "";
+    admin = null;
+    refresh();
+  });
+  $("signout").addEventListener("click", () => {
+    sessionStorage.removeItem(KEY);
+    admin = null;
+    showSignIn("");
+  });
+  $("reload").addEventListener("click", () => act("POST", "admin/reload", "reload the config"));
+  refresh();
+});
