@@ -140,6 +140,7 @@ class OAuth(Struct, frozen=True):
     authorization_servers: tuple[AuthorizationServer, ...]
     resource: str | None = None  # the canonical public base URL; None: the listening address
     scopes: dict[str, tuple[str, ...]] = {}  # scope or group value -> servers ("*": all)
+    admin: tuple[str, ...] = ()  # scope or group values that give the admin role (the admin API)
 
 
 class Security(Struct, frozen=True):

@@ -58,6 +58,7 @@ class Guard:
             self.resource = self.configured_resource or default_resource(config, port)
             self.trusted_proxies = tuple(ipaddress.ip_network(p, strict=False) for p in config.listen.trusted_proxies)
             self.extra_audience = frozenset(s.audience for s in sec.oauth.authorization_servers if s.audience is not None)
+            self.admin_scopes = frozenset(sec.oauth.admin)
         self.principals = tuple(
             Principal(
                 t.name,
@@ -113,7 +114,7 @@ class Guard:
             return Refusal(401, "invalid_token", exc.reason, {"WWW-Authenticate": challenge})
         except Unavailable as exc:
             return Refusal(503, "oauth_unavailable", str(exc), {"Retry-After": str(exc.retry_after)})
-        return Principal(identity.name, b"", identity.servers, oauth=True)
+        return Principal(identity.name, b"", identity.servers, oauth=True, admin=not identity.scopes.isdisjoint(self.admin_scopes))
 
     def resource_for(self, remote: str | None, forwarded: Forwarded) -> str:
         """The bridge's resource URL as this request's client sees it: `security.oauth.resource`

@@ -243,3 +243,11 @@ def test_without_a_resource_url_the_bridge_is_where_it_listens() -> None:
     config = parse(CONFIG.replace("port: 8080", "port: 0"), environ={})  # the port bound is known once bound
     assert config.security.oauth is not None
     assert Guard(config, OAuthVerifier(config.security.oauth), 43210).resource == "http://127.0.0.1:43210"
+
+
+def test_a_scope_or_group_listed_under_oauth_admin_gives_the_admin_role() -> None:
+    g = guard(text=CONFIG.replace('    scopes: {"mcp:time": [time], "mcp:all": ["*"]}', '    scopes: {"mcp:time": [time], "mcp:all": ["*"]}\n    admin: [ops-admins]'))
+    admin = check(g, token({"aud": BASE, "groups": ["mcp:all", "ops-admins"]}), server=None)
+    plain = check(g, token({"aud": BASE, "groups": ["mcp:all"]}), server=None)
+    assert isinstance(admin, Principal) and admin.admin and g.admin_allowed(admin)
+    assert isinstance(plain, Principal) and not plain.admin and not g.admin_allowed(plain)
