@@ -126,6 +126,12 @@ class Figures:
     size_bytes: int = 0
     build_s: float = 0.0
     readyz_s: list[float] = field(default_factory=list)
+    first_calls_s: float = 0.0
+    sigterm_exit_s: float = 0.0
+
+
+def image_ids(*options: str) -> set[str]:
+    return {i.removeprefix("sha256:") for i in podman("images", "--quiet", "--no-trunc", *options).stdout.split()}
 
 
 @pytest.fixture(scope="module")
@@ -136,9 +142,20 @@ def image(pytestconfig: pytest.Config) -> Iterator[Figures]:
     )
     assert bases.returncode == 0, f"base-images.sh failed: {bases.stdout[-1000:]}{bases.stderr[-2000:]}"
     build_args = [arg for name, base in BASES.items() for arg in ("--build-arg", f"{name}={base}")]
+    before = image_ids()
+    previous = podman("image", "inspect", "--format", "{{.Id}}", IMAGE, check=False).stdout.strip()
     started = time.monotonic()
-    podman("build", "--quiet", "--format", "docker", "--network", "host", *build_args, "-t", IMAGE, str(ROOT), timeout=900)
+    # --no-cache: podman 4.3 cannot `RUN --mount=...,from=builder` when the builder
+    # stage comes from its cache ("couldn't find .../wheels on host"); built
+    # afresh, it can. (--layers=false is worse: it deletes the Node base image.)
+    podman("build", "--quiet", "--no-cache", "--format", "docker", "--network", "host", *build_args,
+           "-t", IMAGE, str(ROOT), timeout=900)  # fmt: skip
     figures = Figures(build_s=time.monotonic() - started)
+    # This build's intermediate images and the image it replaced; nothing else.
+    dangling = image_ids("--filter", "dangling=true")
+    stale = (dangling - before) | ({previous} & dangling)
+    if stale:
+        podman("rmi", *sorted(stale), check=False)
     figures.size_bytes = int(podman("image", "inspect", "--format", "{{.Size}}", IMAGE).stdout)
     yield figures
     reporter = pytestconfig.pluginmanager.get_plugin("terminalreporter")
@@ -148,7 +165,8 @@ def image(pytestconfig: pytest.Config) -> Iterator[Figures]:
         with capture.global_and_fixture_disabled():
             reporter.write_line(
                 f"\ntest_image: image {figures.size_bytes / 2**20:.0f} MiB ({figures.size_bytes} bytes), "
-                f"build {figures.build_s:.1f}s, start-up to /readyz 200: {startup} s"
+                f"build {figures.build_s:.1f}s, start-up to /readyz 200: {startup} s, "
+                f"first npx + uvx calls {figures.first_calls_s:.1f}s, SIGTERM to exit {figures.sigterm_exit_s:.1f}s"
             )
 
 
@@ -270,9 +288,11 @@ async def test_runs_read_only_as_10001_and_serves_the_shipped_config(image: Figu
         assert any("mcp-bridge-demo" in p["cmd"] for p in procs), procs
         assert (await box.exec("id", "-u")).strip() == "10001"
 
-        # Read-only root; the README's tmpfs mounts are writable and allow exec.
+        # Read-only root; the README's tmpfs mounts are writable and allow exec. The
+        # image's /tmp is empty (podman copies it into the tmpfs): a root-owned
+        # npm cache there made every npx server fail with EACCES.
         probe = await box.exec("sh", "-c", (
-            "touch /etc/probe 2>/dev/null && echo root-writable; "
+            "ls -A /tmp; touch /etc/probe 2>/dev/null && echo root-writable; "
             "for d in /tmp /home/mcp; do printf '#!/bin/sh\\necho ran\\n' > $d/probe && chmod +x $d/probe && $d/probe; done; "
             "cat /proc/mounts"
         ))  # fmt: skip
@@ -323,11 +343,13 @@ async def test_npx_and_uvx_servers_answer_and_sigterm_drains_a_call(
                "-v", f"{config}:{IN_IMAGE_CONFIG}:ro", "--entrypoint", "/usr/bin/tini")  # fmt: skip
     args = ("-s", "--", "sh", "-c", WATCHED, "mcp-bridge", "--config", IN_IMAGE_CONFIG, *LOOPBACK)
     async with run(names, *options, args=args) as box:
+        first = time.monotonic()
         async with sdk(box.bridge.url("everything"), read_timeout=FIRST_START_S) as session:
             assert text_of(await session.call_tool("echo", {"message": "via npx"})) == "Echo: via npx"
         async with sdk(box.bridge.url("time"), read_timeout=FIRST_START_S) as session:
             reply = json.loads(text_of(await session.call_tool("get_current_time", {"timezone": "UTC"})))
             assert reply["timezone"] == "UTC", reply
+        image.first_calls_s = time.monotonic() - first
 
         # Launchers are running (npx and uvx each start the server as a child);
         # nothing inside is a zombie.
@@ -353,7 +375,7 @@ async def test_npx_and_uvx_servers_answer_and_sigterm_drains_a_call(
                 assert text_of(await in_flight) == "done"
 
         code = await box.exit_code(timeout=drain_s + 20)
-        stopped_in = time.monotonic() - signalled
+        stopped_in = image.sigterm_exit_s = time.monotonic() - signalled
         assert code == 0, box.bridge.events[-10:]
         assert stopped_in < drain_s, f"stopped {stopped_in:.1f}s after SIGTERM"
         left = box.bridge.named("processes")
