@@ -19,7 +19,6 @@ import itertools
 import json
 import os
 import shutil
-import signal
 import subprocess
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -103,18 +102,24 @@ async def apodman(*args: str, timeout: float = 30) -> str:
     proc = await asyncio.create_subprocess_exec(
         PODMAN, *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
     )
-    async with asyncio.timeout(timeout):
-        out, err = await proc.communicate()
-    assert proc.returncode == 0, f"podman {' '.join(args[:2])} exited {proc.returncode}: {out.decode()[-500:]}{err.decode()[-2000:]}"
+    try:
+        async with asyncio.timeout(timeout):
+            out, err = await proc.communicate()
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise
+    what = f"podman {' '.join(args[:2])} exited {proc.returncode}"
+    assert proc.returncode == 0, f"{what}: {out.decode()[-500:]}{err.decode()[-2000:]}"
     return out.decode()
 
 
 def cannot_run() -> str | None:
     if os.geteuid() != 0:
-        return "the image tests run podman as root (rootless podman cannot run here); run them as root"
+        return "the image tests need root: they run podman rootful, as .ci/run does on CI"
     missing = [tool for tool in ("podman", "runc") if shutil.which(tool) is None]
     if missing:
-        return f"{' and '.join(missing)} not installed (.ci/run installs them: apt-get install podman runc debootstrap)"
+        return f"{' and '.join(missing)} not installed (.ci/run installs podman, runc and debootstrap)"
     return None
 
 
