@@ -46,7 +46,10 @@ RUN apt-get update \
 
 # npm's settings live in its global config file, not in NPM_CONFIG_* variables:
 # servers get only a minimal environment (README "Server environment"), and
-# npx must find its cache under /tmp whatever the config passes on.
+# npx must find its cache under /tmp whatever the config passes on. The checks
+# below run npm as root, which creates /tmp/.npm: removed, or uid 10001's npx
+# fails with EACCES wherever /tmp is not a fresh mount (podman copies the
+# image's /tmp into a tmpfs; plain `docker run` has no tmpfs at all).
 COPY --from=node /usr/local/bin/node /usr/local/bin/node
 COPY --from=node /usr/local/lib/node_modules/npm /usr/local/lib/node_modules/npm
 RUN ln -s ../lib/node_modules/npm/bin/npm-cli.js /usr/local/bin/npm \
@@ -54,7 +57,8 @@ RUN ln -s ../lib/node_modules/npm/bin/npm-cli.js /usr/local/bin/npm \
     && mkdir -p /usr/local/etc \
     && printf '%s\n' cache=/tmp/.npm update-notifier=false fund=false audit=false > /usr/local/etc/npmrc \
     && node --version && npm --version && npx --version \
-    && test "$(npm config get cache)" = /tmp/.npm
+    && test "$(npm config get cache)" = /tmp/.npm \
+    && rm -rf /tmp/.npm
 
 # The daemon and uv in one virtualenv; its bin/ is on PATH (and the daemon
 # appends its own bin/ to the servers' PATH anyway).
