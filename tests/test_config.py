@@ -365,3 +365,71 @@ def test_counts_are_at_least_one(key: str) -> None:
     text = MINIMAL + f"limits: {{{field}: 0}}\n" if section == "limits" else f"servers: {{time: {{command: x, {field}: 0}}}}\n"
     (problem,) = problems(text)
     assert problem.startswith(f"{key}: expected `int` >= 1"), problem
+
+
+def test_a_secret_file_of_exactly_the_largest_size_is_read(tmp_path: Path) -> None:
+    path = tmp_path / "big"
+    path.write_text("k" * 65536)
+    assert parse(f"servers: {{s: {{command: x, env: {{K: '${{file:{path}}}'}}}}}}", environ={}).servers["s"].env["K"] == "k" * 65536
+
+
+def test_a_token_name_may_not_look_like_an_oauth_principal() -> None:
+    text = MINIMAL + "security: {tokens: [{name: 'https://id.example.com#alice', token: tttttttttttttttt}]}\n"
+    assert problems(text) == [
+        "security.tokens[0].name: must not contain '://' (that names OAuth principals: issuer#subject)"
+    ]
+
+
+# ------------------------------------------------------------------ OAuth, proxies, buffers
+
+
+def test_oauth_is_authentication_enough_to_listen_off_loopback() -> None:
+    text = MINIMAL + "listen: {host: 0.0.0.0}\nsecurity: {oauth: {authorization_servers: [{issuer: 'https://id.example.com'}]}}\n"
+    config = parse(text, environ={})
+    assert config.security.oauth is not None and config.security.oauth.authorization_servers[0].algorithms == ("RS256", "ES256")
+
+
+def test_oauth_problems_are_reported_with_their_paths() -> None:
+    found = problems(
+        MINIMAL
+        + """
+security:
+  oauth:
+    resource: "https://bridge.example.com/mcp?x=1"
+    authorization_servers:
+      - {issuer: "ftp://id.example.com", jwks_uri: "https://id.example.com/jwks#k", algorithms: []}
+      - {issuer: "https://two.example.com", introspection: {url: "https://two.example.com/i", client_id: c, client_secret: s, client_secret_file: /nowhere}}
+      - {issuer: "https://three.example.com", introspection: {url: "https://three.example.com/i", client_id: c}}
+      - {issuer: "https://four.example.com/tenant", jwks_uri: "http://four.example.com/jwks"}
+    scopes: {"mcp:all": ["*"], "mcp:time": [time, nope]}
+"""
+    )
+    servers = "security.oauth.authorization_servers"
+    assert found == [
+        "security.oauth.resource: expected an http(s) URL with no query or fragment, got 'https://bridge.example.com/mcp?x=1'",
+        f"{servers}[0].issuer: expected an http(s) URL, got 'ftp://id.example.com'",
+        f"{servers}[0].jwks_uri: expected an http(s) URL, got 'https://id.example.com/jwks#k'",
+        f"{servers}[0].algorithms: at least one is required",
+        f"{servers}[1].introspection: give exactly one of 'client_secret' and 'client_secret_file'",
+        f"{servers}[2].introspection: give exactly one of 'client_secret' and 'client_secret_file'",
+        "security.oauth.scopes.mcp:time[1]: no server named 'nope'",
+    ], found
+    assert problems(MINIMAL + "security: {oauth: {authorization_servers: []}}\n") == [
+        "security.oauth.authorization_servers: at least one is required"
+    ]
+
+
+def test_trusted_proxies_are_addresses_or_networks() -> None:
+    text = MINIMAL + "listen: {trusted_proxies: ['10.0.0.1/8', '127.0.0.1', '::1', 'fd00::/8']}\n"
+    assert parse(text, environ={}).listen.trusted_proxies == ("10.0.0.1/8", "127.0.0.1", "::1", "fd00::/8")
+    assert problems(MINIMAL + "listen: {trusted_proxies: [10.0.0.0/8, proxy.local]}\n") == [
+        "listen.trusted_proxies[1]: expected an address or a network like 10.0.0.0/8, got 'proxy.local'"
+    ]
+
+
+def test_the_server_input_buffer_default_and_bound() -> None:
+    assert parse(MINIMAL, environ={}).limits.input_buffer() == 64 << 20  # 16 messages of 4 MiB
+    assert parse(MINIMAL + "limits: {max_message_bytes: 1MiB}\n", environ={}).limits.input_buffer() == 16 << 20
+    assert problems(MINIMAL + "limits: {server_input_buffer: 1MiB, max_message_bytes: 2MiB}\n") == [
+        "limits.server_input_buffer: smaller than limits.max_message_bytes (no message would fit)"
+    ]

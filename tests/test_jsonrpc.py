@@ -98,6 +98,8 @@ def test_decode_failures_are_parse_errors_on_one_line() -> None:
         (b'{"result":', b'"}, "id" : "q" }\n', "q"),
         (b'{"result":{"id":1', b'"}}', None),  # an id inside the result is not the message's
         (b'{"result":', b'{"id":1}}', None),
+        (b'{"result":', b'[{"a":1,"id":7}],"id":42}', 42),  # the last id closes the message; an earlier one is inside
+        (b'{"id":"a\\\\","result"', b"", None),  # an escape: the id is not its text, so it is not sniffed
         (b'{"jsonrpc":"2.0","id":1.5,"result"', b"", None),  # not an id, nor the id 1
         (b'{"id":12e3}', b"", None),
         (b'{"id":12', b"", None),  # cut off: maybe 123

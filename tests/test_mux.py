@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import pytest
 
 from bridge import jsonrpc
 from bridge.jsonrpc import ProtocolError
-from bridge.mux import _CANCELLED_MEMORY, LOG_LEVELS, Abandoned, Broadcast, Discard, Mux, RestartServer, State, Timer, ToServer, ToSession
+from bridge.mux import _CANCELLED_MEMORY, _EARLY_NOTES, LOG_LEVELS, Abandoned, Broadcast, Discard, Mux, RestartServer, State, Timer, ToServer, ToSession
 
 INIT_RESULT = {"protocolVersion": "2025-06-18", "capabilities": {"tools": {}}, "serverInfo": {"name": "s", "version": "1"}}
 
@@ -423,6 +424,8 @@ def test_a_held_call_that_is_cancelled_is_never_sent() -> None:
     assert isinstance(abandoned, Abandoned) and abandoned.call.method == "tools/call"
     (released,) = to_server(mux.from_server(jsonrpc.result(first["id"], {})))
     assert released["params"]["who"] == "c"
+    mux.from_server(jsonrpc.result(released["id"], {}))
+    assert mux.inflight() == mux.table_sizes()["queued_calls"] == 0  # nothing left held, nor counted as held
 
 
 def test_a_response_to_a_held_call_before_it_was_sent_is_discarded() -> None:
@@ -945,3 +948,92 @@ def test_task_statuses_nobody_can_claim_are_dropped() -> None:
     assert mux.table_sizes()["early_task_notes"] == 1
     mux.from_server(jsonrpc.error(fwd["id"], -32602, "no"))  # the call made no task
     assert mux.table_sizes()["early_task_notes"] == 0
+
+
+def test_turns_go_by_principal_not_by_session() -> None:
+    """Closing one of alice's sessions does not wipe her place in the turns: bob, served
+    before her, goes next."""
+    clock = Clock()
+    mux = two_principals(attribution_window=0.25, clock=clock)
+    assert len(to_server(mux.from_client("b1", req(1, "tools/call", who="b1-1")))) == 1  # bob's turn
+    assert to_server(mux.from_client("a1", req(1, "tools/call", who="a1-1"))) == []
+    clock.now += 0.25
+    assert [m["params"]["who"] for m in to_server(mux.timer())] == ["a1-1"]  # alice's turn, after bob's
+    mux.from_client("b1", req(2, "tools/call", who="b1-2"))
+    mux.from_client("a1", req(2, "tools/call", who="a1-2"))
+    mux.close_session("a2")  # alice still has a1 here
+    clock.now += 0.25
+    assert [m["params"]["who"] for m in to_server(mux.timer())] == ["b1-2"]
+
+
+def test_a_principal_with_no_session_left_leaves_no_turn_behind() -> None:
+    """Principals come and go (each OAuth subject is one): the turns must not remember
+    every one ever served. Nothing public shows the turns, so this looks inside."""
+    mux = two_principals(attribution_window=0.25)
+    mux.from_client("a1", req(1, "tools/call"))
+    mux.from_client("b1", req(1, "tools/call"))
+    for sid in ("a1", "a2", "b1"):
+        mux.close_session(sid)
+    assert mux.is_idle() and not mux._held._served
+
+
+def test_a_call_still_held_back_is_not_the_servers_so_a_log_message_is_not_about_it() -> None:
+    mux = two_principals(attribution_window=0.25)
+    assert len(to_server(mux.from_client("a1", req(1, "tools/call")))) == 1
+    assert to_server(mux.from_client("b1", req(1, "tools/call"))) == []  # held: the server has not seen it
+    (alices,) = mux.from_server(note("notifications/message", level="info", data="x"))
+    assert isinstance(alices, Broadcast) and set(alices.sessions) == {"a1", "a2"}
+
+
+def test_notifications_while_the_server_has_failed_are_dropped_not_kept_for_the_next_process() -> None:
+    mux = ready_mux("a")
+    mux.server_failed("crash loop")
+    assert mux.from_client("a", note("notifications/vendor/x")) == []
+    (init,) = to_server(mux.server_started())
+    sent = to_server(mux.from_server(jsonrpc.result(init["id"], INIT_RESULT)))
+    assert [m["method"] for m in sent] == ["notifications/initialized"]
+
+
+def test_the_bridges_own_call_that_could_not_be_written_is_forgotten() -> None:
+    mux = ready_mux("a")
+    (sub,) = to_server(mux.from_client("a", req(1, "resources/subscribe", uri="res://1")))
+    mux.from_server(jsonrpc.result(sub["id"], {}))
+    (unsub,) = to_server(mux.close_session("a"))  # the bridge's own unsubscribe
+    (dropped,) = mux.not_written(unsub["id"], "full")
+    assert isinstance(dropped, Discard) and dropped.detail == {"reason": "full"}
+    assert mux.is_idle()
+
+
+def test_task_notes_kept_for_a_result_are_bounded_and_the_oldest_go_first() -> None:
+    mux = ready_mux("a")
+    (fwd,) = to_server(mux.from_client("a", req(1, "tools/call", task={})))
+    for i in range(_EARLY_NOTES):
+        assert mux.from_server(note("notifications/tasks/status", taskId=f"t-{i}", status="working")) == []
+    newest = note("notifications/tasks/status", taskId="t-new", status="working")
+    (dropped,) = mux.from_server(newest)
+    assert isinstance(dropped, Discard) and dropped.detail == {"dropped": 1} and not dropped.log  # t-0's
+    assert mux.table_sizes()["early_task_notes"] == _EARLY_NOTES
+    actions = mux.from_server(jsonrpc.result(fwd["id"], {"task": {"taskId": "t-new", "status": "working"}}))
+    assert to_session(actions, "a")[0] == newest
+
+
+def test_task_notes_delivered_with_their_result_no_longer_count_against_the_bound() -> None:
+    mux = ready_mux("a")
+    (first,) = to_server(mux.from_client("a", req(1, "tools/call", task={})))
+    mux.from_client("a", req(2, "tools/call", task={}))  # still in flight after the first ends
+    mux.from_server(note("notifications/tasks/status", taskId="t-1", status="working"))
+    mux.from_server(jsonrpc.result(first["id"], {"task": {"taskId": "t-1", "status": "working"}}))
+    assert mux.table_sizes()["early_task_notes"] == 0
+
+
+def test_a_principal_with_no_call_in_flight_leaves_no_entry_in_the_shared_count() -> None:
+    in_flight: Counter[str | None] = Counter()
+    mux = two_principals(in_flight=in_flight)
+    (first,) = to_server(mux.from_client("a1", req(1, "tools/call")))
+    mux.from_client("a2", req(1, "tools/call"))
+    mux.from_client("b1", req(1, "tools/call"))
+    assert in_flight == {"alice": 2, "bob": 1}
+    mux.from_server(jsonrpc.result(first["id"], {}))
+    mux.from_client("b1", note("notifications/cancelled", requestId=1))
+    mux.close_session("a2")
+    assert dict(in_flight) == {}  # principals come and go (OAuth subjects): none stays at zero

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
+import pytest
+
 from bridge import jsonrpc
-from bridge.config import Filter, parse
+from bridge.config import Filter, RateLimit, parse
 from bridge.mux import Discard, ToServer, ToSession
-from bridge.policy import Rule, View, views
+from bridge.policy import RateLimiter, Rule, Throttled, View, views
 from test_mux import note, ready_mux, req, to_server, to_session
 
 
@@ -20,6 +23,7 @@ def test_a_rule_matches_exact_names_and_globs_and_deny_wins() -> None:
     assert nothing is not None and not nothing.admits("echo")
     assert not Rule.of(Filter(deny=("*",))).admits("anything")  # type: ignore[union-attr]
     assert Rule.of(Filter(allow=("a.b",))).admits("a.b") and not Rule.of(Filter(allow=("a.b",))).admits("aXb")  # type: ignore[union-attr]
+    assert not rule.admits("ECHO") and Rule.of(Filter(deny=("secret*",))).admits("Secret")  # type: ignore[union-attr]  # names are case-sensitive
 
 
 def test_a_tokens_filter_narrows_the_servers() -> None:
@@ -40,6 +44,32 @@ security:
     assert by_token["ci"].admits("tools", "read_file") and not by_token["ci"].admits("tools", "write")
     assert not by_token["ci"].admits("tools", "danger")  # the server's deny still holds
     assert views(config, "t") == (None, {"ops": None, "ci": None})
+
+
+def test_a_tokens_filter_narrows_only_its_own_kind() -> None:
+    config = parse(
+        """
+servers:
+  s: {command: x}
+security:
+  tokens:
+    - {name: ci, token: ci-token-01234567890, prompts: {s: {deny: [internal]}}, resources: {s: {allow: ["file:///public/*"]}}}
+"""
+    )
+    _, by_token = views(config, "s")
+    ci = by_token["ci"]
+    assert ci is not None
+    assert not ci.admits("prompts", "internal") and ci.admits("tools", "internal") and ci.admits("resources", "file:///public/internal")
+    assert not ci.admits("resources", "file:///private/x") and ci.admits("prompts", "file:///private/x")
+
+
+def test_a_name_that_is_not_a_string_is_left_to_the_server() -> None:
+    assert VIEW.admits("prompts", None) and VIEW.admits("prompts", 7) and not VIEW.admits("prompts", "private")
+    mux = filtered_mux()
+    (fwd,) = to_server(mux.from_client("a", req(1, "prompts/list")))
+    listed = {"prompts": [{"name": "public"}, {"name": "private"}, {"title": "no name"}, {"name": 7}]}
+    (answer,) = to_session(mux.from_server(jsonrpc.result(fwd["id"], listed)), "a")
+    assert answer["result"]["prompts"] == [{"name": "public"}, {"title": "no name"}, {"name": 7}]
 
 
 def test_config_rejects_a_filter_for_an_unknown_server() -> None:
@@ -135,3 +165,47 @@ def test_a_reload_changes_what_an_open_session_sees() -> None:
     assert fwd["params"]["name"] == "secret_key"
     assert not [a for a in mux.from_server(jsonrpc.result(fwd["id"], {})) if isinstance(a, (Discard, ToServer))]
 
+
+
+def test_resource_templates_are_filtered_by_their_uri_template() -> None:
+    mux = filtered_mux()
+    (fwd,) = to_server(mux.from_client("a", req(1, "resources/templates/list")))
+    listed = {"resourceTemplates": [{"uriTemplate": "file:///public/{name}"}, {"uriTemplate": "file:///private/{name}"}]}
+    (answer,) = to_session(mux.from_server(jsonrpc.result(fwd["id"], listed)), "a")
+    assert [t["uriTemplate"] for t in answer["result"]["resourceTemplates"]] == ["file:///public/{name}"]
+
+
+# ------------------------------------------------------------------ rate limits
+
+
+def limiter(default: RateLimit, **rules: RateLimit) -> tuple[RateLimiter, Counter[str | None], Counter[tuple[str | None, str]]]:
+    in_flight: Counter[str | None] = Counter()
+    refused: Counter[tuple[str | None, str]] = Counter()
+    return RateLimiter(default, rules, in_flight, refused), in_flight, refused
+
+
+def test_calls_in_flight_are_capped_per_principal_counting_every_call_of_a_batch() -> None:
+    limits, in_flight, refused = limiter(RateLimit(in_flight=3), ci=RateLimit(in_flight=1))
+    in_flight["ops"] = 1
+    limits.admit("ops", 2)  # 1 + 2: at the cap, not over it
+    in_flight["ops"] = 2
+    with pytest.raises(Throttled) as raised:
+        limits.admit("ops", 2)
+    assert (raised.value.limit, raised.value.retry_after) == ("in_flight", 1)
+    assert refused == {("ops", "in_flight"): 2}
+    limits.admit("ci", 1)
+    in_flight["ci"] = 1
+    with pytest.raises(Throttled):
+        limits.admit("ci", 1)  # its token's own cap, not the default
+    limits.admit(None, 3)  # no tokens configured: the default
+
+
+def test_the_rate_limit_allows_its_burst_and_says_when_to_try_again() -> None:
+    limits, _, refused = limiter(RateLimit(per_second=0.25))  # burst: max(1, per_second)
+    limits.admit("ops", 1)
+    with pytest.raises(Throttled) as raised:
+        limits.admit("ops", 1)
+    assert (raised.value.limit, raised.value.retry_after) == ("rate", 4)  # one call at 0.25 a second
+    assert refused == {("ops", "rate"): 1}
+    fast, _, _ = limiter(RateLimit(per_second=5))
+    fast.admit("ops", 5)  # a bucket starts full: a burst of per_second calls

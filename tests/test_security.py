@@ -153,6 +153,7 @@ def test_guard_plain_and_sha256_tokens() -> None:
         ("Bearer dave-tok-77777777777777777777", "dave"),  # configured as an upper-case digest
         (f"bearer {ALICE}", "alice"),  # the scheme is case-insensitive (RFC 7235)
         (f"BEARER {BOB}", "bob"),
+        (f"Bearer   {ALICE}", "alice"),  # 1*SP between scheme and token (RFC 7235)
     ]:
         principal = g.authenticate(header)
         assert principal is not None and principal.name == name, (header, principal)

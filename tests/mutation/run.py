@@ -1,4 +1,4 @@
-"""Hand-made faults in the access, config, JSON-RPC and routing rules: does any test catch each?
+"""Hand-made faults in the access, config, JSON-RPC, routing and filter/rate-limit rules: does any test catch each?
 
 Each fault is a textual patch (one exact, unique snippet replaced) applied alone
 to a copy of the tree; the tests of the faulty module then run against that copy
@@ -11,6 +11,8 @@ survived: a real bug that would ship green. Some faults are judged equivalent
 `--baseline REV` runs the same faults against the tests as they were at REV (the
 sources stay as they are now), for a before/after count. NAMEs pick faults by
 name prefix. Not collected by pytest (its name does not start with `test_`).
+A fault whose snippet no longer occurs exactly once stops the run: mend it to
+express the same fault against the code as it is (or drop it, saying why).
 """
 
 from __future__ import annotations
@@ -32,9 +34,11 @@ TIMEOUT = 600.0  # per fault: a fault that hangs the tests counts as killed, and
 
 TESTS = {
     "bridge/security.py": ("tests/test_security.py",),
-    "bridge/config.py": ("tests/test_config.py",),
+    "bridge/config.py": ("tests/test_config.py", "tests/test_policy_unit.py"),
     "bridge/jsonrpc.py": ("tests/test_jsonrpc.py", "tests/test_mux.py", "tests/test_mux_properties.py"),
-    "bridge/mux.py": ("tests/test_mux.py", "tests/test_mux_properties.py"),
+    "bridge/mux.py": ("tests/test_mux.py", "tests/test_mux_properties.py", "tests/test_policy_unit.py"),
+    "bridge/transports/http.py": ("tests/test_security.py", "tests/test_app.py"),
+    "bridge/policy.py": ("tests/test_policy_unit.py", "tests/test_principals.py"),
 }
 
 
@@ -48,16 +52,17 @@ class Fault:
 
 
 SEC, CFG, RPC, MUX = "bridge/security.py", "bridge/config.py", "bridge/jsonrpc.py", "bridge/mux.py"
+HTTP, POL = "bridge/transports/http.py", "bridge/policy.py"
 
 # The fifteen that survived the first mutation run (issue 11).
 ISSUE_11 = [
     Fault("sec-preflight-skips-host", SEC, "if not guard.host_allowed(host):", "if not preflight and not guard.host_allowed(host):"),
-    Fault("cfg-token-and-sha256", CFG, "if (token.token is None) == (token.sha256 is None):", "if token.token is None and token.sha256 is None:"),
+    Fault("cfg-token-and-sha256", CFG, "if sum(source is not None for source in (token.token, token.sha256, token.token_file)) != 1:", "if sum(source is not None for source in (token.token, token.sha256, token.token_file)) == 0:"),
     Fault("cfg-sha256-63-digits", CFG, 'r"[0-9a-fA-F]{64}"', 'r"[0-9a-fA-F]{63,64}"'),
     Fault("cfg-sha256-65-digits", CFG, 're.fullmatch(r"[0-9a-fA-F]{64}"', 're.match(r"[0-9a-fA-F]{64}"'),
     Fault("cfg-sha256-not-hex", CFG, 'r"[0-9a-fA-F]{64}"', 'r"[0-9a-zA-Z]{64}"'),
-    Fault("cfg-token-8-enough", CFG, "len(token.token) < 16", "len(token.token) < 8"),
-    Fault("cfg-token-16-short", CFG, "len(token.token) < 16", "len(token.token) <= 16"),
+    Fault("cfg-token-8-enough", CFG, "len(token.token) < MIN_TOKEN", "len(token.token) < 8"),
+    Fault("cfg-token-16-short", CFG, "len(token.token) < MIN_TOKEN", "len(token.token) <= MIN_TOKEN"),
     Fault("cfg-backoff-equal-refused", CFG, "server.restart.backoff_initial > server.restart.backoff_max", "server.restart.backoff_initial >= server.restart.backoff_max"),
     Fault("mux-updated-bare-prefix", MUX, 'uri.startswith(sub if sub.endswith("/") else sub + "/")', "uri.startswith(sub)"),
     Fault("mux-log-level-exclusive", MUX, "level >= p.level", "level > p.level"),
@@ -84,10 +89,12 @@ FURTHER = [
     Fault("sec-preflight-needs-token", SEC, "if preflight or not guard.principals:", "if not guard.principals:"),
     Fault("sec-no-server-checked", SEC, "if server is not None and not principal.may_use(server):", "if not principal.may_use(server):"),
     Fault("sec-token-kinds-swapped", SEC, '"invalid_token" if authorization is not None else "missing_token"', '"missing_token" if authorization is not None else "invalid_token"'),
-    # The whole preflight answer, given before the Host is looked at: only the daemon tests see it.
-    Fault("sec-preflight-before-checks", SEC, "        result = admit(", "        if preflight and request.app[LIVE].guard.origin_allowed(origin):\n            return web.Response(status=204, headers={\"Access-Control-Allow-Methods\": CORS_METHODS, \"Access-Control-Allow-Headers\": CORS_HEADERS, \"Access-Control-Max-Age\": \"600\"})\n        result = admit("),
-    Fault("sec-options-without-origin-open", SEC, 'preflight = origin is not None and request.method == "OPTIONS"', 'preflight = request.method == "OPTIONS"'),
-    Fault("sec-probes-guarded", SEC, "if request.path in OPEN_PATHS:", "if request.path in OPEN_PATHS and False:"),
+    # The HTTP side of the access rules (since moved to transports/http.py): the preflight
+    # answer given before the Host is looked at (only the daemon tests see it), an OPTIONS
+    # without Origin taken for a preflight, the probes guarded.
+    Fault("sec-preflight-before-checks", HTTP, "    result = admit(", "    if preflight and guard.origin_allowed(origin):\n        return Access(None, True)\n    result = admit("),
+    Fault("sec-options-without-origin-open", HTTP, 'preflight = origin is not None and method == "OPTIONS"', 'preflight = method == "OPTIONS"'),
+    Fault("sec-probes-guarded", HTTP, "if request.path not in OPEN_PATHS:", "if True:"),
     Fault("sec-cors-for-any-origin", SEC, "if origin is None or not guard.origin_allowed(origin):", "if origin is None:"),
     Fault("sec-host-cache-wrong-after-clear", SEC, "                self._hosts.clear()", "                self._hosts.clear()\n                return True"),
     Fault("sec-origin-none-checked", SEC, "if origin is not None and not guard.origin_allowed(origin):", "if not guard.origin_allowed(origin):",
@@ -111,7 +118,7 @@ FURTHER = [
     Fault("cfg-dot-localhost", CFG, 'if host == "localhost" or host.endswith(".localhost"):', 'if host == "localhost":'),
     Fault("cfg-zero-positive", CFG, "PositiveInt = Annotated[int, msgspec.Meta(ge=1)]", "PositiveInt = Annotated[int, msgspec.Meta(ge=0)]"),
     Fault("cfg-yaml-line-zero-based", CFG, "mark.line + 1", "mark.line"),
-    Fault("cfg-unauthenticated-ignored", CFG, "if config.security.tokens or config.security.allow_unauthenticated or is_loopback(host):", "if config.security.tokens or is_loopback(host):"),
+    Fault("cfg-unauthenticated-ignored", CFG, "security.oauth is not None or security.allow_unauthenticated or", "security.oauth is not None or"),
     # jsonrpc.py
     Fault("rpc-bool-id", RPC, "return cls is int or cls is str", "return isinstance(value, (int, str))"),
     Fault("rpc-null-params-refused", RPC, "if params is not None and params.__class__ is not dict:", "if params.__class__ is not dict:"),
@@ -127,16 +134,16 @@ FURTHER = [
     Fault("mux-level-always-forwarded", MUX, "        if wanted == self._upstream_level:\n            return [self._reply(peer, msg[\"id\"], {})]\n", ""),
     Fault("mux-cancel-not-remembered", MUX, "        self._remember_cancelled(call.upstream_id)\n        msg[\"params\"]", "        msg[\"params\"]"),
     Fault("mux-timeout-not-remembered", MUX, "                self._remember_cancelled(call.upstream_id)\n                out.append(ToServer(_cancelled(call.upstream_id, \"request timed out\")))", "                out.append(ToServer(_cancelled(call.upstream_id, \"request timed out\")))"),
-    Fault("mux-held-answer-accepted", MUX, "if call is None or not call.sent:", "if call is None:"),
-    Fault("mux-unset-level-filtered", MUX, "(p.level is None or level >= p.level)", "(p.level is not None and level >= p.level)"),
-    Fault("mux-unknown-level-hidden", MUX, "_LEVEL_INDEX.get(_param(msg, \"level\"), len(LOG_LEVELS))", "_LEVEL_INDEX.get(_param(msg, \"level\"), 0)"),
+    Fault("mux-held-answer-accepted", MUX, "if call is None or not call.sent:  # a call still held back", "if call is None:  # a call still held back"),
+    Fault("mux-unset-level-filtered", MUX, "(level is None or p.level is None or level >= p.level)", "(level is None or p.level is not None and level >= p.level)"),
+    Fault("mux-unknown-level-hidden", MUX, "len(LOG_LEVELS) if level is None else level", "0 if level is None else level"),
     Fault("mux-updated-exact-uri-ignored", MUX, "if uri == sub or uri.startswith(", "if uri.startswith("),
     Fault("mux-updated-slash-doubled", MUX, 'uri.startswith(sub if sub.endswith("/") else sub + "/")', 'uri.startswith(sub + "/")'),
     Fault("mux-least-verbose-level", MUX, "return min(levels) if levels else None", "return max(levels) if levels else None"),
-    Fault("mux-level-kept-on-close", MUX, "        if peer.level is not None:\n            out += self._sync_level()\n        return self._settle(out)", "        return self._settle(out)"),
+    Fault("mux-level-kept-on-close", MUX, "        if peer.level is not None:\n            out += self._sync_level()\n", ""),
     Fault("mux-failed-becomes-down", MUX, "        if self.state is not State.FAILED:\n            self.state = State.DOWN", "        self.state = State.DOWN"),
     Fault("mux-backlog-not-marked-sent", MUX, "                call.sent = True\n                call.sent_at = self._clock()\n        return [ToServer(m) for m in backlog]", "                call.sent_at = self._clock()\n        return [ToServer(m) for m in backlog]"),
-    Fault("mux-least-recent-session", MUX, "return max(able, key=lambda p: p.last_active, default=None), None", "return min(able, key=lambda p: p.last_active, default=None), None"),
+    Fault("mux-least-recent-session", MUX, "return max(able, key=lambda p: p.last_active), None", "return min(able, key=lambda p: p.last_active), None"),
     Fault("mux-sampling-tools-ignored", MUX, 'if ("tools" in params or "toolChoice" in params) and "tools" not in cap:', "if False:"),
     Fault("mux-sampling-context-ignored", MUX, 'return params.get("includeContext", "none") == "none" or "context" in cap', 'return params.get("includeContext", "none") == "none"'),
     Fault("mux-url-elicitation-anywhere", MUX, 'if wanted == "elicitation" and params.get("mode") == "url":', "if False:"),
@@ -145,8 +152,8 @@ FURTHER = [
     Fault("mux-server-cancel-kept", MUX, "        req = self._server_requests[downstream_id]\n        self._forget_server_request(req)\n", "        req = self._server_requests[downstream_id]\n"),
     Fault("mux-any-session-can-answer", MUX, "peer.can_answer = any(name in peer.capabilities for name in _CAPABILITY_FOR.values())", "peer.can_answer = True"),
     Fault("mux-roots-prompt-with-own-roots", MUX, 'if self.roots is None and "roots" in peer.capabilities:', 'if "roots" in peer.capabilities:'),
-    Fault("mux-down-unsubscribe-sent", MUX, "        del self._subscribers[uri]\n        if self.state is not State.READY:\n            return []\n", "        del self._subscribers[uri]\n"),
-    Fault("mux-task-list-unfiltered", MUX, 'result["tasks"] = [t for t in result["tasks"] if t.__class__ is dict and _scalar(t.get("taskId")) in peer.tasks]', "pass"),
+    Fault("mux-down-unsubscribe-sent", MUX, "        del self._subscribers[uri]\n        if self.state is not State.READY:\n            return self._unsubscribe_queued(uri)\n", "        del self._subscribers[uri]\n"),
+    Fault("mux-task-list-unfiltered", MUX, 'result["tasks"] = [t for t in result["tasks"] if t.__class__ is dict and t.get("taskId") in peer.tasks]', "pass"),
     Fault("mux-version-newer-than-server", MUX, "PROTOCOL_VERSIONS.index(client_version) > PROTOCOL_VERSIONS.index(", "PROTOCOL_VERSIONS.index(client_version) < PROTOCOL_VERSIONS.index("),
     Fault("mux-version-tie", MUX, "PROTOCOL_VERSIONS.index(client_version) > PROTOCOL_VERSIONS.index(", "PROTOCOL_VERSIONS.index(client_version) >= PROTOCOL_VERSIONS.index(",
           equivalent="on a tie the client's and the server's version are the same string"),
@@ -156,7 +163,102 @@ FURTHER = [
           equivalent="differs only when a call is exactly `timeout` old on a float clock; either reading of 'after timeout seconds' is right"),
 ]  # fmt: skip
 
-FAULTS = ISSUE_11 + FURTHER
+# Faults in what was added since: principals, filters and views, turns, bounds, secret files, OAuth.
+SINCE = [
+    # mux.py: held calls take turns by principal (rule 4)
+    Fault("mux-turns-first-come", MUX, "principal = min(self._queues, key=lambda p: self._served.get(p, -1))", "principal = next(iter(self._queues))"),
+    Fault("mux-turns-most-recent", MUX, "principal = min(self._queues, key=lambda p: self._served.get(p, -1))", "principal = max(self._queues, key=lambda p: self._served.get(p, -1))"),
+    Fault("mux-turns-never-served", MUX, "        self._held.served(self._peers[_caller(call)[0]].principal)\n", ""),
+    Fault("mux-turns-lifo", MUX, "msg = queue.popleft()", "msg = queue.pop()"),
+    Fault("mux-turns-remove-miscounts", MUX, "                    del queue[i]\n                    self._count -= 1\n", "                    del queue[i]\n"),
+    Fault("mux-turns-forgets-live-principal", MUX, "        if not any(p.principal == peer.principal for p in self._peers.values()):\n            self._held.forget(peer.principal)\n", "        self._held.forget(peer.principal)\n"),
+    Fault("mux-turns-remembered-forever", MUX, "            self._held.forget(peer.principal)\n", "            pass\n"),
+    # mux.py: notifications nothing owns, and requests about no call (rules 4 and 6)
+    Fault("mux-busy-counts-held-calls", MUX, "            if call.sent and call.session is not None:", "            if call.session is not None:"),
+    Fault("mux-unowned-across-principals", MUX, "        if len(busy) > 1:\n            return [Discard(", "        if False:\n            return [Discard("),
+    Fault("mux-unowned-ignores-busy", MUX, "if p.initialized and (not busy or p.principal in busy) and", "if p.initialized and"),
+    Fault("mux-unowned-to-uninitialized", MUX, "            if p.initialized and (not busy or p.principal in busy)", "            if (not busy or p.principal in busy)"),
+    Fault("mux-no-call-across-principals", MUX, "        if len({p.principal for p in able}) != 1:", "        if not able:"),
+    Fault("mux-no-call-ignores-capability", MUX, "able = [p for p in self._peers.values() if p.initialized and (wanted is None or _can_handle(p.capabilities, wanted, msg))]", "able = [p for p in self._peers.values() if p.initialized]"),
+    # mux.py: filters and views
+    Fault("mux-hidden-probe-keeps-params", MUX, '            msg["params"] = {key: probe}', '            msg["params"][key] = probe'),
+    Fault("mux-hidden-always-probes", MUX, "        template = self._unknown.get(kind)", "        template = None"),
+    Fault("mux-hidden-name-not-put-back", MUX, "msg.update(jsonrpc.decode(template.replace(probe.encode(), _escaped(call.hidden))))", "msg.update(jsonrpc.decode(template))"),
+    Fault("mux-hidden-name-unescaped", MUX, "answer = jsonrpc.decode(template.replace(probe.encode(), _escaped(name)))", "answer = jsonrpc.decode(template.replace(probe.encode(), name.encode()))"),
+    Fault("mux-hidden-probe-not-marked", MUX, "call.hidden, call.target, call.method = name, name, method", "call.target, call.method = name, method"),
+    Fault("mux-list-unfiltered", MUX, "            result[field] = [item for item in items if not isinstance(item, dict) or view.admits(kind, item.get(key))]", "            pass"),
+    Fault("mux-templates-by-uri", MUX, '"resources/templates/list": ("resourceTemplates", "resources", "uriTemplate"),', '"resources/templates/list": ("resourceTemplates", "resources", "uri"),'),
+    Fault("mux-updated-ignores-view", MUX, 'visible = tuple(sid for sid in targets if (view := peers[sid].view) is None or view.admits("resources", uri))', "visible = tuple(targets)"),
+    # mux.py: subscriptions and the backlog
+    Fault("mux-unsubscribe-queued-still-sent", MUX, "            self._forget_call(call)\n            self._unqueue(call)\n            session, client_id = _caller(call)", "            self._forget_call(call)\n            session, client_id = _caller(call)"),
+    Fault("mux-unsubscribe-queued-unanswered", MUX, "            out.append(ToSession(session, jsonrpc.result(client_id, {}), client_id, True, call))\n        return out", "        return out"),
+    Fault("mux-unsubscribe-while-down-queued", MUX, '        if self.state is not State.READY:\n            return [*self._unsubscribe_queued(uri), self._reply(peer, msg["id"], {})]\n', ""),
+    Fault("mux-subscriptions-limit-plus-one", MUX, "len(peer.subscriptions) >= self.max_subscriptions", "len(peer.subscriptions) > self.max_subscriptions"),
+    Fault("mux-resubscribe-counts", MUX, "if self.max_subscriptions and uri not in peer.subscriptions and", "if self.max_subscriptions and"),
+    Fault("mux-backlog-limit-plus-one", MUX, "len(self._backlog) >= self.max_backlog", "len(self._backlog) > self.max_backlog"),
+    Fault("mux-backlog-notifications-unbounded", MUX, "        if self._backlog_full():\n            return [Discard(", "        if False:\n            return [Discard("),
+    Fault("mux-failed-notifications-queued", MUX, "        if self.state is State.FAILED:\n            return []\n        if self._backlog_full():", "        if self._backlog_full():"),
+    # mux.py: not_written, early task notes, calls in flight by principal
+    Fault("mux-not-written-holds-turn", MUX, "return self._settle([self._fail(call, jsonrpc.SERVER_BUSY, reason)])", "return [self._fail(call, jsonrpc.SERVER_BUSY, reason)]"),
+    Fault("mux-not-written-own-call-kept", MUX, "        if call.session is None:\n            self._forget_call(call)\n            return [Discard(f\"the bridge's", "        if call.session is None:\n            return [Discard(f\"the bridge's"),
+    Fault("mux-early-notes-dropped", MUX, "and self._owner_of(msg) is None and self._task_call_in_flight():", "and self._owner_of(msg) is None and False:"),
+    Fault("mux-early-notes-unbounded", MUX, "            if self._early_count > _EARLY_NOTES:", "            if False:"),
+    Fault("mux-early-notes-drop-newest", MUX, "_, dropped = self._early_notes.popitem(last=False)", "_, dropped = self._early_notes.popitem(last=True)"),
+    Fault("mux-early-notes-not-delivered", MUX, "                out = [ToSession(peer.id, note) for note in early]", "                out = []"),
+    Fault("mux-early-notes-miscounted", MUX, "                self._early_count -= len(early)\n", ""),
+    Fault("mux-early-notes-kept-forever", MUX, "        if self._early_count and not self._task_call_in_flight():", "        if False:"),
+    Fault("mux-in-flight-not-counted", MUX, "        self._in_flight[peer.principal] += 1\n", ""),
+    Fault("mux-in-flight-zero-kept", MUX, "        if not in_flight[call.principal]:\n            del in_flight[call.principal]\n", ""),
+    Fault("mux-in-flight-anonymous", MUX, "call = Call(peer.id, client_id, upstream_id, method, self._clock(), principal=peer.principal)", "call = Call(peer.id, client_id, upstream_id, method, self._clock())"),
+    # config.py
+    Fault("cfg-token-file-8-enough", CFG, "if len(secret) < MIN_TOKEN:", "if len(secret) < 8:"),
+    Fault("cfg-token-file-not-stripped", CFG, "secret = _read_secret_file(token.token_file).strip()", "secret = _read_secret_file(token.token_file)"),
+    Fault("cfg-file-var-newline-kept", CFG, 'return _read_secret_file(file).rstrip("\\r\\n")', "return _read_secret_file(file)"),
+    Fault("cfg-file-var-is-dash-default", CFG, "file:([^}-][^}]*)", "file:([^}]+)"),
+    Fault("cfg-secret-file-any-kind", CFG, "if not stat.S_ISREG(os.fstat(fd).st_mode):", "if False:"),
+    Fault("cfg-secret-file-nul", CFG, 'if "\\0" in text:', "if False:"),
+    Fault("cfg-secret-file-size-inclusive", CFG, "if len(data) > SECRET_FILE_MAX:", "if len(data) >= SECRET_FILE_MAX:"),
+    Fault("cfg-token-name-url", CFG, 'if "://" in token.name:', "if False:"),
+    Fault("cfg-token-filter-unknown-server", CFG, "                if server_name not in config.servers:", "                if False:"),
+    Fault("cfg-oauth-url-query", CFG, "and bool(parts.netloc) and not parts.query and not parts.fragment", "and bool(parts.netloc)"),
+    Fault("cfg-oauth-url-any-scheme", CFG, 'return parts.scheme in ("http", "https") and', "return"),
+    Fault("cfg-oauth-no-servers", CFG, "    if not oauth.authorization_servers:", "    if False:"),
+    Fault("cfg-oauth-no-algorithms", CFG, "        if not server.algorithms:", "        if False:"),
+    Fault("cfg-introspection-both-secrets", CFG, "(intro.client_secret is None) == (intro.client_secret_file is None)", "intro.client_secret is None and intro.client_secret_file is None"),
+    Fault("cfg-scope-star-unknown", CFG, 'if name != "*" and name not in config.servers:', "if name not in config.servers:"),
+    Fault("cfg-oauth-not-auth", CFG, "security.tokens or security.oauth is not None or", "security.tokens or"),
+    Fault("cfg-trusted-proxy-strict", CFG, "ipaddress.ip_network(proxy, strict=False)", "ipaddress.ip_network(proxy, strict=True)"),
+    Fault("cfg-input-buffer-unchecked", CFG, "    if config.limits.input_buffer() < config.limits.max_message_bytes:", "    if False:"),
+    Fault("cfg-input-buffer-default", CFG, "else 16 * self.max_message_bytes", "else self.max_message_bytes"),
+    Fault("cfg-env-pattern-unanchored", CFG, '[A-Za-z0-9_]*\\*?$")', '[A-Za-z0-9_]*\\*?")'),
+    Fault("cfg-roots-any-scheme", CFG, 'if not root.startswith("file://"):', "if False:"),
+    # jsonrpc.py
+    Fault("rpc-sniff-trailing-unanchored", RPC, '''(-?\\d+|"[^"\\\\]*")\\s*\\}\\s*$')''', '''(-?\\d+|"[^"\\\\]*")\\s*\\}')'''),
+    Fault("rpc-sniff-jsonrpc-first", RPC, '''(?:"jsonrpc"\\s*:\\s*"2\\.0"\\s*,\\s*)?''', ""),
+    Fault("rpc-sniff-negative", RPC, '''"id"\\s*:\\s*(-?\\d+|"[^"\\\\]*")\\s*[,}]')''', '''"id"\\s*:\\s*(\\d+|"[^"\\\\]*")\\s*[,}]')'''),
+    Fault("rpc-sniff-escapes", RPC, '''"id"\\s*:\\s*(-?\\d+|"[^"\\\\]*")\\s*[,}]')''', '''"id"\\s*:\\s*(-?\\d+|"[^"]*")\\s*[,}]')'''),
+    Fault("rpc-method-not-string", RPC, '        if msg["method"].__class__ is not str:', "        if False:"),
+    Fault("rpc-response-null-id", RPC, "    if not is_id(rid):\n        raise ProtocolError(INVALID_REQUEST, 'invalid response", "    if False:\n        raise ProtocolError(INVALID_REQUEST, 'invalid response"),
+    # security.py
+    Fault("sec-token-spaces-kept", SEC, 'digest = hashlib.sha256(token.strip().encode("utf-8", "surrogateescape")).digest()', 'digest = hashlib.sha256(token.encode("utf-8", "surrogateescape")).digest()'),
+    Fault("sec-forbidden-server-as-401", SEC, 'return Refusal(403, "forbidden_server"', 'return Refusal(401, "forbidden_server"'),
+    # policy.py
+    Fault("pol-deny-ignored", POL, "        if self.deny is not None and self.deny.match(name):\n            return False\n", ""),
+    Fault("pol-empty-allow-all", POL, 'or "(?!)")', 'or "")'),
+    Fault("pol-glob-prefix", POL, 'f"(?:{fnmatch.translate(p)})"', 'f"(?:{fnmatch.translate(p).removesuffix(chr(92) + chr(90))})"'),
+    Fault("pol-glob-case", POL, "return re.compile(", "return re.compile(flags=re.IGNORECASE, pattern="),
+    Fault("pol-narrowing-ignored", POL, "            specs.append(narrowing[i][server_name])", "            pass"),
+    Fault("pol-narrowing-kind-mixed", POL, "if narrowing is not None and server_name in narrowing[i]:\n            specs.append(narrowing[i][server_name])", "if narrowing is not None and server_name in narrowing[0]:\n            specs.append(narrowing[0][server_name])"),
+    Fault("pol-non-string-hidden", POL, "        if not isinstance(name, str):\n            return True", "        if not isinstance(name, str):\n            return False"),
+    Fault("pol-token-rule-ignored", POL, "rule = self._rules.get(principal, self._default) if principal is not None else self._default", "rule = self._default"),
+    Fault("pol-in-flight-plus-one", POL, "self._in_flight[principal] + calls > rule.in_flight", "self._in_flight[principal] + calls >= rule.in_flight"),
+    Fault("pol-batch-counts-one", POL, "self._in_flight[principal] + calls > rule.in_flight", "self._in_flight[principal] + 1 > rule.in_flight"),
+    Fault("pol-burst-one", POL, "burst = rule.burst or max(1, int(rule.per_second))", "burst = rule.burst or 1"),
+    Fault("pol-retry-after-inverted", POL, "wait = max(1, math.ceil(missing / rule.per_second))", "wait = max(1, math.ceil(missing * rule.per_second))"),
+    Fault("pol-refusals-uncounted", POL, '        self._refused[principal, "rate"] += calls\n', ""),
+]  # fmt: skip
+
+FAULTS = ISSUE_11 + FURTHER + SINCE
 
 
 def copy_tree(dest: Path, baseline: str | None) -> None:
