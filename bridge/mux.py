@@ -1048,6 +1048,10 @@ class Mux:
             # queued for this process reaches it by itself, and must be the only one.
             params = self._client_init
         else:
+            # Nothing to replay an initialize from (none was ever answered): the new process
+            # knows of no subscription or level but what is still queued for it, so the mux
+            # must not believe it does.
+            self._forget_upstream_state()
             self.state = State.READY
             return self._flush_backlog()
         self.state = State.STARTING
@@ -1137,6 +1141,13 @@ class Mux:
         if self._upstream_level is not None:
             out.append(self._internal_call("logging/setLevel", {"level": LOG_LEVELS[self._upstream_level]}))
         return out
+
+    def _forget_upstream_state(self) -> None:
+        queued = {c.subscribe_uri for c in self._calls.values() if not c.sent}
+        for uri in [u for u in self._subscribers if u not in queued]:
+            for session in self._subscribers.pop(uri):
+                self._peers[session].subscriptions.discard(uri)
+        self._upstream_level = None
 
     def _internal_call(self, method: str, params: dict[str, Any]) -> ToServer:
         call = Call(None, None, next(self._ids), method, self._clock(), sent=True)

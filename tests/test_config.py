@@ -384,7 +384,7 @@ def test_a_token_name_may_not_look_like_an_oauth_principal() -> None:
 
 
 def test_oauth_is_authentication_enough_to_listen_off_loopback() -> None:
-    text = MINIMAL + "listen: {host: 0.0.0.0}\nsecurity: {oauth: {authorization_servers: [{issuer: 'https://id.example.com'}]}}\n"
+    text = MINIMAL + "listen: {host: 192.0.2.10}\nsecurity: {oauth: {authorization_servers: [{issuer: 'https://id.example.com'}]}}\n"
     config = parse(text, environ={})
     assert config.security.oauth is not None and config.security.oauth.authorization_servers[0].algorithms == ("RS256", "ES256")
 

@@ -1037,3 +1037,25 @@ def test_a_principal_with_no_call_in_flight_leaves_no_entry_in_the_shared_count(
     mux.from_client("b1", note("notifications/cancelled", requestId=1))
     mux.close_session("a2")
     assert dict(in_flight) == {}  # principals come and go (OAuth subjects): none stays at zero
+
+
+def test_a_per_session_process_with_no_initialize_to_replay_is_told_nothing_it_does_not_know() -> None:
+    """Found by the per-session state machine: a client whose initialize failed went on,
+    subscribed, and the process restarted with nothing to replay; the mux still counted the
+    subscription, so updates were lost and its unsubscribe reached a process that never
+    subscribed."""
+    mux = Mux(shared=False)
+    mux.open_session("a")
+    mux.server_started()
+    mux.server_exited()
+    mux.server_failed("crash loop")
+    (refused,) = to_session(mux.from_client("a", req(1, "initialize", protocolVersion="2025-06-18", capabilities={}, clientInfo={})))
+    assert refused["error"]["code"] == jsonrpc.SERVER_UNAVAILABLE
+    mux.server_started()
+    (sub,) = to_server(mux.from_client("a", req(2, "resources/subscribe", uri="res://a")))
+    mux.from_server(jsonrpc.result(sub["id"], {}))
+    mux.server_exited()
+    assert mux.server_started() == []
+    assert mux.table_sizes()["subscriptions"] == 0
+    actions = mux.from_client("a", req(3, "resources/unsubscribe", uri="res://a"))
+    assert to_server(actions) == [] and to_session(actions) == [jsonrpc.result(3, {})]

@@ -335,6 +335,7 @@ class MuxMachine(RuleBasedStateMachine):
     @rule()
     def server_restarts(self) -> None:
         self.server_alive = True
+        self.server_subscribed.clear()  # a new process, initialized or not, holds no subscription
         self.run(self.mux.server_started())
 
     @precondition(lambda self: not self.server_alive and self.mux.state is not State.FAILED)
