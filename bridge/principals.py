@@ -26,13 +26,17 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
-import jwt
 
 from . import logs
 from .config import AuthorizationServer, OAuth
+
+if TYPE_CHECKING:
+    # Imported where tokens are checked, not here: PyJWT with `cryptography` is about
+    # 9 MiB of resident memory, for a daemon that may never see an OAuth token.
+    import jwt
 
 REFRESH_EVERY = 30.0  # seconds between two fetches of an issuer's keys for an unknown kid
 FETCH_TIMEOUT = 5.0
@@ -96,6 +100,8 @@ class IssuerKeys:
         return now - self.attempted_at >= REFRESH_EVERY
 
     async def refresh(self, http: aiohttp.ClientSession, clock: Callable[[], float]) -> None:
+        import jwt
+
         async with self._lock:
             if not self.may_refresh(clock()):
                 return  # another request fetched while this one waited
@@ -188,6 +194,8 @@ class OAuthVerifier:
             await self._introspect(token)
 
     def _verify(self, token: str, digest: bytes) -> Identity:
+        import jwt
+
         try:
             header = jwt.get_unverified_header(token)
             unverified = jwt.decode(token, options={"verify_signature": False})
@@ -299,6 +307,8 @@ class OAuthVerifier:
         return sorted(scope for scope, names in self.config.scopes.items() if server in names or "*" in names)
 
     def _issuer_of(self, token: str) -> IssuerKeys | None:
+        import jwt
+
         try:
             iss = jwt.decode(token, options={"verify_signature": False}).get("iss")
         except jwt.PyJWTError:
