@@ -361,6 +361,15 @@ def _why(exc: OSError | ValueError) -> str:
     return str(exc)
 
 
+def _secret_from(path: str, where: str, problems: list[str]) -> str | None:
+    """A secret file's content, stripped; None (and the problem noted at `where`) if unreadable."""
+    try:
+        return _read_secret_file(path).strip()
+    except (OSError, ValueError) as exc:
+        problems.append(f"{where}: cannot read {path}: {_why(exc)}")
+        return None
+
+
 def _read_secret_files(config: Config, problems: list[str]) -> Config:
     """Each token_file's token and introspection client_secret_file, read now: at start and on
     every reload, so a rotated file takes effect."""
@@ -369,10 +378,8 @@ def _read_secret_files(config: Config, problems: list[str]) -> Config:
         if token.token_file is None or token.token is not None or token.sha256 is not None:
             continue  # no file, or more than one source (already reported)
         where = f"security.tokens[{i}].token_file"
-        try:
-            secret = _read_secret_file(token.token_file).strip()
-        except (OSError, ValueError) as exc:
-            problems.append(f"{where}: cannot read {token.token_file}: {_why(exc)}")
+        secret = _secret_from(token.token_file, where, problems)
+        if secret is None:
             continue
         if len(secret) < MIN_TOKEN:
             problems.append(f"{where}: the token in {token.token_file} is too short (at least {MIN_TOKEN} characters)")
@@ -386,12 +393,8 @@ def _read_secret_files(config: Config, problems: list[str]) -> Config:
             if intro is None or intro.client_secret_file is None or intro.client_secret is not None:
                 continue
             where = f"security.oauth.authorization_servers[{i}].introspection.client_secret_file"
-            try:
-                secret = _read_secret_file(intro.client_secret_file).strip()
-            except (OSError, ValueError) as exc:
-                problems.append(f"{where}: cannot read {intro.client_secret_file}: {_why(exc)}")
-                continue
-            servers[i] = msgspec.structs.replace(server, introspection=msgspec.structs.replace(intro, client_secret=secret))
+            if (secret := _secret_from(intro.client_secret_file, where, problems)) is not None:
+                servers[i] = msgspec.structs.replace(server, introspection=msgspec.structs.replace(intro, client_secret=secret))
         security = msgspec.structs.replace(security, oauth=msgspec.structs.replace(oauth, authorization_servers=tuple(servers)))
     return msgspec.structs.replace(config, security=security)
 

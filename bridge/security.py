@@ -105,8 +105,7 @@ class Guard:
         assert self.oauth is not None
         token = _bearer(authorization)
         if token is None:
-            kind = "invalid_token" if authorization is not None else "missing_token"
-            return Refusal(401, kind, kind.replace("_", " "), {"WWW-Authenticate": self.challenge(resource, server, transport)})
+            return _unauthenticated(authorization, self.challenge(resource, server, transport))
         try:
             identity = self.oauth.check(token, self.audiences(resource, server))
         except TokenRefused as exc:
@@ -234,8 +233,7 @@ def admit(
     principal = guard.authenticate(authorization)
     if principal is None:
         if guard.oauth is None:
-            kind = "invalid_token" if authorization is not None else "missing_token"
-            return Refusal(401, kind, kind.replace("_", " "), {"WWW-Authenticate": WWW_AUTHENTICATE})
+            return _unauthenticated(authorization, WWW_AUTHENTICATE)
         signed_in = guard.sign_in(authorization, server, transport, resource or guard.resource)
         if isinstance(signed_in, Refusal):
             return signed_in
@@ -264,6 +262,12 @@ def cors_headers(guard: Guard, origin: str | None) -> dict[str, str] | None:
     if origin is None or not guard.origin_allowed(origin):
         return None
     return {"Access-Control-Allow-Origin": origin, "Access-Control-Expose-Headers": CORS_EXPOSE, "Vary": "Origin"}
+
+
+def _unauthenticated(authorization: str | None, challenge: str) -> Refusal:
+    """401 for a request with no token, or one that is no token of ours."""
+    kind = "invalid_token" if authorization is not None else "missing_token"
+    return Refusal(401, kind, kind.replace("_", " "), {"WWW-Authenticate": challenge})
 
 
 def _bearer(authorization: str | None) -> str | None:

@@ -76,7 +76,7 @@ ISSUE_11 = [
 # Further faults of the same kinds: off-by-one, swapped condition, dropped branch.
 FURTHER = [
     # security.py
-    Fault("sec-scheme-case-sensitive", SEC, 'if scheme.lower() != "bearer"', 'if scheme != "Bearer"'),
+    Fault("sec-scheme-case-sensitive", SEC, 'scheme.lower() == "bearer"', 'scheme == "Bearer"'),
     Fault("sec-first-match-returns", SEC, "                found = principal", "                return principal"),
     Fault("sec-no-host-refused", SEC, "        if host is None:\n            return True", "        if host is None:\n            return False"),
     Fault("sec-public-ignores-allowed-hosts", SEC, "            return not self.allowed_hosts", "            return True"),
@@ -86,7 +86,7 @@ FURTHER = [
     Fault("sec-public-loopback-origin", SEC, "        if not self.loopback:\n            return False\n", ""),
     Fault("sec-ipv6-bracket", SEC, 'host[1 : host.find("]")]', "host[1:-1]"),
     Fault("sec-port-not-digits", SEC, "if sep and port.isdigit() and", "if sep and"),
-    Fault("sec-preflight-needs-token", SEC, "if preflight or not guard.principals:", "if not guard.principals:"),
+    Fault("sec-preflight-needs-token", SEC, "if preflight or not guard.authenticating:", "if not guard.authenticating:"),
     Fault("sec-no-server-checked", SEC, "if server is not None and not principal.may_use(server):", "if not principal.may_use(server):"),
     Fault("sec-token-kinds-swapped", SEC, '"invalid_token" if authorization is not None else "missing_token"', '"missing_token" if authorization is not None else "invalid_token"'),
     # The HTTP side of the access rules (since moved to transports/http.py): the preflight
@@ -94,7 +94,7 @@ FURTHER = [
     # without Origin taken for a preflight, the probes guarded.
     Fault("sec-preflight-before-checks", HTTP, "    result = admit(", "    if preflight and guard.origin_allowed(origin):\n        return Access(None, True)\n    result = admit("),
     Fault("sec-options-without-origin-open", HTTP, 'preflight = origin is not None and method == "OPTIONS"', 'preflight = method == "OPTIONS"'),
-    Fault("sec-probes-guarded", HTTP, "if request.path not in OPEN_PATHS:", "if True:"),
+    Fault("sec-probes-guarded", HTTP, "if request.path not in OPEN_PATHS and not request.path.startswith(WELL_KNOWN):", "if True:"),
     Fault("sec-cors-for-any-origin", SEC, "if origin is None or not guard.origin_allowed(origin):", "if origin is None:"),
     Fault("sec-host-cache-wrong-after-clear", SEC, "                self._hosts.clear()", "                self._hosts.clear()\n                return True"),
     Fault("sec-origin-none-checked", SEC, "if origin is not None and not guard.origin_allowed(origin):", "if not guard.origin_allowed(origin):",
@@ -212,7 +212,7 @@ SINCE = [
     Fault("mux-in-flight-anonymous", MUX, "call = Call(peer.id, client_id, upstream_id, method, self._clock(), principal=peer.principal)", "call = Call(peer.id, client_id, upstream_id, method, self._clock())"),
     # config.py
     Fault("cfg-token-file-8-enough", CFG, "if len(secret) < MIN_TOKEN:", "if len(secret) < 8:"),
-    Fault("cfg-token-file-not-stripped", CFG, "secret = _read_secret_file(token.token_file).strip()", "secret = _read_secret_file(token.token_file)"),
+    Fault("cfg-token-file-not-stripped", CFG, "return _read_secret_file(path).strip()", "return _read_secret_file(path)"),
     Fault("cfg-file-var-newline-kept", CFG, 'return _read_secret_file(file).rstrip("\\r\\n")', "return _read_secret_file(file)"),
     Fault("cfg-file-var-is-dash-default", CFG, "file:([^}-][^}]*)", "file:([^}]+)"),
     Fault("cfg-secret-file-any-kind", CFG, "if not stat.S_ISREG(os.fstat(fd).st_mode):", "if False:"),
@@ -240,7 +240,7 @@ SINCE = [
     Fault("rpc-method-not-string", RPC, '        if msg["method"].__class__ is not str:', "        if False:"),
     Fault("rpc-response-null-id", RPC, "    if not is_id(rid):\n        raise ProtocolError(INVALID_REQUEST, 'invalid response", "    if False:\n        raise ProtocolError(INVALID_REQUEST, 'invalid response"),
     # security.py
-    Fault("sec-token-spaces-kept", SEC, 'digest = hashlib.sha256(token.strip().encode("utf-8", "surrogateescape")).digest()', 'digest = hashlib.sha256(token.encode("utf-8", "surrogateescape")).digest()'),
+    Fault("sec-token-spaces-kept", SEC, "    token = token.strip()\n", ""),
     Fault("sec-forbidden-server-as-401", SEC, 'return Refusal(403, "forbidden_server"', 'return Refusal(401, "forbidden_server"'),
     # policy.py
     Fault("pol-deny-ignored", POL, "        if self.deny is not None and self.deny.match(name):\n            return False\n", ""),
