@@ -209,8 +209,12 @@ class _Collector(Collector):
             "Calls refused (429) by a principal's rate limits, by principal and limit (rate, in_flight).",
             labels=["principal", "limit"],
         )
-        for (principal, limit), n in sorted(self._metrics.rate_limited.items(), key=str):
-            limited.add_metric([principal or "", limit], n)
+        by_label: Counter[tuple[str, str]] = Counter()
+        for (principal, limit), n in self._metrics.rate_limited.items():
+            # Token names are few and from the config; OAuth subjects are not: one label for them.
+            by_label[("oauth" if principal is not None and "://" in principal else principal or ""), limit] += n
+        for (label, limit), n in sorted(by_label.items()):
+            limited.add_metric([label, limit], n)
         yield limited
         yield from self._oauth()
 
