@@ -366,6 +366,9 @@ async def test_npx_and_uvx_servers_answer_and_sigterm_drains_a_call(
         assert not [p for p in procs if p["state"] == "Z"], procs
 
         async with sdk(box.bridge.url("demo")) as session:
+            # The SDK lists the tools to check a result against its schema, once per session:
+            # list them now, so that the call's result needs nothing more from a stopping bridge.
+            await session.list_tools()
             progressed = asyncio.Event()
 
             async def on_progress(progress: float, total: float | None, message: str | None) -> None:
