@@ -33,7 +33,7 @@ encode = jsonrpc.encode
 KEEPALIVE_PASSES = 5  # checks per keepalive interval: comments come every 4/5 to 5/5 of it
 KEEPALIVE_SLICE = 64  # keepalives written between yields to the event loop
 # Session ends the bridge chose, counted as drops (a client closing its stream is not one).
-DROP_REASONS = frozenset({"slow", "idle", "server_gone", "shutdown"})
+DROP_REASONS = frozenset({"slow", "idle", "server_gone", "shutdown", "ended"})  # ended: by an administrator
 RESTART_POLL_S = 0.05  # how often a graceful restart looks whether the calls in flight have ended
 NOT_READING = "server is not reading its input (limits.server_input_buffer)"
 

@@ -240,7 +240,7 @@ class _Collector(Collector):
         dropped = CounterMetricFamily(
             f"{PREFIX}_sessions_dropped",
             "Sessions the bridge ended or refused: slow (queue full), idle, limit (max_sessions), "
-            "server_gone (server removed or reconfigured), shutdown.",
+            "server_gone (server removed or reconfigured), shutdown, ended (by an administrator).",
             labels=["server", "reason"],
         )
         messages = CounterMetricFamily(

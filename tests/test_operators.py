@@ -266,6 +266,8 @@ async def test_admin_lists_and_ends_sessions(bridge):
             assert text_of(await other.session.call_tool("echo", {"text": "still here"})) == "still here"
         status, body = await api("DELETE", f"{b.base}/admin/sessions/{target['id']}")
         assert status == 404, body
+        async with aiohttp.ClientSession() as http, http.get(b.base + "/metrics", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as resp:
+            assert 'mcp_bridge_sessions_dropped_total{reason="ended",server="demo"} 1.0' in await resp.text()
 
 
 async def test_admin_ending_an_sse_session_ends_its_stream(bridge):
