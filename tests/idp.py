@@ -44,7 +44,11 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from jwt.algorithms import ECAlgorithm, HMACAlgorithm, RSAAlgorithm
 from jwt.utils import base64url_decode, base64url_encode
+import httpx2
+from mcp import ClientSession
 from mcp.client.auth import AuthorizationCodeResult, OAuthClientProvider, PKCEParameters
+from mcp.client.sse import sse_client
+from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.auth import OAuthClientInformationFull, OAuthClientMetadata, OAuthToken
 from pydantic import AnyUrl
 from yarl import URL
@@ -434,3 +438,16 @@ def idp(tmp_path: Path) -> Callable[..., contextlib.AbstractAsyncContextManager[
         return run_idp(tmp_path, **kwargs)
 
     return start
+
+
+@contextlib.asynccontextmanager
+async def sdk_session(url: str, auth: OAuthClientProvider, transport: str) -> AsyncIterator[ClientSession]:
+    """The official SDK's ClientSession at `url` over `transport` ("streamable" or "sse"),
+    signing in with `auth` when it meets a 401; not yet initialized."""
+    async with contextlib.AsyncExitStack() as stack:
+        if transport == "streamable":
+            http = await stack.enter_async_context(httpx2.AsyncClient(auth=auth, timeout=20))
+            read, write = await stack.enter_async_context(streamable_http_client(url, http_client=http))
+        else:
+            read, write = await stack.enter_async_context(sse_client(url, auth=auth, timeout=20))
+        yield await stack.enter_async_context(ClientSession(read, write))

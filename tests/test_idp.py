@@ -12,7 +12,6 @@ proven before the bridge serves OAuth.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import socket
 import time
 
@@ -22,12 +21,9 @@ import jwt
 import pytest
 import uvicorn
 from aiohttp import web
-from idp import NEEDS_IDP, REDIRECT_URI, Idp, SignInError, SigningKey, authorize, idp, oauth_client, tampered  # noqa: F401
+from idp import NEEDS_IDP, REDIRECT_URI, Idp, SignInError, SigningKey, authorize, idp, oauth_client, sdk_session, tampered  # noqa: F401
 from jwt.algorithms import HMACAlgorithm
 from jwt.utils import base64url_decode
-from mcp import ClientSession
-from mcp.client.sse import sse_client
-from mcp.client.streamable_http import streamable_http_client
 from mcp.server.auth.middleware.auth_context import get_access_token
 from mcp.server.auth.provider import AccessToken
 from mcp.server.auth.settings import AuthSettings
@@ -273,13 +269,7 @@ async def test_sdk_session_signs_in(idp, transport):
         serving = asyncio.get_running_loop().create_task(uv.serve(sockets=[sock]))
         try:
             auth = oauth_client(url, "alice")
-            async with contextlib.AsyncExitStack() as stack:
-                if transport == "streamable":
-                    http = await stack.enter_async_context(httpx2.AsyncClient(auth=auth, timeout=10))
-                    read, write = await stack.enter_async_context(streamable_http_client(url, http_client=http))
-                else:
-                    read, write = await stack.enter_async_context(sse_client(url, auth=auth, timeout=10))
-                session = await stack.enter_async_context(ClientSession(read, write))
+            async with sdk_session(url, auth, transport) as session:
                 async with asyncio.timeout(20):
                     await session.initialize()
                     result = await session.call_tool("whoami", {})

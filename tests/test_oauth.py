@@ -13,13 +13,10 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
-import httpx2
 import pytest
 from conftest import Bridge, demo
-from idp import NEEDS_IDP, Idp, SigningKey, idp, oauth_client, tampered  # noqa: F401
+from idp import NEEDS_IDP, Idp, SigningKey, idp, oauth_client, sdk_session, tampered  # noqa: F401
 from mcp import ClientSession
-from mcp.client.sse import sse_client
-from mcp.client.streamable_http import streamable_http_client
 from rawstreamable import RawStreamable
 from sdk import TIME_SERVER
 
@@ -42,14 +39,7 @@ def config(p: Idp, **issuer: Any) -> dict[str, Any]:
 async def signed_in(b: Bridge, server: str, user: str, transport: str) -> AsyncIterator[ClientSession]:
     """An SDK session that starts from a bare 401 and signs `user` in by itself."""
     url = b.url(server, "mcp" if transport == "streamable" else "sse")
-    auth = oauth_client(url, user)
-    async with contextlib.AsyncExitStack() as stack:
-        if transport == "streamable":
-            http = await stack.enter_async_context(httpx2.AsyncClient(auth=auth, timeout=20))
-            read, write = await stack.enter_async_context(streamable_http_client(url, http_client=http))
-        else:
-            read, write = await stack.enter_async_context(sse_client(url, auth=auth, timeout=20))
-        session = await stack.enter_async_context(ClientSession(read, write))
+    async with sdk_session(url, oauth_client(url, user), transport) as session:
         await session.initialize()
         yield session
 
