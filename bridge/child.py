@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import enum
 import os
+import resource
 import signal
 import subprocess
 from collections import deque
@@ -19,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from . import logs
+from .config import Rlimits
 
 STDERR_LINE_LIMIT = 16 * 1024
 # A server may write to stderr as fast as it likes; the log takes a burst of this many
@@ -110,6 +112,7 @@ class Child:
         cwd: str | None = None,
         max_line: int,
         input_limit: int,
+        rlimits: Rlimits = Rlimits(),
         on_line: Callable[[bytes], None],
         on_oversize: Callable[[int, bytes, bytes], None],
         on_batch: Callable[[], None] = lambda: None,
@@ -125,6 +128,7 @@ class Child:
         self._stdout = LineFramer(max_line, on_line, on_oversize)
         self._on_batch = on_batch
         self.input_limit = input_limit
+        self.rlimits = rlimits
         self._on_input_blocked = on_input_blocked
         self._stderr = LineFramer(STDERR_LINE_LIMIT, self._stderr_line, self._stderr_oversize)
         self._stderr_throttle = logs.Throttle(STDERR_RATE, STDERR_BURST)
@@ -150,6 +154,7 @@ class Child:
             env=self.env,
             cwd=self.cwd,
             start_new_session=True,
+            preexec_fn=_limiter(self.rlimits),
         )
         self._log = self._log.bind(pid=self.pid)
 
@@ -279,3 +284,31 @@ class _Protocol(asyncio.SubprocessProtocol):
 
     def connection_lost(self, exc: Any) -> None:
         self._child._connection_lost()
+
+
+def _limiter(limits: Rlimits) -> Callable[[], None] | None:
+    """What the child runs between fork and exec to take on its limits (None: no limits).
+    Only syscalls: nothing that could wait on a lock another thread of the daemon held."""
+    settings = [
+        (kind, int(value))
+        for kind, value in (
+            (resource.RLIMIT_AS, limits.memory),
+            (resource.RLIMIT_CPU, limits.cpu_time),
+            (resource.RLIMIT_NOFILE, limits.open_files),
+            (resource.RLIMIT_NPROC, limits.processes),
+        )
+        if value is not None
+    ]
+    nice = limits.nice
+    if not settings and nice is None:
+        return None
+
+    def apply() -> None:
+        for kind, value in settings:
+            # CPU time: the soft limit sends SIGXCPU, which ends the process and says why;
+            # a hard limit equal to it would SIGKILL at the same moment, which says nothing.
+            resource.setrlimit(kind, (value, value + 1 if kind == resource.RLIMIT_CPU else value))
+        if nice is not None:
+            os.nice(nice)
+
+    return apply

@@ -211,6 +211,21 @@ class Restart(Struct, frozen=True):
     window: Duration = Duration(60)
 
 
+class Rlimits(Struct, frozen=True):
+    """Limits the kernel puts on a server process, set in the child before exec."""
+
+    memory: Size | None = None  # address space (RLIMIT_AS)
+    cpu_time: Duration | None = None  # CPU seconds (RLIMIT_CPU): SIGXCPU, then SIGKILL
+    open_files: PositiveInt | None = None  # RLIMIT_NOFILE
+    processes: PositiveInt | None = None  # RLIMIT_NPROC: per user, and not applied to root
+    nice: Annotated[int, msgspec.Meta(ge=0, le=19)] | None = None
+
+    def named(self) -> str:
+        """The limits set, as the README names them: for messages and logs."""
+        parts = [f"{name} {value:g}" if isinstance(value, float) else f"{name} {value}" for name in self.__struct_fields__ if (value := getattr(self, name)) is not None]
+        return ", ".join(parts)
+
+
 class Server(Struct, frozen=True):
     command: str
     args: tuple[str, ...] = ()
@@ -224,6 +239,7 @@ class Server(Struct, frozen=True):
     shutdown_timeout: Duration = Duration(5)
     attribution_window: Duration = Duration(0.25)
     max_sessions: PositiveInt | None = None
+    rlimits: Rlimits = Rlimits()
     tools: Filter = Filter()  # which tools clients see and may call
     prompts: Filter = Filter()
     resources: Filter = Filter()  # by uri

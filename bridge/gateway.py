@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import signal
 import sys
 import time
 from collections import Counter
@@ -82,6 +83,7 @@ class Upstream:
             cwd=cfg.cwd,
             max_line=self.gateway.limits.max_message_bytes,
             input_limit=self.gateway.limits.input_buffer(),
+            rlimits=cfg.rlimits,
             on_line=self.on_line,
             on_oversize=self.on_oversize,
             on_batch=self.gateway.flush,
@@ -135,6 +137,11 @@ class Upstream:
         self._cancel_stall()
         self.gateway.metrics.restarts += 1
         reason = "server process could not be started" if code is None else f"server process exited with code {code}"
+        if code is not None and (limits := self.gateway.server.rlimits.named()):
+            # The kernel does not say which limit ended a process, except CPU time (SIGXCPU).
+            likely = "its CPU time limit stopped it" if code == -signal.SIGXCPU else "one of them may have stopped it"
+            reason += f"; it runs under limits ({limits}): {likely}"
+            self._log.warning("server_exited_under_limits", exit_code=code, rlimits=limits, likely=likely)
         self.gateway.apply(self, self.mux.server_exited(reason))
 
     def on_failed(self, reason: str) -> None:

@@ -73,3 +73,35 @@ async def test_calls_waiting_for_a_starting_server_are_bounded(bridge: Any) -> N
         status, body = await c.post({"jsonrpc": "2.0", "id": 4, "method": "tools/call", "params": call("echo", {"text": "q"})})
         assert status == 202
         assert (await c.response(4, timeout=5))["error"]["code"] == -32003
+
+
+def limits_of(pid: int) -> dict[str, str]:
+    """/proc/PID/limits: soft limit by name."""
+    out = {}
+    for line in Path(f"/proc/{pid}/limits").read_text().splitlines()[1:]:
+        name, soft = line[:26].strip(), line[26:47].strip()
+        out[name] = soft
+    return out
+
+
+async def test_a_server_runs_under_its_rlimits_and_a_limit_that_stops_it_is_named(bridge: Any) -> None:
+    config = {
+        "servers": {
+            "f": {**faulty(), "restart": FAST_RESTART, "rlimits": {"memory": "1GiB", "cpu_time": "1s", "open_files": 64, "nice": 5}}
+        }
+    }
+    async with bridge(config) as b, RawSse(b.url("f")) as c:
+        await c.initialize()
+        pid = (await b.wait_for("server_started"))["pid"]
+        limits = limits_of(pid)
+        assert limits["Max address space"] == str(1 << 30) and limits["Max cpu time"] == "1" and limits["Max open files"] == "64"
+        assert int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[16]) == 5  # nice
+        opened = int(text_of(await tool(c, "files", request_id="files")))
+        assert 50 < opened < 64  # the limit, less what the interpreter holds open
+        reply = await tool(c, "burn", request_id="burn", timeout=20)
+        assert reply["error"]["code"] == -32000
+        assert "its CPU time limit stopped it" in reply["error"]["message"], reply
+        assert "cpu_time 1" in reply["error"]["message"]
+        event = await b.wait_for("server_exited_under_limits")
+        assert event["exit_code"] == -24 and event["likely"] == "its CPU time limit stopped it"
+        assert (await b.wait_for("server_started", where=lambda e: e["pid"] != pid))["pid"] != pid  # restarted, daemon fine

@@ -95,6 +95,8 @@ TOOLS = [
     {"name": "environ", "description": "Return the whole environment as a JSON object.", "inputSchema": _schema()},
     {"name": "cwd", "description": "Return the working directory.", "inputSchema": _schema()},
     {"name": "deaf", "description": "Reply, then never read stdin again.", "inputSchema": _schema()},
+    {"name": "burn", "description": "Spin on the CPU, never replying (until a limit stops it).", "inputSchema": _schema()},
+    {"name": "files", "description": "Open files until refused; reply with how many it could.", "inputSchema": _schema()},
     {
         "name": "grow",
         "description": "Add tools named `names` (each echoes), send tools/list_changed, then reply.",
@@ -164,6 +166,19 @@ def call_tool(request_id: Any, name: str, args: JSON) -> None:
         lines = [str(line) for line in args.get("lines") or []]
         reply(request_id, text("later"))
         threading.Timer(int(args.get("ms", 100)) / 1000, write_lines, args=lines).start()
+    elif name == "burn":
+        while True:
+            pass
+    elif name == "files":
+        opened = []
+        try:
+            while len(opened) < 100_000:
+                opened.append(open(os.devnull))  # noqa: SIM115 (closed below)
+        except OSError:
+            pass
+        reply(request_id, text(str(len(opened))))
+        for f in opened:
+            f.close()
     elif name == "deaf":
         reply(request_id, text("deaf"))
         note("deaf")
