@@ -220,6 +220,7 @@ def server_status(gateway: Gateway) -> dict[str, object]:
         )
     return {
         "mode": gateway.server.mode,
+        "rlimits": gateway.server.rlimits.named() or None,  # what each process runs under
         "ready": gateway.readiness() is None,
         "sessions": len(gateway.sessions),
         "in_flight": gateway.inflight(),

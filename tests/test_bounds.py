@@ -9,6 +9,8 @@ for `limits.server_input_stall`.
 from __future__ import annotations
 
 from pathlib import Path
+
+import aiohttp
 from typing import Any
 
 from conftest import faulty
@@ -105,3 +107,7 @@ async def test_a_server_runs_under_its_rlimits_and_a_limit_that_stops_it_is_name
         event = await b.wait_for("server_exited_under_limits")
         assert event["exit_code"] == -24 and event["likely"] == "its CPU time limit stopped it"
         assert (await b.wait_for("server_started", where=lambda e: e["pid"] != pid))["pid"] != pid  # restarted, daemon fine
+        async with aiohttp.ClientSession() as http, http.get(b.base + "/status") as resp:
+            status = (await resp.json())["servers"]["f"]
+        assert status["rlimits"] == "memory 1073741824, cpu_time 1, open_files 64, nice 5"
+        assert -24 in [p["last_exit_code"] for p in status["processes"]] or status["processes"][0]["restarts"] >= 1
