@@ -1,4 +1,5 @@
-"""Bounded memory toward a server: what it has not read, and what waits for it to start.
+"""Bounds toward a server: what it has not read, what waits for it to start, and the
+kernel limits (`rlimits`) its process runs under.
 
 Real daemon, real server processes (tests/servers/faulty.py). A server that stops
 reading must cost the bridge at most `limits.server_input_buffer`, the calls that
@@ -9,10 +10,9 @@ for `limits.server_input_stall`.
 from __future__ import annotations
 
 from pathlib import Path
-
-import aiohttp
 from typing import Any
 
+import aiohttp
 from conftest import faulty
 from rawclient import RawSse, call
 from test_supervision import FAST_RESTART, text_of, tool
