@@ -222,8 +222,8 @@ class Rlimits(Struct, frozen=True):
 
     def named(self) -> str:
         """The limits set, as the README names them: for messages and logs."""
-        parts = [f"{name} {value:g}" if isinstance(value, float) else f"{name} {value}" for name in self.__struct_fields__ if (value := getattr(self, name)) is not None]
-        return ", ".join(parts)
+        values = ((name, getattr(self, name)) for name in self.__struct_fields__)
+        return ", ".join(f"{name} {value:g}" if isinstance(value, float) else f"{name} {value}" for name, value in values if value is not None)
 
 
 class Server(Struct, frozen=True):
