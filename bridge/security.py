@@ -52,13 +52,13 @@ class Guard:
     def __init__(self, config: Config, oauth: OAuthVerifier | None = None, port: int | None = None) -> None:
         sec = config.security
         self.oauth = oauth
-        if oauth is not None:
-            assert sec.oauth is not None
-            self.configured_resource = sec.oauth.resource.rstrip("/") if sec.oauth.resource else None
-            self.resource = self.configured_resource or default_resource(config, port)
-            self.trusted_proxies = tuple(ipaddress.ip_network(p, strict=False) for p in config.listen.trusted_proxies)
-            self.extra_audience = frozenset(s.audience for s in sec.oauth.authorization_servers if s.audience is not None)
-            self.admin_scopes = frozenset(sec.oauth.admin)
+        signin = sec.oauth
+        self.configured_resource = signin.resource.rstrip("/") if signin is not None and signin.resource else None
+        self.resource = self.configured_resource or default_resource(config, port)
+        self.trusted_proxies = tuple(ipaddress.ip_network(p, strict=False) for p in config.listen.trusted_proxies)
+        issuers = signin.authorization_servers if signin is not None else ()
+        self.extra_audience = frozenset(s.audience for s in issuers if s.audience is not None)
+        self.admin_scopes = frozenset(signin.admin if signin is not None else ())
         self.principals = tuple(
             Principal(
                 t.name,
