@@ -820,15 +820,21 @@ async def test_repeated_sigterm_still_exits_cleanly(bridge: Any) -> None:
     """An orchestrator may signal again while the daemon finishes: once stopping has begun,
     no SIGTERM, however late in the exit, may turn the clean stop into a kill."""
     async with bridge({"servers": {"demo": demo()}}) as b:
-        b.proc.send_signal(signal.SIGTERM)
-        await b.wait_for("stopping")
-        for _ in range(5000):  # every millisecond until it exits: at most 5 s
-            if b.proc.returncode is not None:
-                break
-            with contextlib.suppress(ProcessLookupError):
-                b.proc.send_signal(signal.SIGTERM)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(b.proc.wait()), 0.001)
+        # Through a pidfd: Popen.send_signal polls (waitpid) first, which races asyncio's
+        # child watcher for the exit status and can leave it reporting 255.
+        pidfd = os.pidfd_open(b.proc.pid)
+        try:
+            signal.pidfd_send_signal(pidfd, signal.SIGTERM)
+            await b.wait_for("stopping")
+            for _ in range(5000):  # every millisecond until it exits: at most 5 s
+                if b.proc.returncode is not None:
+                    break
+                with contextlib.suppress(ProcessLookupError):
+                    signal.pidfd_send_signal(pidfd, signal.SIGTERM)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(b.proc.wait()), 0.001)
+        finally:
+            os.close(pidfd)
         assert await b.stop() == 0
 
 
