@@ -32,10 +32,10 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 import yaml
 from conftest import PY, ROOT, SERVERS
+from eras import MODERN, serves_stateless
 
 NODE_DIR = ROOT / "tests" / "node"
 MODULES = NODE_DIR / "node_modules"
@@ -45,7 +45,6 @@ CONFORMANCE_JS = CONFORMANCE / "dist" / "index.js"
 EVERYTHING_JS = MODULES / "@modelcontextprotocol" / "server-everything" / "dist" / "index.js"
 FIXTURE = SERVERS / "conformance_fixture.py"
 SUITE_TIMEOUT_S = 240
-MODERN = "2026-07-28"
 
 # Scenarios that need nothing of the suite's fixture server: every check must succeed.
 FIXTURE_FREE = frozenset(
@@ -217,21 +216,6 @@ async def test_2025_requirements_against_fixture(bridge: Any, tmp_path: Path, mo
     async with bridge(fixture_config(mode)) as b:
         results = await run_suite(b.url("fixture", "mcp"), "2025-11-25", tmp_path / "results")
     assert_required_pass(results, "2025-11-25")
-
-
-async def serves_stateless(url: str) -> str | None:
-    """None when the bridge serves a 2026-07-28 `server/discover`, else why not."""
-    meta = {"io.modelcontextprotocol/protocolVersion": MODERN, "io.modelcontextprotocol/clientCapabilities": {}}
-    body = {"jsonrpc": "2.0", "id": 1, "method": "server/discover", "params": {"_meta": meta}}
-    headers = {"Accept": "application/json, text/event-stream", "MCP-Protocol-Version": MODERN, "Mcp-Method": "server/discover"}
-    async with aiohttp.ClientSession() as http, http.post(url, json=body, headers=headers) as resp:
-        answer = await resp.json(content_type=None) if resp.content_type == "application/json" else None
-    error = answer.get("error") if isinstance(answer, dict) else None
-    # Today's bridge takes it for a 2025 request without its session (-32600); an unknown
-    # method (-32601) is as clear a "not yet". Anything else is the new path, to be judged.
-    if isinstance(error, dict) and error.get("code") in (-32600, -32601):
-        return f"awaits the {MODERN} stateless path: server/discover got HTTP {resp.status} {error}"
-    return None
 
 
 @pytest.mark.parametrize("mode", ["shared", "per-session"])
