@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 import threading
 from collections.abc import Callable
@@ -53,9 +52,9 @@ from bridge.demo_server import (  # noqa: E402  (the path above makes the worktr
     RpcError,
     Tool,
     Wire,
-    _exit,
     _sampled_text,
     _text,
+    serve_stdio,
 )
 
 SERVER_INFO = {"name": "mcp-conformance-test-server", "version": "1.0.0"}
@@ -188,22 +187,10 @@ class Asked:
             return request_id
 
 
-class BurstWire(Wire):
-    def send_all(self, messages: list[JSON]) -> None:
-        # One write for several messages, so a reader sees them as one burst.
-        data = b"".join(json.dumps(m, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n" for m in messages)
-        with self._lock:
-            try:
-                self._stream.write(data)
-                self._stream.flush()
-            except (BrokenPipeError, ValueError, OSError):
-                _exit(0)
-
 
 class FixtureServer(DemoServer):
-    def __init__(self, wire: BurstWire) -> None:
+    def __init__(self, wire: Wire) -> None:
         super().__init__(wire)
-        self.burst = wire
         self.asked = Asked(self.cond)
         self.methods["resources/templates/list"] = self.templates_list
         empty: JSON = {}
@@ -281,7 +268,7 @@ class FixtureServer(DemoServer):
             request_id = self.asked.new_id(name)
             asked.append(request_id)
             lines.append({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params})
-        self.burst.send_all(lines)
+        self.wire.send_all(lines)
         with self.cond:
             self.cond.wait_for(lambda: all(self.asked.replies[i] is not None for i in asked) or call.cancelled.is_set())
             replies = [self.asked.replies.pop(i) for i in asked]
@@ -608,16 +595,6 @@ class FixtureServer(DemoServer):
 
 
 
-def main() -> None:
-    logging.basicConfig(stream=sys.stderr, level=os.environ.get("MCP_DEMO_LOG_LEVEL", "WARNING").upper())
-    wire = BurstWire(sys.stdout.buffer)
-    sys.stdout = sys.stderr
-    try:
-        FixtureServer(wire).serve(sys.stdin.buffer)
-    except KeyboardInterrupt:
-        pass
-    _exit(0)
-
 
 if __name__ == "__main__":
-    main()
+    serve_stdio(FixtureServer)
