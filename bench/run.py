@@ -546,6 +546,14 @@ def _ratio(a: float | None, b: float | None) -> str:
     return f"{a / b:.2f}x"
 
 
+def _failed_row(label: str, cell: dict[str, Any], width: int) -> str:
+    return f"{label:<{width}}failed: {(cell['failures'] or ['?'])[0]}"[:200]
+
+
+def _noise_err(cell: dict[str, Any]) -> str:
+    return f"{_f(cell['other_cpu'] and cell['other_cpu'] * 100, '.0f'):>6}%{str(cell['errors']) + '/' + str(cell['misrouted']):>9}"
+
+
 def render(summary: dict[str, dict[str, dict[str, Any]]], targets: list[str], transport: str) -> str:
     lines = []
     head = f"{'target':<14}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'setup p99':>10}{'RSS MiB':>9}{'lg CPU':>8}{'lg us':>7}{'tgt us':>8}{'noise':>7}{'err/mis':>9}   mcp-bridge / this: req/s   p50    RSS"
@@ -561,7 +569,7 @@ def render(summary: dict[str, dict[str, dict[str, Any]]], targets: list[str], tr
             if c is None:
                 continue
             if not c["n"]:
-                lines.append(f"{LABELS[t]:<14}failed: {(c['failures'] or ['?'])[0]}"[:200])
+                lines.append(_failed_row(LABELS[t], c, 14))
                 continue
             ratios = ""
             if bridge and bridge["n"] and t != "bridge":
@@ -569,7 +577,7 @@ def render(summary: dict[str, dict[str, dict[str, Any]]], targets: list[str], tr
             lines.append(
                 f"{LABELS[t]:<14}{_f(c['rps'], ',.0f'):>9}{_f(c['p50'], '.3f'):>9}{_f(c['p99'], '.2f'):>9}{_f(c['setup_p99'], '.1f'):>10}"
                 f"{_f(c['rss'], '.1f'):>9}{_f(c['loadgen_cpu'] and c['loadgen_cpu'] * 100, '.0f'):>7}%{_f(c['loadgen_us'], '.0f'):>7}{_f(c['target_us'], '.0f'):>8}"
-                f"{_f(c['other_cpu'] and c['other_cpu'] * 100, '.0f'):>6}%{str(c['errors']) + '/' + str(c['misrouted']):>9}{ratios}"
+                f"{_noise_err(c)}{ratios}"
                 + (f"  ({len(c['failures'])} failed)" if c["failures"] else "")
             )
     return "\n".join(lines)
@@ -611,14 +619,14 @@ def render_transports(summaries: dict[str, dict[str, dict[str, dict[str, Any]]]]
         sse = base.get(wl, {}).get("bridge")
         for transport, c in rows:
             if not c["n"]:
-                lines.append(f"{TRANSPORTS[transport]:<17}failed: {(c['failures'] or ['?'])[0]}"[:200])
+                lines.append(_failed_row(TRANSPORTS[transport], c, 17))
                 continue
             vs = ""
             if sse and sse["n"] and transport != "sse":
                 vs = f"{_ratio(c['rps'], sse['rps']):>18}{_ratio(c['target_us'], sse['target_us']):>8}"
             lines.append(
                 f"{TRANSPORTS[transport]:<17}{_f(c['rps'], ',.0f'):>9}{_f(c['target_us'], '.0f'):>8}{_f(c['p50'], '.3f'):>9}"
-                f"{_f(c['other_cpu'] and c['other_cpu'] * 100, '.0f'):>6}%{str(c['errors']) + '/' + str(c['misrouted']):>9}{vs}"
+                f"{_noise_err(c)}{vs}"
             )
     return "\n".join(lines)
 
