@@ -8,12 +8,18 @@ Library and command line. Modes:
 - `streamable`: Streamable HTTP. Each POST carries `Accept: application/json,
   text/event-stream` (and `Mcp-Session-Id` after initialize); the reply is
   read as JSON or as an SSE body, whichever the server chose.
+- `stateless`: Streamable HTTP at 2026-07-28: no `initialize` and no session.
+  A "session" is one client with its own connections; it asks `server/discover`
+  first (as `mcp.Client` does by default) and every POST carries the revision
+  and the client's capabilities in `params._meta` and the `MCP-Protocol-Version`,
+  `Mcp-Method` and `Mcp-Name` headers.
 - `direct`: spawns the server command and speaks newline-delimited JSON-RPC
   on its stdin/stdout; the N sessions are independent id spaces on that one
   pipe (the floor every bridge adds to).
 
 Every session first sends `initialize` and `notifications/initialized`
-(session setup = connect until the initialize response). Each call carries a
+(session setup = connect until the initialize response; in `stateless` mode
+the `server/discover` round trip instead). Each call carries a
 token `s<session>c<call>|` (the start of the echo text, or the blob's tag), and
 every response is checked: its id is one in flight for that session, its
 text is exactly what was sent (echo) or has the right length and tag (blob);
@@ -27,6 +33,7 @@ orjson when importable, and no garbage collection while it runs. Its CPU
 share (own user+sys / wall / cores) is in the report.
 
     python bench/load.py --mode sse --url http://127.0.0.1:8080/servers/bench/sse -n 50 -k 200 -c 1
+    python bench/load.py --mode stateless --url http://127.0.0.1:8080/servers/bench/mcp -n 200 -k 20 -c 1
     python bench/load.py --mode direct -n 1 -k 2000
 """
 
@@ -62,14 +69,15 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SERVER = os.path.join(HERE, "server.py")
 DEFAULT_SERVER_CMD = [sys.executable, "-S", SERVER]
 PROTOCOL_VERSION = "2025-11-25"
+MODERN_VERSION = "2026-07-28"
 ID_SPACE = 10_000_000  # direct mode: session i uses ids i*ID_SPACE + 0..K
 perf = time.perf_counter
 
 
 @dataclass
 class LoadConfig:
-    mode: str = "sse"  # sse | streamable | direct
-    url: str = ""  # sse: the GET url; streamable: the endpoint url
+    mode: str = "sse"  # sse | streamable | stateless | direct
+    url: str = ""  # sse: the GET url; streamable, stateless: the endpoint url
     server_cmd: list[str] = field(default_factory=lambda: list(DEFAULT_SERVER_CMD))  # direct
     sessions: int = 1
     calls: int = 100  # per session
@@ -481,6 +489,7 @@ class Session:
     """One client session: setup, then K calls with C in flight, driven by callbacks."""
 
     transport_name = "none"
+    call_meta = b""  # JSON members added to every tools/call's params (after `arguments`)
 
     def __init__(self, run: Run, idx: int, id_base: int = 0) -> None:
         self.run = run
@@ -503,7 +512,9 @@ class Session:
             self._call_fmt = (
                 b'{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"echo","arguments":{"text":"%s'
                 + b"%s"
-                + b'"}}}'
+                + b'"}'
+                + self.call_meta
+                + b"}}"
             )
         else:
             extra = b',"pad":"%s"' if cfg.in_bytes else b"%s"
@@ -512,7 +523,9 @@ class Session:
                 + str(cfg.out_bytes).encode()
                 + b',"tag":"%s"'
                 + extra
-                + b"}}}"
+                + b"}"
+                + self.call_meta
+                + b"}}"
             )
 
     # -- what each transport provides
@@ -822,6 +835,61 @@ class StreamableSession(Session):
         self.pool.close()
 
 
+def modern_meta() -> dict[str, Any]:
+    """The `_meta` members every 2026-07-28 request carries (clientInfo is a SHOULD)."""
+    return {
+        "io.modelcontextprotocol/protocolVersion": MODERN_VERSION,
+        "io.modelcontextprotocol/clientCapabilities": {},
+        "io.modelcontextprotocol/clientInfo": {"name": "mcp-bridge-bench", "version": "1"},
+    }
+
+
+class StatelessSession(StreamableSession):
+    """A 2026-07-28 client: `server/discover` (its setup), then calls that each stand alone."""
+
+    transport_name = "stateless"
+    call_meta = b',"_meta":' + json.dumps(modern_meta(), separators=(",", ":")).encode()
+
+    def __init__(self, run: Run, idx: int, host: str, port: int, path: str) -> None:
+        super().__init__(run, idx, host, port, path)
+        self.protocol_version = MODERN_VERSION
+        self.discover_head = self._modern_head("server/discover", None)
+        self.head = self._modern_head("tools/call", run.tool)
+
+    def _modern_head(self, method: str, name: str | None) -> bytes:
+        extra = [
+            ("Content-Type", "application/json"),
+            ("Accept", "application/json, text/event-stream"),
+            ("MCP-Protocol-Version", MODERN_VERSION),
+            ("Mcp-Method", method),
+        ]
+        if name is not None:
+            extra.append(("Mcp-Name", name))
+        return request_head("POST", self.path, self.hostport, extra)
+
+    def initialize_body(self) -> bytes:
+        request = {"jsonrpc": "2.0", "id": self.init_id, "method": "server/discover", "params": {"_meta": modern_meta()}}
+        return json.dumps(request, separators=(",", ":")).encode()
+
+    def send(self, body: bytes, rid: Any) -> None:
+        head = self.discover_head if rid == self.init_id and not self.setup_done else self.head
+        self.pool.submit(post_bytes(head, body), rid)
+
+    def on_initialized(self, msg: dict[str, Any]) -> None:
+        result = msg.get("result")
+        versions = result.get("supportedVersions") if result.__class__ is dict else None
+        if versions.__class__ is not list or MODERN_VERSION not in versions:
+            self.fail_all(f"server/discover does not offer {MODERN_VERSION}: {str(msg)[:200]}")
+            return
+        super().on_initialized(msg)
+
+    def after_initialize(self) -> None:
+        pass  # no session id: the call head stays as it is
+
+    def send_notification(self, body: bytes) -> None:
+        self.begin_calls()  # 2026-07-28 has no notifications/initialized
+
+
 class DirectPipe(asyncio.SubprocessProtocol):
     """The server's stdout, split into lines and handed to the session that owns each id."""
 
@@ -946,6 +1014,8 @@ async def run_load(cfg: LoadConfig) -> dict[str, Any]:
             run.sessions = [SseSession(run, i, host, port, path) for i in range(cfg.sessions)]
         elif cfg.mode == "streamable":
             run.sessions = [StreamableSession(run, i, host, port, path) for i in range(cfg.sessions)]
+        elif cfg.mode == "stateless":
+            run.sessions = [StatelessSession(run, i, host, port, path) for i in range(cfg.sessions)]
         else:
             raise ValueError(f"unknown mode {cfg.mode!r}")
         target = cfg.url
@@ -1072,8 +1142,8 @@ def install_uvloop(enabled: bool = True) -> bool:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--mode", choices=["sse", "streamable", "direct"], default="sse")
-    p.add_argument("--url", default="", help="sse: the GET url (…/sse); streamable: the endpoint (…/mcp)")
+    p.add_argument("--mode", choices=["sse", "streamable", "stateless", "direct"], default="sse")
+    p.add_argument("--url", default="", help="sse: the GET url (…/sse); streamable, stateless: the endpoint (…/mcp)")
     p.add_argument("--server-cmd", default=None, help="direct: the server command line (default: python -S bench/server.py)")
     p.add_argument("-n", "--sessions", type=int, default=1)
     p.add_argument("-k", "--calls", type=int, default=100, help="calls per session")
@@ -1092,7 +1162,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.mode != "direct" and not args.url:
-        print("--url is required for sse and streamable", file=sys.stderr)
+        print("--url is required for sse, streamable and stateless", file=sys.stderr)
         return 2
     cfg = LoadConfig(
         mode=args.mode,

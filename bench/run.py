@@ -9,6 +9,7 @@ bench/results/<timestamp>.json.
     python bench/run.py                              # a-f, all targets found, 3 runs, HTTP+SSE
     python bench/run.py --workloads a,b --targets direct,bridge --runs 1
     python bench/run.py --transport streamable
+    python bench/run.py --transport sse,streamable,stateless --workloads a,c,d --targets direct,bridge
     python bench/run.py --idle 10000                 # the idle-sessions target (bench/idle.py)
 
 supergateway listens on every interface and has no host option, so when it is
@@ -70,6 +71,11 @@ TARGET_RSS_D_MIB = 64
 
 ALL_TARGETS = ["direct", "bridge", "supergateway", "mcp-proxy"]
 LABELS = {"direct": "direct stdio", "bridge": "mcp-bridge", "supergateway": "supergateway", "mcp-proxy": "mcp-proxy"}
+# The load generator's modes for the HTTP transports: HTTP+SSE (2024-11-05), Streamable HTTP
+# with 2025 sessions, and Streamable HTTP at 2026-07-28 (stateless, no session).
+TRANSPORTS = {"sse": "HTTP+SSE", "streamable": "Streamable 2025", "stateless": "2026-07-28"}
+# The other bridges serve a legacy server to legacy clients only.
+STATELESS_TARGETS = ("direct", "bridge")
 
 
 def log(msg: str) -> None:
@@ -246,7 +252,7 @@ class Target:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def url(self, transport: str) -> str:
-        return self.sse_url if transport == "sse" else self.streamable_url
+        return self.sse_url if transport == "sse" else self.streamable_url  # stateless shares the /mcp endpoint
 
     def stop(self) -> int | None:
         """SIGTERM the group we started, SIGKILL it after 10 s; returns the exit code."""
@@ -379,18 +385,18 @@ def load_command(workload: dict[str, Any], mode: str, url: str, args: argparse.N
     return cmd
 
 
-def one_run(wl_name: str, target_name: str, run_no: int, args: argparse.Namespace) -> dict[str, Any]:
+def one_run(wl_name: str, target_name: str, run_no: int, transport: str, args: argparse.Namespace) -> dict[str, Any]:
     """One fresh target, the workload once (or `--rounds` times on the same target), RSS sampled throughout."""
     workload = WORKLOADS[wl_name]
-    record: dict[str, Any] = {"workload": wl_name, "target": target_name, "run": run_no, "transport": args.transport}
+    record: dict[str, Any] = {"workload": wl_name, "target": target_name, "run": run_no, "transport": transport}
     rounds = 1 if target_name == "direct" else max(1, args.rounds)
     with tempfile.TemporaryDirectory(prefix="mcp-bridge-bench-") as workdir:
         target: Target | None = None
         sampler: Sampler | None = None
         try:
-            target = start_target(target_name, workdir, args.transport)
-            mode = "direct" if target_name == "direct" else args.transport
-            cmd = load_command(workload, mode, target.url(args.transport) if target.proc else "", args)
+            target = start_target(target_name, workdir, transport)
+            mode = "direct" if target_name == "direct" else transport
+            cmd = load_command(workload, mode, target.url(transport) if target.proc else "", args)
             record["command"] = " ".join(cmd)
             if target.proc is not None:
                 sampler = Sampler(target.proc.pid, interval=args.sample_interval)
@@ -540,13 +546,21 @@ def _ratio(a: float | None, b: float | None) -> str:
     return f"{a / b:.2f}x"
 
 
+def _failed_row(label: str, cell: dict[str, Any], width: int) -> str:
+    return f"{label:<{width}}failed: {(cell['failures'] or ['?'])[0]}"[:200]
+
+
+def _noise_err(cell: dict[str, Any]) -> str:
+    return f"{_f(cell['other_cpu'] and cell['other_cpu'] * 100, '.0f'):>6}%{str(cell['errors']) + '/' + str(cell['misrouted']):>9}"
+
+
 def render(summary: dict[str, dict[str, dict[str, Any]]], targets: list[str], transport: str) -> str:
     lines = []
     head = f"{'target':<14}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'setup p99':>10}{'RSS MiB':>9}{'lg CPU':>8}{'lg us':>7}{'tgt us':>8}{'noise':>7}{'err/mis':>9}   mcp-bridge / this: req/s   p50    RSS"
     for wl in WORKLOADS:
         if wl not in summary:
             continue
-        lines.append(f"\n{wl}: {WORKLOADS[wl]['title']} ({transport})")
+        lines.append(f"\n{wl}: {WORKLOADS[wl]['title']} ({TRANSPORTS[transport]})")
         lines.append(head)
         cells = summary[wl]
         bridge = cells.get("bridge")
@@ -555,7 +569,7 @@ def render(summary: dict[str, dict[str, dict[str, Any]]], targets: list[str], tr
             if c is None:
                 continue
             if not c["n"]:
-                lines.append(f"{LABELS[t]:<14}failed: {(c['failures'] or ['?'])[0]}"[:200])
+                lines.append(_failed_row(LABELS[t], c, 14))
                 continue
             ratios = ""
             if bridge and bridge["n"] and t != "bridge":
@@ -563,7 +577,7 @@ def render(summary: dict[str, dict[str, dict[str, Any]]], targets: list[str], tr
             lines.append(
                 f"{LABELS[t]:<14}{_f(c['rps'], ',.0f'):>9}{_f(c['p50'], '.3f'):>9}{_f(c['p99'], '.2f'):>9}{_f(c['setup_p99'], '.1f'):>10}"
                 f"{_f(c['rss'], '.1f'):>9}{_f(c['loadgen_cpu'] and c['loadgen_cpu'] * 100, '.0f'):>7}%{_f(c['loadgen_us'], '.0f'):>7}{_f(c['target_us'], '.0f'):>8}"
-                f"{_f(c['other_cpu'] and c['other_cpu'] * 100, '.0f'):>6}%{str(c['errors']) + '/' + str(c['misrouted']):>9}{ratios}"
+                f"{_noise_err(c)}{ratios}"
                 + (f"  ({len(c['failures'])} failed)" if c["failures"] else "")
             )
     return "\n".join(lines)
@@ -571,7 +585,7 @@ def render(summary: dict[str, dict[str, dict[str, Any]]], targets: list[str], tr
 
 def render_goals(summary: dict[str, dict[str, dict[str, Any]]], transport: str) -> str:
     """mcp-bridge against issue 7's targets (anchors are HTTP+SSE figures from the issue)."""
-    lines = [f"\nmcp-bridge against issue 7's targets ({transport}; anchors quoted from the issue, not measured here):"]
+    lines = [f"\nmcp-bridge against issue 7's targets ({TRANSPORTS[transport]}; anchors quoted from the issue, not measured here):"]
     for wl, (who, rps, p50, rss) in ANCHORS.items():
         c = summary.get(wl, {}).get("bridge")
         if not c or not c["n"]:
@@ -582,12 +596,38 @@ def render_goals(summary: dict[str, dict[str, dict[str, Any]]], transport: str) 
             + ("met" if ok else "MISSED")
         )
     a = summary.get("a", {})
-    if a.get("bridge", {}).get("n") and a.get("direct", {}).get("n"):
+    if a.get("bridge", {}).get("p50") is not None and a.get("direct", {}).get("p50") is not None:
         added = a["bridge"]["p50"] - a["direct"]["p50"]
         lines.append(f"  a: p50 added over direct {added:.3f} ms (goal <= {TARGET_ADDED_P50_MS} ms): " + ("met" if added <= TARGET_ADDED_P50_MS else "MISSED"))
     d = summary.get("d", {}).get("bridge")
     if d and d["n"]:
         lines.append(f"  d: peak RSS bridge+server {d['rss']:.1f} MiB (goal <= {TARGET_RSS_D_MIB} MiB): " + ("met" if d["rss"] <= TARGET_RSS_D_MIB else "MISSED"))
+    return "\n".join(lines)
+
+
+def render_transports(summaries: dict[str, dict[str, dict[str, dict[str, Any]]]]) -> str:
+    """mcp-bridge over each transport side by side, each against HTTP+SSE (issue 14: both
+    Streamable paths at least as fast and as cheap per call as HTTP+SSE on a, c and d)."""
+    base = summaries.get("sse", {})
+    head = f"{'transport':<17}{'req/s':>9}{'tgt us':>8}{'p50 ms':>9}{'noise':>7}{'err/mis':>9}   / HTTP+SSE: req/s  tgt us"
+    lines = ["\nmcp-bridge by transport (medians; tgt us: bridge + server CPU per answered call):"]
+    for wl in WORKLOADS:
+        rows = [(t, s[wl]["bridge"]) for t, s in summaries.items() if s.get(wl, {}).get("bridge")]
+        if not rows:
+            continue
+        lines += [f"\n{wl}: {WORKLOADS[wl]['title']}", head]
+        sse = base.get(wl, {}).get("bridge")
+        for transport, c in rows:
+            if not c["n"]:
+                lines.append(_failed_row(TRANSPORTS[transport], c, 17))
+                continue
+            vs = ""
+            if sse and sse["n"] and transport != "sse":
+                vs = f"{_ratio(c['rps'], sse['rps']):>18}{_ratio(c['target_us'], sse['target_us']):>8}"
+            lines.append(
+                f"{TRANSPORTS[transport]:<17}{_f(c['rps'], ',.0f'):>9}{_f(c['target_us'], '.0f'):>8}{_f(c['p50'], '.3f'):>9}"
+                f"{_noise_err(c)}{vs}"
+            )
     return "\n".join(lines)
 
 
@@ -629,7 +669,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workloads", default="a,b,c,d,e,f", help="comma-separated, from a-f")
     p.add_argument("--targets", default=None, help=f"comma-separated, from {','.join(ALL_TARGETS)} (default: all that are installed)")
-    p.add_argument("--transport", choices=["sse", "streamable"], default="sse")
+    p.add_argument("--transport", default="sse", help=f"comma-separated, from {','.join(TRANSPORTS)}: each gets its table, and with several, mcp-bridge's figures side by side")
     p.add_argument("--runs", type=int, default=3, help="fresh runs per workload and target (default 3)")
     p.add_argument("--rounds", type=int, default=1, help="run each workload this many times on the same target per run (e.g. d 10 times: is RSS flat?); the table shows round 1")
     p.add_argument("--call-timeout", type=float, default=30.0)
@@ -654,6 +694,11 @@ def main(argv: list[str] | None = None) -> int:
         return idle.main(["--sessions", str(args.idle), *(["--out", args.out] if args.out else []), *args.rest])
     if args.rest:
         log(f"unknown arguments: {' '.join(args.rest)}")
+        return 2
+    transports = [t.strip() for t in args.transport.split(",") if t.strip()]
+    bad = [t for t in transports if t not in TRANSPORTS]
+    if bad or not transports:
+        log(f"unknown transports: {', '.join(bad) or '(none)'} (known: {', '.join(TRANSPORTS)})")
         return 2
     workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
     bad = [w for w in workloads if w not in WORKLOADS]
@@ -693,27 +738,41 @@ def main(argv: list[str] | None = None) -> int:
 
     started = dt.datetime.now()
     records: list[dict[str, Any]] = []
+    skipped = [t for t in targets if t not in STATELESS_TARGETS]
+    if "stateless" in transports and skipped:
+        log(f"stateless: only {', '.join(STATELESS_TARGETS)} (not {', '.join(skipped)}: they serve a legacy server to legacy clients only)")
     for wl in workloads:
         for run_no in range(1, args.runs + 1):
-            for t in targets:  # interleaved, so slow drift on the machine hits every target alike
-                rec = one_run(wl, t, run_no, args)
+            # Interleaved, so slow drift on the machine hits every target and transport alike;
+            # direct speaks stdio, so it runs once per run whatever the transports.
+            for transport, t in [(tr, t) for tr in transports for t in targets if (tr == transports[0] or t != "direct")]:
+                if transport == "stateless" and t not in STATELESS_TARGETS:
+                    continue
+                rec = one_run(wl, t, run_no, transport, args)
                 records.append(rec)
                 if not args.quiet:
+                    label = f"{LABELS[t]} ({TRANSPORTS[transport]})" if t != "direct" else LABELS[t]
                     if "load" in rec:
                         x = rec["load"]
                         log(
-                            f"{wl} run {run_no} {LABELS[t]:<13} {x['rps']:>9,.0f} req/s  p50 {x['latency_ms']['p50']} ms  p99 {x['latency_ms']['p99']} ms  "
+                            f"{wl} run {run_no} {label:<30} {x['rps']:>9,.0f} req/s  p50 {x['latency_ms']['p50']} ms  p99 {x['latency_ms']['p99']} ms  "
                             f"RSS {rec['peak_rss_mib']} MiB  lg CPU {x['loadgen_cpu_share']:.0%}  noise {rec['other_cpu_share']:.0%}  "
                             f"err {x['errors']} mis {x['misrouted']}" + (f"  e.g. {x['error_samples'][0][:120]}" if x["error_samples"] else "")
                         )
                     else:
-                        log(f"{wl} run {run_no} {LABELS[t]:<13} FAILED: {rec['failure'][:300]}")
-    summary = summarize(records)
-    table = render(summary, targets, args.transport)
-    goals = render_goals(summary, args.transport) if "bridge" in targets else ""
+                        log(f"{wl} run {run_no} {label:<30} FAILED: {rec['failure'][:300]}")
+    summaries = {
+        transport: summarize([r for r in records if r["transport"] == transport or r["target"] == "direct"]) for transport in transports
+    }
+    tables = [render(summary, targets, transport) for transport, summary in summaries.items()]
+    goals_list = [render_goals(summary, transport) for transport, summary in summaries.items()] if "bridge" in targets else []
+    side_by_side = render_transports(summaries) if len(transports) > 1 and "bridge" in targets else ""
+    table, goals = "\n".join(tables), "\n".join(goals_list)
     print(table)
     if goals:
         print(goals)
+    if side_by_side:
+        print(side_by_side)
     rounds_text = render_rounds(records)
     if rounds_text:
         print(rounds_text)
@@ -728,7 +787,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = {
         "started": started.isoformat(timespec="seconds"),
         "argv": argv,
-        "transport": args.transport,
+        "transport": transports,
         "runs": args.runs,
         "rounds": args.rounds,
         "workloads": {w: WORKLOADS[w] for w in workloads},
@@ -742,7 +801,7 @@ def main(argv: list[str] | None = None) -> int:
         "versions": _versions(targets),
     }
     with open(out, "w") as f:
-        json.dump({"meta": meta, "summary": summary, "table": table, "goals": goals, "rounds": rounds_text, "records": records}, f, indent=1)
+        json.dump({"meta": meta, "summary": summaries, "table": table, "goals": goals, "transports": side_by_side, "rounds": rounds_text, "records": records}, f, indent=1)
     print(f"raw results: {os.path.relpath(out, os.getcwd())}")
     return 0
 

@@ -76,11 +76,15 @@ class Wire:
         self._lock = threading.Lock()
 
     def send(self, message: JSON) -> None:
+        self.send_all([message])
+
+    def send_all(self, messages: list[JSON]) -> None:
+        """Several messages in one write, so a reader gets them as one burst."""
         # json.dumps escapes control characters, so one message is always one line.
-        line = json.dumps(message, ensure_ascii=False, separators=(",", ":")) + "\n"
+        data = "".join(json.dumps(m, ensure_ascii=False, separators=(",", ":")) + "\n" for m in messages).encode("utf-8")
         with self._lock:
             try:
-                self._stream.write(line.encode("utf-8"))
+                self._stream.write(data)
                 self._stream.flush()
             except (BrokenPipeError, ValueError, OSError):
                 # Nobody is listening any more; there is nothing useful left to do.
@@ -562,7 +566,8 @@ class DemoServer:
         return {"completion": {"values": values, "total": len(values), "hasMore": False}}
 
 
-def main() -> None:
+def serve_stdio(server: Callable[[Wire], DemoServer]) -> None:
+    """Runs `server` (DemoServer or a subclass) on stdin/stdout until stdin closes."""
     logging.basicConfig(
         stream=sys.stderr,
         level=os.environ.get("MCP_DEMO_LOG_LEVEL", "WARNING").upper(),
@@ -572,10 +577,14 @@ def main() -> None:
     # Anything that print()s by accident must not corrupt the protocol stream.
     sys.stdout = sys.stderr
     try:
-        DemoServer(wire).serve(sys.stdin.buffer)
+        server(wire).serve(sys.stdin.buffer)
     except KeyboardInterrupt:
         pass
     _exit(0)
+
+
+def main() -> None:
+    serve_stdio(DemoServer)
 
 
 if __name__ == "__main__":
