@@ -148,14 +148,18 @@ def prepare(probe: Probe) -> Groups | str:
     group = probe.group
     if group is None:
         return probe.why_not
+    moved = False
     try:
         if "memory" not in (group / "cgroup.subtree_control").read_text().split():
             if not probe.root:
-                leaf = group / LEAF
-                leaf.mkdir(exist_ok=True)
-                (leaf / "cgroup.procs").write_text(str(os.getpid()))
+                (group / LEAF).mkdir(exist_ok=True)
+                (group / LEAF / "cgroup.procs").write_text(str(os.getpid()))
+                moved = True
             (group / "cgroup.subtree_control").write_text("+memory")
     except OSError as exc:
+        if moved:  # back where it was: it moved only to make room for the servers' groups
+            with contextlib.suppress(OSError):
+                (group / "cgroup.procs").write_text(str(os.getpid()))
         if exc.errno == errno.EBUSY:
             return f"other processes share the daemon's cgroup {group}, so it cannot hold the servers' groups"
         return f"cannot set up memory cgroups under {group}: {exc.strerror}"

@@ -10,6 +10,7 @@ one's memory controller is in cgroup v1).
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import os
 import resource
@@ -146,6 +147,25 @@ async def test_a_server_group_is_made_limited_joined_read_and_removed_on_a_v2_ho
     assert not group.path.exists()
 
 
+def test_a_daemon_sharing_its_group_with_other_processes_moves_back_and_falls_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    paths = fake_tree(tmp_path, V2_MOUNTS, "/user.slice/session-1.scope", "/sys/fs/cgroup", "memory")
+    own = tmp_path / "sys/fs/cgroup/user.slice/session-1.scope"
+    write_text = Path.write_text
+
+    def refuse_controllers(path: Path, data: str) -> int:
+        if path.name == "cgroup.subtree_control":
+            raise OSError(errno.EBUSY, "Device or resource busy")  # what the kernel says: processes are in it
+        return write_text(path, data)
+
+    monkeypatch.setattr(Path, "write_text", refuse_controllers)
+    assert cgroups.prepare(cgroups.detect(*paths)) == (
+        f"other processes share the daemon's cgroup {own}, so it cannot hold the servers' groups"
+    )
+    assert (own / "cgroup.procs").read_text() == str(os.getpid())  # moved back out of the leaf
+
+
 def test_which_limit_ended_a_process() -> None:
     limits = Rlimits(memory=256 * MiB, cpu_time=1, processes=20, open_files=64)
     assert confine.exit_cause(-9, limits, 1, []) == confine.Cause("memory", True)
@@ -189,7 +209,7 @@ async def test_a_fork_bomb_run_as_nobody_is_stopped_by_the_process_limit(bridge:
         status = Path(f"/proc/{pid}/status").read_text()
         assert f"Uid:\t{nobody.pw_uid}\t" in status and f"Gid:\t{nobody.pw_gid}\t" in status
         groups = next(line for line in status.splitlines() if line.startswith("Groups:")).split()[1:]
-        assert "0" not in groups  # none of the daemon's (root's) groups
+        assert sorted(map(int, groups)) == sorted(set(os.getgrouplist("nobody", nobody.pw_gid)))  # its own, not root's
         env = json.loads(text_of(await tool(c, "environ", request_id="env")))
         assert (env["USER"], env["LOGNAME"], env["HOME"]) == ("nobody", "nobody", nobody.pw_dir)
         expected_cwd = nobody.pw_dir if os.path.isdir(nobody.pw_dir) else "/"
