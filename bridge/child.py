@@ -134,7 +134,7 @@ class Child:
         self.rlimits = rlimits
         self.identity = identity
         self._memory_groups = memory_groups
-        self.memory_group: cgroups.MemoryGroup | None = None
+        self._memory_group: cgroups.MemoryGroup | None = None
         self.oom_kills = 0  # processes the memory cgroup's OOM killer ended, known once it has exited
         self._on_input_blocked = on_input_blocked
         self._stderr = LineFramer(STDERR_LINE_LIMIT, self._stderr_line, self._stderr_oversize)
@@ -153,12 +153,13 @@ class Child:
         self._closed = loop.create_future()
         group = None
         if self.rlimits.memory is not None and self._memory_groups is not None:
-            group = self.memory_group = self._memory_groups.create(self.server, int(self.rlimits.memory))
+            group = self._memory_group = self._memory_groups.create(self.server, int(self.rlimits.memory))
         try:
             await self._spawn(loop, group)
         except BaseException:
             if group is not None:
-                await group.remove()
+                with contextlib.suppress(OSError):  # the spawn's own error is the one to report
+                    await group.remove()
             raise
         finally:
             if group is not None:
@@ -281,7 +282,7 @@ class Child:
         # Let the last stdout bytes arrive before the exit is reported.
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(self._closed), 2.0)
-        if (group := self.memory_group) is not None:
+        if (group := self._memory_group) is not None:
             self.oom_kills = group.oom_kills()
             try:
                 await group.remove()

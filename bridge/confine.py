@@ -61,12 +61,10 @@ def identity(server: Server) -> Identity | None:
     entry = None
     if server.user is None:
         uid = os.geteuid()
+        entry = _user_entry(uid)
     elif isinstance(server.user, int) or server.user.isdigit():
         uid = int(server.user)
-        try:
-            entry = pwd.getpwuid(uid)
-        except KeyError:
-            pass
+        entry = _user_entry(uid)
     else:
         try:
             entry = pwd.getpwnam(server.user)
@@ -84,21 +82,28 @@ def identity(server: Server) -> Identity | None:
             gid = grp.getgrnam(server.group).gr_gid
         except KeyError:
             raise NoIdentity("group", f"no group named {server.group!r} on this host") from None
+    # Only `group` given: the daemon's user with that one group, none of the daemon's others.
     groups = os.getgrouplist(entry.pw_name, gid) if entry is not None and server.user is not None else [gid]
     return Identity(uid, gid, tuple(groups), entry.pw_name if entry else None, entry.pw_dir if entry else None)
 
 
-def user_env(env: dict[str, str], who: Identity, own: Mapping[str, str]) -> dict[str, str]:
-    """`env` for a server run as `who`: its HOME, USER and LOGNAME, none of the daemon
-    user's OWN_USER_ENV; what the server's `own` env sets stays."""
-    for name in OWN_USER_ENV:
-        if name not in own:
-            env.pop(name, None)
-    if who.name is not None:
-        for name, value in (("HOME", who.home or "/"), ("USER", who.name), ("LOGNAME", who.name)):
-            if name not in own:
-                env[name] = value
-    return env
+def _user_entry(uid: int) -> pwd.struct_passwd | None:
+    try:
+        return pwd.getpwuid(uid)
+    except KeyError:
+        return None
+
+
+def user_env(env: dict[str, str], who: Identity, own: Mapping[str, str]) -> None:
+    """Make `env` that of a server run as `who`: its HOME (or /), USER and LOGNAME, none of
+    the daemon user's OWN_USER_ENV; what the server's `own` env sets stays."""
+    name = who.name or str(who.uid)
+    for key, value in (("HOME", who.home or "/"), ("USER", name), ("LOGNAME", name)):
+        if key not in own:
+            env[key] = value
+    for key in OWN_USER_ENV:
+        if key not in own:
+            env.pop(key, None)
 
 
 def working_dir(server: Server, who: Identity | None) -> str | None:
@@ -176,10 +181,15 @@ def host_problems(config: Config) -> list[str]:
             continue
         if who is not None and not root:
             key = "user" if server.user is not None else "group"
-            problems.append(f"{where}.{key}: running a server as another user needs the daemon to run as root (it runs as uid {os.geteuid()})")
+            problems.append(
+                f"{where}.{key}: running a server as another user or group needs the daemon to run as root "
+                f"(it runs as uid {os.geteuid()})"
+            )
             continue
         if server.rlimits.processes is not None and (who.uid if who is not None else os.geteuid()) == 0:
-            problems.append(f"{where}.rlimits.processes: the kernel does not apply it to root, as which the server would run: set {where}.user")
+            problems.append(
+                f"{where}.rlimits.processes: the kernel does not apply it to root, as which the server would run: set {where}.user"
+            )
         if server.sandbox is not None and (why := probe_sandbox(server, who)) is not None:
             problems.append(f"{where}.sandbox: {why}; the server is not run unsandboxed")
     return problems

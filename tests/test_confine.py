@@ -26,6 +26,7 @@ from test_operations import scrape
 from test_supervision import FAST_RESTART, get_json, text_of, tool
 
 from bridge import cgroups, confine
+from bridge.child import Child
 from bridge.config import Rlimits, Sandbox, Server
 
 MiB = 1024 * 1024
@@ -147,6 +148,34 @@ async def test_a_server_group_is_made_limited_joined_read_and_removed_on_a_v2_ho
     assert not group.path.exists()
 
 
+async def test_a_server_process_joins_its_memory_group_before_exec_instead_of_an_address_space_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_open = os.open
+    monkeypatch.setattr(os, "open", lambda path, flags, mode=0o644: real_open(path, flags | os.O_CREAT, mode))
+    parent = tmp_path / "group"
+    parent.mkdir()
+    child = Child(
+        server="m",
+        command=PY,
+        args=["-c", "import sys; sys.stdin.read()"],
+        max_line=MiB,
+        input_limit=MiB,
+        rlimits=Rlimits(memory=256 * MiB),
+        memory_groups=cgroups.Groups(parent),
+        on_line=lambda line: None,
+        on_oversize=lambda size, head, tail: None,
+    )
+    await child.start()
+    [group] = parent.iterdir()
+    assert (group / "cgroup.procs").read_text() == "0"  # written by the child itself, before exec
+    assert (group / "memory.max").read_text() == str(256 * MiB)
+    assert "unlimited" in next(line for line in Path(f"/proc/{child.pid}/limits").read_text().splitlines() if "address space" in line)
+    (group / "memory.events").write_text("oom 1\noom_kill 1\n")
+    await child.stop(5)
+    assert child.oom_kills == 1
+
+
 def test_a_daemon_sharing_its_group_with_other_processes_moves_back_and_falls_back(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -263,8 +292,22 @@ def test_users_and_groups_are_checked_against_this_host(monkeypatch: pytest.Monk
     )
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     assert problems(user="nobody") == [
-        "servers.s.user: running a server as another user needs the daemon to run as root (it runs as uid 1000)"
+        "servers.s.user: running a server as another user or group needs the daemon to run as root (it runs as uid 1000)"
     ]
+
+
+def test_a_server_run_as_another_user_gets_that_users_environment_not_the_daemons() -> None:
+    from bridge.gateway import child_env
+
+    who = confine.Identity(65534, 65534, (65534,), "nobody", "/nonexistent")
+    daemon = {"PATH": "/usr/bin", "HOME": "/root", "USER": "root", "XDG_CACHE_HOME": "/root/.cache", "XDG_RUNTIME_DIR": "/run/user/0"}
+    env = child_env(Server(command="x", env={"XDG_CACHE_HOME": "/srv/cache"}), daemon, who)
+    assert (env["HOME"], env["USER"], env["LOGNAME"]) == ("/nonexistent", "nobody", "nobody")
+    assert env["XDG_CACHE_HOME"] == "/srv/cache" and "XDG_RUNTIME_DIR" not in env  # the server's own env stays
+    assert child_env(Server(command="x"), daemon)["HOME"] == "/root"  # as the daemon: unchanged
+    # Only a group: the daemon's user, with that one group and none of the daemon's others.
+    only_group = confine.identity(Server(command="x", group=65534))
+    assert only_group is not None and (only_group.uid, only_group.gid, only_group.groups) == (os.geteuid(), 65534, (65534,))
 
 
 def _has_uid(uid: int) -> bool:
