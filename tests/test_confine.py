@@ -10,12 +10,15 @@ one's memory controller is in cgroup v1).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import json
 import os
-import resource
 import pwd
+import resource
+import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -212,10 +215,11 @@ def test_which_limit_ended_a_process() -> None:
 
 
 def python_for(user: str) -> str | None:
-    """An interpreter `user` may run (this one may live in root's home)."""
+    """An interpreter `user` may run tests/servers/faulty.py with (this one may live in root's home)."""
+    readable = f"open({str(SERVERS / 'faulty.py')!r}).close()"
     for candidate in (PY, "/usr/bin/python3", "/usr/local/bin/python3"):
         try:
-            if subprocess.run([candidate, "-c", "pass"], user=user, capture_output=True, timeout=10).returncode == 0:
+            if subprocess.run([candidate, "-c", readable], user=user, capture_output=True, timeout=10).returncode == 0:
                 return candidate
         except OSError:
             continue
@@ -229,7 +233,7 @@ needs_root = pytest.mark.skipif(not IS_ROOT, reason="running a server as another
 async def test_a_fork_bomb_run_as_nobody_is_stopped_by_the_process_limit(bridge: Any) -> None:
     python = python_for("nobody")
     if python is None:
-        pytest.skip("no Python interpreter that user nobody may run")
+        pytest.skip("user nobody can run no Python interpreter on tests/servers/faulty.py here")
     nobody = pwd.getpwnam("nobody")
     config = {"servers": {"bomb": faulty_as(python, user="nobody", rlimits={"processes": 20})}}
     async with bridge(config) as b, RawSse(b.url("bomb")) as c:
@@ -263,7 +267,7 @@ async def test_a_limit_the_child_cannot_take_on_fails_its_start_saying_which(bri
     with the step and the reason, and the daemon carries on."""
     python = python_for("nobody")
     if python is None:
-        pytest.skip("no Python interpreter that user nobody may run")
+        pytest.skip("user nobody can run no Python interpreter on tests/servers/faulty.py here")
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     if hard == resource.RLIM_INFINITY:
         pytest.skip("no hard limit on open files to go past")
@@ -425,3 +429,31 @@ def test_the_sandbox_command_line() -> None:
     assert argv[argv.index("--cap-drop") + 1] == "ALL"
     assert argv[-3:] == ["--", "node", "server.js"]
     assert "--unshare-net" not in confine.bwrap_argv("bwrap", Sandbox(network=True), "node", [])
+
+
+@needs_bwrap
+@needs_root
+async def test_a_sandboxed_server_run_as_nobody(bridge: Any) -> None:
+    """The two together, as the README advises: bubblewrap then runs as that user (in a user
+    namespace), and the server writes only what is both writable in the sandbox and its own."""
+    python = python_for("nobody")
+    if python is None:
+        pytest.skip("user nobody can run no Python interpreter on tests/servers/faulty.py here")
+    nobody = pwd.getpwnam("nobody")
+    # Not under tmp_path: pytest's base directory is root's alone, and nobody could not reach it.
+    writable = Path(tempfile.mkdtemp(prefix="mcp-bridge-nobody-"))
+    os.chown(writable, nobody.pw_uid, nobody.pw_gid)
+    config = {"servers": {"boxed": faulty_as(python, user="nobody", sandbox={"writable": [str(writable)]})}}
+    async with contextlib.AsyncExitStack() as stack:
+        stack.callback(shutil.rmtree, writable)
+        b = await stack.enter_async_context(bridge(config))
+        c = await stack.enter_async_context(RawSse(b.url("boxed")))
+        await c.initialize()
+        pid = (await b.wait_for("server_started"))["pid"]
+        assert f"Uid:\t{nobody.pw_uid}\t" in Path(f"/proc/{pid}/status").read_text()  # bubblewrap itself
+        reply = await tool(c, "write", {"path": str(writable / "inside"), "text": "boxed"}, request_id="in")
+        assert text_of(reply) == "ok"
+        assert (writable / "inside").stat().st_uid == nobody.pw_uid
+        reply = await tool(c, "write", {"path": str(Path(ROOT) / "sandbox-escape")}, request_id="out")
+        assert text_of(reply).startswith("error: ")
+        assert not (Path(ROOT) / "sandbox-escape").exists()
