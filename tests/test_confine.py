@@ -457,3 +457,17 @@ async def test_a_sandboxed_server_run_as_nobody(bridge: Any) -> None:
         reply = await tool(c, "write", {"path": str(Path(ROOT) / "sandbox-escape")}, request_id="out")
         assert text_of(reply).startswith("error: ")
         assert not (Path(ROOT) / "sandbox-escape").exists()
+
+
+def test_sandbox_and_user_keys_are_validated() -> None:
+    from bridge.config import ConfigError, build
+
+    with pytest.raises(ConfigError) as caught:
+        build({"servers": {"s": {"command": "x", "user": -1, "sandbox": {"writable": ["rel/dir"], "net": True}}}}, "t")
+    assert caught.value.problems == [
+        "servers.s.user: expected `int` >= 0, got -1",
+        "servers.s.sandbox.net: unknown key (did you mean 'network'?)",
+    ]
+    with pytest.raises(ConfigError) as caught:
+        build({"servers": {"s": {"command": "x", "sandbox": {"writable": ["rel/dir"]}}}}, "t")
+    assert caught.value.problems == ["servers.s.sandbox.writable[0]: must be an absolute path, got 'rel/dir'"]
