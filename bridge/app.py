@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 import time
 
+import msgspec
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from . import admin, logs, policy, procstat, security, statuspage
+from . import admin, confine, logs, policy, procstat, security, statuspage
 from .config import Config
 from .gateway import Gateway
 from .metrics import Metrics
@@ -194,6 +195,14 @@ async def status(request: web.Request) -> web.Response:
     return web.json_response({"servers": {name: server_status(g) for name, g in request.app[GATEWAYS].items()}})
 
 
+def _memory_limit(gateway: Gateway) -> dict[str, str | None] | None:
+    """How a server's memory limit is enforced here: by a cgroup, or by the address space and why."""
+    if gateway.server.rlimits.memory is None:
+        return None
+    mechanism, why = confine.memory_mechanism()
+    return {"by": mechanism, "why": why}
+
+
 def server_status(gateway: Gateway) -> dict[str, object]:
     now = time.time()
     processes = []
@@ -210,6 +219,7 @@ def server_status(gateway: Gateway) -> dict[str, object]:
                 "uptime_s": round(now - sup.started_at, 3) if child is not None and sup.started_at else None,
                 "restarts": sup.restarts,
                 "last_exit_code": sup.last_exit,
+                "last_exit_limit": upstream.last_limit,  # the limit that most likely ended it
                 "failure": sup.failure,
                 "in_flight": upstream.mux.inflight(),
                 "tables": upstream.mux.table_sizes(),
@@ -221,6 +231,9 @@ def server_status(gateway: Gateway) -> dict[str, object]:
     return {
         "mode": gateway.server.mode,
         "rlimits": gateway.server.rlimits.named() or None,  # what each process runs under
+        "memory_limit": _memory_limit(gateway),
+        "user": launch.identity.describe() if (launch := gateway.launch).identity is not None else None,
+        "sandbox": msgspec.to_builtins(gateway.server.sandbox),
         "ready": gateway.readiness() is None,
         "sessions": len(gateway.sessions),
         "in_flight": gateway.inflight(),

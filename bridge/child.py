@@ -19,8 +19,9 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from . import logs
+from . import cgroups, logs
 from .config import Rlimits
+from .confine import Identity, spawn_as
 
 STDERR_LINE_LIMIT = 16 * 1024
 # A server may write to stderr as fast as it likes; the log takes a burst of this many
@@ -113,6 +114,8 @@ class Child:
         max_line: int,
         input_limit: int,
         rlimits: Rlimits = Rlimits(),
+        identity: Identity | None = None,  # run as this user; None: as the daemon
+        memory_groups: cgroups.Groups | None = None,  # rlimits.memory by a cgroup; None: by RLIMIT_AS
         on_line: Callable[[bytes], None],
         on_oversize: Callable[[int, bytes, bytes], None],
         on_batch: Callable[[], None] = lambda: None,
@@ -129,6 +132,10 @@ class Child:
         self._on_batch = on_batch
         self.input_limit = input_limit
         self.rlimits = rlimits
+        self.identity = identity
+        self._memory_groups = memory_groups
+        self._memory_group: cgroups.MemoryGroup | None = None
+        self.oom_kills = 0  # processes the memory cgroup's OOM killer ended, known once it has exited
         self._on_input_blocked = on_input_blocked
         self._stderr = LineFramer(STDERR_LINE_LIMIT, self._stderr_line, self._stderr_oversize)
         self._stderr_throttle = logs.Throttle(STDERR_RATE, STDERR_BURST)
@@ -144,19 +151,46 @@ class Child:
         loop = asyncio.get_running_loop()
         self._exited = loop.create_future()
         self._closed = loop.create_future()
-        await loop.subprocess_exec(
-            lambda: _Protocol(self),
-            self.command,
-            *self.args,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=self.env,
-            cwd=self.cwd,
-            start_new_session=True,
-            preexec_fn=_limiter(self.rlimits),
-        )
+        group = None
+        if self.rlimits.memory is not None and self._memory_groups is not None:
+            group = self._memory_group = self._memory_groups.create(self.server, int(self.rlimits.memory))
+        try:
+            await self._spawn(loop, group)
+        except BaseException:
+            if group is not None:
+                with contextlib.suppress(OSError):  # the spawn's own error is the one to report
+                    await group.remove()
+            raise
+        finally:
+            if group is not None:
+                group.spawned()
         self._log = self._log.bind(pid=self.pid)
+
+    async def _spawn(self, loop: asyncio.AbstractEventLoop, group: cgroups.MemoryGroup | None) -> None:
+        report, told = os.pipe()  # what the child could not do before exec, in its words
+        try:
+            await loop.subprocess_exec(
+                lambda: _Protocol(self),
+                self.command,
+                *self.args,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=self.env,
+                cwd=self.cwd,
+                start_new_session=True,
+                preexec_fn=_preexec(self.rlimits, group, told),
+                **spawn_as(self.identity),
+            )
+        except subprocess.SubprocessError as exc:
+            os.close(told)
+            told = -1
+            said = os.read(report, 1024).decode("utf-8", "replace")  # the child has exited: this does not wait
+            raise OSError(f"{said or exc} (before exec)") from None
+        finally:
+            os.close(report)
+            if told >= 0:
+                os.close(told)
 
     def send(self, data: bytes) -> Write:
         """Write one framed message (ending in a newline), unless stdin is gone or full."""
@@ -248,6 +282,12 @@ class Child:
         # Let the last stdout bytes arrive before the exit is reported.
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(self._closed), 2.0)
+        if (group := self._memory_group) is not None:
+            self.oom_kills = group.oom_kills()
+            try:
+                await group.remove()
+            except OSError as exc:
+                self._log.warning("memory_cgroup_not_removed", path=str(group.path), error=str(exc))
         if self._transport is not None:
             self._transport.close()
         if not self._exited.done():
@@ -286,29 +326,41 @@ class _Protocol(asyncio.SubprocessProtocol):
         self._child._connection_lost()
 
 
-def _limiter(limits: Rlimits) -> Callable[[], None] | None:
-    """What the child runs between fork and exec to take on its limits (None: no limits).
-    Only syscalls: nothing that could wait on a lock another thread of the daemon held."""
+def _preexec(limits: Rlimits, group: cgroups.MemoryGroup | None, report: int) -> Callable[[], None] | None:
+    """What the child runs between fork and exec (after subprocess has taken on its user):
+    join its memory cgroup, take on its limits (None: nothing to do). Only syscalls: nothing
+    that could wait on a lock another thread of the daemon held. What fails is written to
+    `report`, for the daemon's error."""
     settings = [
-        (kind, int(value))
-        for kind, value in (
-            (resource.RLIMIT_AS, limits.memory),
-            (resource.RLIMIT_CPU, limits.cpu_time),
-            (resource.RLIMIT_NOFILE, limits.open_files),
-            (resource.RLIMIT_NPROC, limits.processes),
+        (name, kind, int(value))
+        for name, kind, value in (
+            ("memory", resource.RLIMIT_AS, limits.memory if group is None else None),
+            ("cpu_time", resource.RLIMIT_CPU, limits.cpu_time),
+            ("open_files", resource.RLIMIT_NOFILE, limits.open_files),
+            ("processes", resource.RLIMIT_NPROC, limits.processes),
         )
         if value is not None
     ]
     nice = limits.nice
-    if not settings and nice is None:
+    join = group.join_fd if group is not None else None
+    if not settings and nice is None and join is None:
         return None
 
     def apply() -> None:
-        for kind, value in settings:
-            # CPU time: the soft limit sends SIGXCPU, which ends the process and says why;
-            # a hard limit equal to it would SIGKILL at the same moment, which says nothing.
-            resource.setrlimit(kind, (value, value + 1 if kind == resource.RLIMIT_CPU else value))
-        if nice is not None:
-            os.nice(nice)
+        step = "joining its memory cgroup"
+        try:
+            if join is not None:
+                os.write(join, b"0")
+            for name, kind, value in settings:
+                step = f"setting rlimits.{name}"
+                # CPU time: the soft limit sends SIGXCPU, which ends the process and says why;
+                # a hard limit equal to it would SIGKILL at the same moment, which says nothing.
+                resource.setrlimit(kind, (value, value + 1 if kind == resource.RLIMIT_CPU else value))
+            if nice is not None:
+                step = "setting rlimits.nice"
+                os.nice(nice)
+        except (OSError, ValueError) as exc:
+            os.write(report, f"{step}: {exc}".encode())
+            raise
 
     return apply

@@ -16,7 +16,7 @@ import msgspec
 import yaml
 from aiohttp import web
 
-from . import __version__, admin, logs, mcpservers, runtime
+from . import __version__, admin, confine, logs, mcpservers, runtime
 from .app import apply_config, create_app, drain, listening
 from .config import Config, ConfigError, Mode, build, listen_problems, load
 from .transports import fastpath
@@ -125,6 +125,7 @@ def _load(args: argparse.Namespace, notes: list[str] | None = None) -> Config:
         problems = [f"--host: {host!r} is not loopback and no token is set; set MCP_BRIDGE_TOKEN or MCP_BRIDGE_TOKEN_FILE"]
     if not 0 <= port <= 65535:
         problems.append(f"--port: {port} is not a port number")
+    problems += confine.host_problems(config)
     if problems:
         raise ConfigError(source, problems)
     return msgspec.structs.replace(config, listen=msgspec.structs.replace(config.listen, host=host, port=port))
@@ -190,6 +191,7 @@ def describe(config: Config, source: str) -> str:
     lines = [f"{source}: ok ({len(config.servers)} servers: {', '.join(config.servers)})"]
     for name, server in config.servers.items():
         lines.append(f"  {name} (mode {server.mode}): {server.command} {' '.join(server.args)}".rstrip())
+        lines += [f"    {line}" for line in confine.describe(server)]
         lines.append(f"    {base}/servers/{name}/mcp  Streamable HTTP (protocol 2025-03-26 and later)")
         lines.append(f"    {base}/servers/{name}/sse  HTTP+SSE (protocol 2024-11-05)")
     if listen.port == 0:

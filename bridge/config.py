@@ -214,7 +214,7 @@ class Restart(Struct, frozen=True):
 class Rlimits(Struct, frozen=True):
     """Limits the kernel puts on a server process, set in the child before exec."""
 
-    memory: Size | None = None  # address space (RLIMIT_AS)
+    memory: Size | None = None  # a memory cgroup's memory.max where cgroup v2 allows, else address space (RLIMIT_AS)
     cpu_time: Duration | None = None  # CPU seconds (RLIMIT_CPU): SIGXCPU, then SIGKILL
     open_files: PositiveInt | None = None  # RLIMIT_NOFILE
     processes: PositiveInt | None = None  # RLIMIT_NPROC: per user, and not applied to root
@@ -224,6 +224,16 @@ class Rlimits(Struct, frozen=True):
         """The limits set, as the README names them: for messages and logs."""
         values = ((name, getattr(self, name)) for name in self.__struct_fields__)
         return ", ".join(f"{name} {value:g}" if isinstance(value, float) else f"{name} {value}" for name, value in values if value is not None)
+
+
+class Sandbox(Struct, frozen=True):
+    """Run the server under bubblewrap: a read-only root, a private /tmp, no network unless allowed."""
+
+    writable: tuple[str, ...] = ()  # absolute paths the server may write (bound read-write)
+    network: bool = False
+
+
+UserId = Annotated[int, msgspec.Meta(ge=0)] | str  # a name, or a number
 
 
 class Server(Struct, frozen=True):
@@ -240,6 +250,9 @@ class Server(Struct, frozen=True):
     attribution_window: Duration = Duration(0.25)
     max_sessions: PositiveInt | None = None
     rlimits: Rlimits = Rlimits()
+    user: UserId | None = None  # run as this user (the daemon must be root)
+    group: UserId | None = None  # and group; None: the user's own
+    sandbox: Sandbox | None = None
     tools: Filter = Filter()  # which tools clients see and may call
     prompts: Filter = Filter()
     resources: Filter = Filter()  # by uri
@@ -508,6 +521,9 @@ def _semantic_problems(config: Config) -> list[str]:
         for i, root in enumerate(server.roots or ()):
             if not root.startswith("file://"):
                 problems.append(f"{where}.roots[{i}]: roots must be file:// URIs, got {root!r}")
+        for i, path in enumerate(server.sandbox.writable if server.sandbox is not None else ()):
+            if not os.path.isabs(path):
+                problems.append(f"{where}.sandbox.writable[{i}]: must be an absolute path, got {path!r}")
         for i, pattern in enumerate(server.inherit_env):
             if not ENV_PATTERN.match(pattern):
                 problems.append(

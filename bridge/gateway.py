@@ -11,14 +11,13 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import signal
 import sys
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from . import __version__, jsonrpc, logs
+from . import __version__, confine, jsonrpc, logs
 from .child import Child, Write
 from .config import Limits, RateLimit, Server
 from .jsonrpc import Message, ProtocolError
@@ -64,6 +63,7 @@ class Upstream:
         self._stall: asyncio.TimerHandle | None = None  # armed while the server's input is backed up
         self.refused = 0  # messages not written since its input backed up
         self.child: Child | None = None
+        self.last_limit: str | None = None  # the limit that most likely ended its last process
         self.supervisor = Supervisor(
             server=label,
             make_child=self._make_child,
@@ -74,16 +74,18 @@ class Upstream:
         self._log = gateway.log
 
     def _make_child(self) -> Child:
-        cfg = self.gateway.server
+        launch = self.gateway.launch
         return Child(
             server=self.gateway.name,
-            command=cfg.command,
-            args=cfg.args,
+            command=launch.argv[0],
+            args=launch.argv[1:],
             env=self.gateway.child_env,
-            cwd=cfg.cwd,
+            cwd=launch.cwd,
             max_line=self.gateway.limits.max_message_bytes,
             input_limit=self.gateway.limits.input_buffer(),
-            rlimits=cfg.rlimits,
+            rlimits=self.gateway.server.rlimits,
+            identity=launch.identity,
+            memory_groups=launch.memory_groups,
             on_line=self.on_line,
             on_oversize=self.on_oversize,
             on_batch=self.gateway.flush,
@@ -137,11 +139,23 @@ class Upstream:
         self._cancel_stall()
         self.gateway.metrics.restarts += 1
         reason = "server process could not be started" if code is None else f"server process exited with code {code}"
-        if code is not None and (limits := self.gateway.server.rlimits.named()):
-            # The kernel does not say which limit ended a process, except CPU time (SIGXCPU).
-            likely = "its CPU time limit stopped it" if code == -signal.SIGXCPU else "one of them may have stopped it"
+        rlimits = self.gateway.server.rlimits
+        self.last_limit = None
+        if code is not None and (limits := rlimits.named()) and (last := self.supervisor.child) is not None:
+            cause = confine.exit_cause(code, rlimits, last.oom_kills, last.stderr_tail())
+            likely = cause.likely() if cause is not None else "one of them may have stopped it"
             reason += f"; it runs under limits ({limits}): {likely}"
-            self._log.warning("server_exited_under_limits", exit_code=code, rlimits=limits, likely=likely)
+            if cause is not None:
+                self.last_limit = cause.limit
+                self.gateway.metrics.limit_kills[cause.limit] += 1
+            self._log.warning(
+                "server_exited_under_limits",
+                exit_code=code,
+                rlimits=limits,
+                likely=likely,
+                limit=self.last_limit,
+                said=cause.said if cause is not None else None,
+            )
         self.gateway.apply(self, self.mux.server_exited(reason))
 
     def on_failed(self, reason: str) -> None:
@@ -222,7 +236,8 @@ class Gateway:
         self.max_sessions = server.max_sessions or limits.max_sessions
         self.sessions: dict[str, Session] = {}
         self.log = logs.get(server=name)
-        self.child_env = child_env(server, os.environ)
+        self.launch = confine.launch(server)
+        self.child_env = child_env(server, os.environ, self.launch.identity)
         self._shared: Upstream | None = None
         self._upstreams: dict[str, Upstream] = {}  # session id -> its upstream
         self._by_principal: dict[str | None, Upstream] = {}  # per-principal mode
@@ -603,14 +618,17 @@ CHILD_ENV = (
 )
 
 
-def child_env(server: Server, environ: Mapping[str, str]) -> dict[str, str]:
+def child_env(server: Server, environ: Mapping[str, str], who: confine.Identity | None = None) -> dict[str, str]:
     """A server's environment: the CHILD_ENV and `inherit_env` variables of `environ`,
-    then the server's own `env` over them."""
+    then the server's own `env` over them; for a server run as another user (`who`),
+    that user's HOME, USER and LOGNAME."""
     patterns = CHILD_ENV + server.inherit_env
     names = {p for p in patterns if not p.endswith("*")}
     prefixes = tuple(p[:-1] for p in patterns if p.endswith("*"))
     env = {k: v for k, v in environ.items() if k in names or k.startswith(prefixes)}
     env.update(server.env)
+    if who is not None:
+        confine.user_env(env, who, server.env)
     # Commands installed beside the bridge (its own venv's bin/) should resolve
     # even when that directory is not on PATH; appended, so it shadows nothing.
     own_bin = os.path.dirname(sys.executable)

@@ -121,6 +121,7 @@ class ServerMetrics:
         self.sessions_opened: Counter[str] = Counter()
         self.sessions_dropped: Counter[str] = Counter()
         self.errors: Counter[str] = Counter()  # by code_label
+        self.limit_kills: Counter[str] = Counter()  # processes ended by a limit, by rlimits key
         # CPU seconds of the server's processes: each one's last reading, by (pid, start
         # time), and the sum of those of the processes that have exited since.
         self._cpu_seen: dict[tuple[int, int], float] = {}
@@ -270,7 +271,15 @@ class _Collector(Collector):
             "last reading at a scrape).",
             labels=["server"],
         )
+        limit_kills = CounterMetricFamily(
+            f"{PREFIX}_server_limit_kills",
+            "Server processes ended by one of their rlimits, by limit (memory, cpu_time, processes, open_files): "
+            "sure for an OOM kill in a memory cgroup and for CPU time, else what the process said on stderr.",
+            labels=["server", "limit"],
+        )
         for m in all_metrics:
+            for limit, n in sorted(m.limit_kills.items()):
+                limit_kills.add_metric([m.server, limit], n)
             for transport in TRANSPORTS:
                 opened.add_metric([m.server, transport], m.sessions_opened[transport])
             for reason, n in sorted(m.sessions_dropped.items()):
@@ -286,7 +295,7 @@ class _Collector(Collector):
             for code, n in sorted(m.errors.items()):
                 errors.add_metric([m.server, code], n)
             cpu.add_metric([m.server], m.cpu_seconds())
-        yield from (opened, dropped, messages, traffic, duration, restarts, dropped_messages, errors, cpu)
+        yield from (opened, dropped, messages, traffic, duration, restarts, dropped_messages, errors, cpu, limit_kills)
 
     def _state(self, views: list[ServerView], rss: dict[str, int]) -> Iterator[Metric]:
         sessions = GaugeMetricFamily(f"{PREFIX}_sessions_open", "Client sessions open now.", labels=["server", "transport"])

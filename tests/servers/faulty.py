@@ -24,17 +24,22 @@ Environment switches:
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
+import signal
+import socket
 import sys
 import threading
 import time
+import traceback
 from typing import Any, TypeAlias
 
 JSON: TypeAlias = dict[str, Any]
 
 SUPPORTED_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
 DEFAULT_BIG_BYTES = 5 * 1024 * 1024
+MIB = 1024 * 1024
 
 _out = sys.stdout.buffer
 _out_lock = threading.Lock()
@@ -97,6 +102,22 @@ TOOLS = [
     {"name": "deaf", "description": "Reply, then never read stdin again.", "inputSchema": _schema()},
     {"name": "burn", "description": "Spin on the CPU, never replying (until a limit stops it).", "inputSchema": _schema()},
     {"name": "files", "description": "Open files until refused; reply with how many it could.", "inputSchema": _schema()},
+    {
+        "name": "hog",
+        "description": "Allocate (and touch) 1 MiB at a time, up to `mib`; die as a server does when an allocation fails.",
+        "inputSchema": _schema(mib="integer"),
+    },
+    {
+        "name": "forkbomb",
+        "description": "Fork up to `count` children, each sleeping `ms`; die as a server does when a fork is refused.",
+        "inputSchema": _schema(count="integer", ms="integer"),
+    },
+    {"name": "write", "description": "Write `text` to the file `path`; reply ok or the error.", "inputSchema": _schema(path="string", text="string")},
+    {
+        "name": "connect",
+        "description": "Open a TCP connection to `host`:`port`; reply connected or the error.",
+        "inputSchema": _schema(host="string", port="integer"),
+    },
     {
         "name": "grow",
         "description": "Add tools named `names` (each echoes), send tools/list_changed, then reply.",
@@ -179,6 +200,31 @@ def call_tool(request_id: Any, name: str, args: JSON) -> None:
         reply(request_id, text(str(len(opened))))
         for f in opened:
             f.close()
+    elif name == "hog":
+        hoard = []
+        try:
+            while len(hoard) < int(args.get("mib", 16384)):
+                hoard.append(b"x" * MIB)  # written, so the pages are really used
+        except MemoryError:
+            del hoard
+            traceback.print_exc()
+            os._exit(1)
+        reply(request_id, text(f"allocated {len(hoard)} MiB"))
+    elif name == "forkbomb":
+        forkbomb(request_id, int(args.get("count", 2000)), int(args.get("ms", 2000)) / 1000)
+    elif name == "write":
+        try:
+            with open(str(args["path"]), "w") as file:
+                file.write(str(args.get("text", "written")))
+            reply(request_id, text("ok"))
+        except OSError as exc:
+            reply(request_id, text(f"error: {exc.strerror}"))
+    elif name == "connect":
+        try:
+            socket.create_connection((str(args.get("host", "127.0.0.1")), int(args["port"])), timeout=5).close()
+            reply(request_id, text("connected"))
+        except OSError as exc:
+            reply(request_id, text(f"error: {exc.strerror or exc}"))
     elif name == "deaf":
         reply(request_id, text("deaf"))
         note("deaf")
@@ -190,6 +236,31 @@ def call_tool(request_id: Any, name: str, args: JSON) -> None:
         reply(request_id, text("ok"))
     else:
         reply_error(request_id, -32602, f"Unknown tool: {name}")
+
+
+def forkbomb(request_id: Any, count: int, hold: float) -> None:
+    """Bounded: at most `count` children, each gone after `hold` seconds. A refused fork
+    kills and reaps those made (a container's init may reap no orphans, and zombies would
+    count against the user's process limit), prints the error and exits."""
+    children: list[int] = []
+    try:
+        while len(children) < count:
+            pid = os.fork()
+            if pid == 0:
+                time.sleep(hold)
+                os._exit(0)
+            children.append(pid)
+    except OSError:
+        traceback.print_exc()
+        for pid in children:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+        sys.stderr.flush()
+        os._exit(1)
+    for pid in children:
+        os.waitpid(pid, 0)
+    reply(request_id, text(f"forked {len(children)}"))
 
 
 def handle(message: JSON) -> None:
