@@ -131,7 +131,7 @@ async def stream(request: web.Request) -> web.StreamResponse:
     gateway = common.gateway_for(request)
     limits = gateway.limits
     session = SseSession(gateway.name, common.principal(request), limits.session_queue, limits.slow_bytes)
-    common.open_session(gateway, session)
+    await common.open_session(gateway, session)
     response = web.StreamResponse()
     reason = "client disconnected"
     try:
