@@ -308,7 +308,9 @@ class Gateway:
         for timer in self._retiring.values():
             timer.cancel()
         self._retiring.clear()
-        await asyncio.gather(*(u.stop() for u in self.upstreams()), *self._stopping)
+        await asyncio.gather(*(u.stop() for u in self.upstreams()))
+        while self._stopping:  # and those handed to a session that then found the server stopping
+            await asyncio.gather(*self._stopping)
 
     def update_limits(self, limits: Limits) -> None:
         """Take new limits without touching sessions: they apply to what comes next."""
@@ -353,7 +355,9 @@ class Gateway:
         self._upstreams[session.id] = upstream
         upstream.mux.open_session(session.id, session.owner, self.view(session.owner))
         self.metrics.sessions_opened[session.transport] += 1
-        self.log.info("session_opened", session=session.id, transport=session.transport, owner=session.owner)
+        # Per-session: whether its process was started ahead (warm) or for it (cold).
+        source = {"process": "warm" if upstream.warm else "cold"} if self.server.mode == "per-session" else {}
+        self.log.info("session_opened", session=session.id, transport=session.transport, owner=session.owner, **source)
 
     def session(self, session_id: str | None, owner: str | None) -> Session | None:
         """The live session with this id, if `owner` opened it; anyone else gets None."""

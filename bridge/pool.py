@@ -170,6 +170,8 @@ class Pool(Generic[M]):
     def claim(self, label: str) -> M | None:
         """A ready warm process, out of the pool; else a new one started in a free slot;
         None when there is neither now."""
+        if not self.active:
+            return None
         for i, member in enumerate(self.warm):
             if member.ready():
                 del self.warm[i]
