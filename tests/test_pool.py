@@ -162,6 +162,32 @@ async def test_server_requests_need_what_the_session_declared(bridge: Any) -> No
             await c.close()
 
 
+async def test_a_warm_session_that_can_be_asked_is_not_held_back(bridge: Any) -> None:
+    """One session per process: nothing to attribute, so its calls are never held back for
+    attribution_window as a shared server's are (here 30 s: a held call would wait that long)."""
+    config = {"servers": {"f": {**PER_SESSION, "attribution_window": "30s", "pool": {"warm": 1}}}}
+    async with bridge(config) as b:
+        await until_pool(b, "f", warm=1)
+        c = RawSse(b.url("f"))
+        await c.__aenter__()
+        try:
+            await c.initialize({"sampling": {}}, version=LATEST)
+            mark = len(b.events)
+            for rid in (1, 2):
+                status, _ = await c.post(
+                    {"jsonrpc": "2.0", "id": rid, "method": "tools/call", "params": {"name": "slow", "arguments": {"ms": 3000}}}
+                )
+                assert status == 202
+            # Both reach the process before either is answered (each takes 3 s).
+            started = time.monotonic()
+            first = await b.wait_for("server_stderr", where=stderr_note("slow "), start=mark)
+            await b.wait_for("server_stderr", where=stderr_note("slow "), start=b.events.index(first) + 1)
+            assert time.monotonic() - started < 2.5
+            assert "result" in await c.response(1) and "result" in await c.response(2)
+        finally:
+            await c.close()
+
+
 async def test_full_cap_waits_then_refuses_with_503_and_retry_after(bridge: Any) -> None:
     config = {"servers": {"f": {**PER_SESSION, "pool": {"max": 1, "wait": "1s"}}}}
     async with bridge(config) as b:
