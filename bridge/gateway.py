@@ -56,8 +56,9 @@ class Upstream:
         cfg = gateway.server
         limits = gateway.limits
         per_session = cfg.mode == "per-session"
-        # Started warm, a process is initialized by the bridge as a shared one is, and its
-        # session's initialize answered from that; it has one session, so nothing to attribute.
+        # Started warm (ahead of its session), a process is initialized by the bridge as a shared
+        # one is, and its session's initialize is answered from that. Per session there is one
+        # session to a process: nothing to attribute, so no call is held back.
         self.warm = warm
         self.unchecked = False  # per-session, warm: its session's initialize not seen yet
         self.holds_slot = True  # one of the pool's slots, until it has stopped for good
