@@ -247,6 +247,25 @@ async def test_a_slot_freed_by_a_session_ending_lets_the_waiting_one_in(bridge: 
             await c.close()
 
 
+async def test_a_client_that_leaves_while_waiting_takes_no_process(bridge: Any) -> None:
+    config = {"servers": {"f": {**PER_SESSION, "pool": {"max": 1, "wait": "20s"}}}}
+    async with bridge(config) as b:
+        a = await sse_session(b, "f")
+        first = await server_pid(a)
+        mark = len(b.events)
+        waiting = asyncio.get_running_loop().create_task(sse_session(b, "f", name="leaves"))
+        await b.wait_for("session_waiting_for_process", start=mark)
+        waiting.cancel()  # its connection closes
+        async with asyncio.timeout(10):
+            while await metric(b, "mcp_bridge_pool_waits_total", server="f", outcome="gone") != 1:
+                await asyncio.sleep(0.05)
+        assert (await pool_of(b, "f"))["waiting"] == 0
+        await a.close()
+        await b.wait_for("server_stopped", where=lambda e: e["pid"] == first)
+        await until_pool(b, "f", in_use=0, warm=0, starting=0)
+        assert b.server_pids() == {first}  # nothing was started for the session that left
+
+
 async def test_max_processes_counts_every_server_and_takes_an_idle_warm_process(bridge: Any) -> None:
     config = {
         "servers": {
