@@ -172,7 +172,8 @@ async def main(argv: list[str] | None = None) -> int:
                 result = await one_case(warm, pattern, args.sessions, args.gap)
                 mode = f"warm: {warm}" if warm else "cold"
                 results.setdefault((pattern, mode), []).append(result)
-                print(f"run {run + 1} {pattern:10} {mode:8} {json.dumps({k: round(v, 1) for k, v in result.items()})}", flush=True)
+                rounded = {k: round(v, 1) for k, v in result.items()}
+                print(f"run {run + 1} {pattern:10} {mode:8} {json.dumps(rounded)}", flush=True)
     print(f"\n{args.sessions} sessions, medians of {args.runs} runs (time from initialize sent to its answer)\n")
     print("| sessions | processes | p50 | p99 | given a warm process | their p50 | their p99 |")
     print("|---|---|---|---|---|---|---|")

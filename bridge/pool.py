@@ -243,8 +243,9 @@ class Pool(Generic[M]):
     def _expire(self, future: asyncio.Future[M]) -> None:
         if future.done():
             return
-        held = f"{self.used} processes" + (f" (pool.max {self.settings.max})" if self.settings.max is not None else "")
-        total = f"{self.slots.used} in all" + (f" (limits.max_processes {self.slots.limit})" if self.slots.limit is not None else "")
+        limit, total_limit = self.settings.max, self.slots.limit
+        held = f"{self.used} processes" + (f" (pool.max {limit})" if limit is not None else "")
+        total = f"{self.slots.used} in all" + (f" (limits.max_processes {total_limit})" if total_limit is not None else "")
         future.set_exception(
             Full(
                 f"server {self.server!r} has no process free: {held}, {total}; waited {self.settings.wait:g}s (pool.wait)",

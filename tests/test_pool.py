@@ -150,9 +150,8 @@ async def test_server_requests_need_what_the_session_declared(bridge: Any) -> No
         c = await sse_session(b, "f")
         try:
             ask = {"jsonrpc": "2.0", "id": "s1", "method": "sampling/createMessage", "params": {"messages": [], "maxTokens": 1}}
-            status, _ = await c.post(
-                {"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": {"name": "emit", "arguments": {"lines": [json.dumps(ask)]}}}
-            )
+            emit = {"name": "emit", "arguments": {"lines": [json.dumps(ask)]}}
+            status, _ = await c.post({"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": emit})
             assert status == 202
             assert "result" in await c.response(5)
             answered = await b.wait_for("server_stderr", where=stderr_note("response "))
@@ -329,3 +328,23 @@ async def until_pool_authed(b: Bridge, token: str, timeout: float = 10.0, **want
             if all(pool[k] == v for k, v in want.items()):
                 return
             await asyncio.sleep(0.05)
+
+
+async def test_warm_starts_that_fail_are_a_crash_loop_not_a_start_per_session(bridge: Any) -> None:
+    restart = {"backoff_initial": "0.05s", "backoff_max": "30s", "max_restarts": 3, "window": "30s"}
+    pool = {"warm": 2, "max": 2, "wait": "1s"}
+    config = {"servers": {"f": {**faulty(FAULTY_CRASH_ON_START="1"), "mode": "per-session", "restart": restart, "pool": pool}}}
+    async with bridge(config) as b:
+        # Each warm process's supervisor gives up after max_restarts, and tries again after backoff_max.
+        first = await b.wait_for("server_crash_loop")
+        await b.wait_for("server_crash_loop", start=b.events.index(first) + 1)
+        starts = b.named("server_started")
+        assert len(starts) == 8, len(starts)  # 2 warm processes x (the first start and 3 restarts)
+        status, body = await get_json(b, "/readyz")
+        assert status == 503 and "crash loop" in body["servers"]["f"], body
+        assert await metric(b, "mcp_bridge_server_crash_looping", server="f") == 1
+        assert (await pool_of(b, "f"))["starting"] == 2  # never ready, never handed out
+        # A session finds no ready process and no free slot: refused after pool.wait, nothing started for it.
+        async with aiohttp.ClientSession() as http, http.get(b.url("f")) as resp:
+            assert resp.status == 503
+        assert len(b.named("server_started")) == 8
