@@ -527,9 +527,10 @@ def _semantic_problems(config: Config) -> list[str]:
                 problems.append(
                     f"{where}.inherit_env[{i}]: expected a variable name or a prefix ending in '*' (like AWS_*), got {pattern!r}"
                 )
-    warm = sum(server.pool.warm for server in config.servers.values())
-    if config.limits.max_processes is not None and warm > config.limits.max_processes:
-        problems.append(f"limits.max_processes: smaller than the servers' pool.warm together ({warm})")
+    # Processes that run with no session: one per shared server, and every pool's warm ones.
+    ahead = sum(1 if server.mode == "shared" else server.pool.warm for server in config.servers.values())
+    if config.limits.max_processes is not None and ahead > config.limits.max_processes:
+        problems.append(f"limits.max_processes: smaller than the shared servers and the pools' warm processes together ({ahead})")
     seen: set[str] = set()
     for i, token in enumerate(config.security.tokens):
         where = f"security.tokens[{i}]"

@@ -156,7 +156,7 @@ limits: {max_processes: 4}
     assert found == [
         "servers.s.pool: only for mode per-session or per-principal (a shared server has one process)",
         "servers.p.pool.warm: larger than pool.max (2)",
-        "limits.max_processes: smaller than the servers' pool.warm together (6)",
+        "limits.max_processes: smaller than the shared servers and the pools' warm processes together (6)",
     ], found
     config = parse("servers: {p: {command: x, mode: per-session, pool: {warm: 2, max: 3, wait: 500ms}}}")
     assert (config.servers["p"].pool.warm, config.servers["p"].pool.max, config.servers["p"].pool.wait) == (2, 3, 0.5)
