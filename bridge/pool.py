@@ -68,9 +68,8 @@ class _Pooled(Protocol):
 
 @dataclass(slots=True, eq=False)
 class _Waiter:
-    pool: _Pooled
     serve: Callable[[], bool]  # hand it a process if there is one now; True if it got one
-    done: Callable[[], bool]
+    done: Callable[[], bool]  # it has its answer already (a process, a refusal, or its client left)
 
 
 class Slots:
@@ -89,9 +88,7 @@ class Slots:
     def changed(self) -> None:
         """A slot freed, a warm process became ready, or the cap changed: serve whoever waits,
         in order, with what is there now; then, if nobody waits, refill the pools."""
-        for waiter in list(self.waiters):
-            if waiter.done() or waiter.serve():
-                self.waiters.remove(waiter)
+        self.waiters = deque(w for w in self.waiters if not (w.done() or w.serve()))
         if not self.waiters:
             for pool in list(self.pools):
                 pool.refill()
@@ -213,7 +210,7 @@ class Pool(Generic[M]):
             total=self.slots.used,
             max_processes=self.slots.limit,
         )
-        waiter = _Waiter(self, serve, future.done)
+        waiter = _Waiter(serve, future.done)
         self.slots.waiters.append(waiter)
         self._waiting.add(future)
         timer = loop.call_later(self.settings.wait, self._expire, future)
