@@ -16,6 +16,7 @@ import aiohttp
 from conftest import Bridge, faulty, pid_alive
 from rawclient import RawSse
 from rawstreamable import RawStreamable
+from test_operations import reload
 from test_supervision import get_json, server_pid, stderr_note
 
 PER_SESSION = {**faulty(), "mode": "per-session"}
@@ -348,3 +349,29 @@ async def test_warm_starts_that_fail_are_a_crash_loop_not_a_start_per_session(br
         async with aiohttp.ClientSession() as http, http.get(b.url("f")) as resp:
             assert resp.status == 503
         assert len(b.named("server_started")) == 8
+
+
+async def test_a_reload_that_raises_max_processes_lets_a_waiting_session_in(bridge: Any) -> None:
+    config = {"servers": {"f": {**PER_SESSION, "pool": {"wait": "20s"}}}, "limits": {"max_processes": 1}}
+    async with bridge(config) as b:
+        a = await sse_session(b, "f")
+        mark = len(b.events)
+        waiting = asyncio.get_running_loop().create_task(sse_session(b, "f", name="second"))
+        try:
+            await b.wait_for("session_waiting_for_process", start=mark)
+
+            def raise_cap(cfg: dict[str, Any]) -> None:
+                cfg["limits"]["max_processes"] = 2
+
+            await reload(b, raise_cap)
+            c = await asyncio.wait_for(waiting, 10)
+        except BaseException:
+            waiting.cancel()
+            raise
+        try:
+            assert await server_pid(c) != await server_pid(a)  # the open session kept its process
+            _, status = await get_json(b, "/status")
+            assert status["processes"] == {"running": 2, "max": 2, "waiting": 0}
+        finally:
+            await c.close()
+            await a.close()
