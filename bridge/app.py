@@ -13,6 +13,7 @@ from . import admin, confine, logs, policy, procstat, security, statuspage
 from .config import Config
 from .gateway import Gateway
 from .metrics import Metrics
+from .pool import Slots
 from .principals import OAuthVerifier
 from .security import WELL_KNOWN, Guard
 from .transports import http, sse, streamable
@@ -26,7 +27,7 @@ def create_app(config: Config) -> web.Application:
     metrics = Metrics(gateways.values)
     # Bodies are read and limited by the transports (limits.max_message_bytes, reloadable).
     oauth = OAuthVerifier(config.security.oauth) if config.security.oauth is not None else None
-    live = Live(config, Guard(config, oauth), oauth=oauth)
+    live = Live(config, Guard(config, oauth), oauth=oauth, processes=Slots(config.limits.max_processes))
     metrics.oauth = lambda: live.oauth
     app = web.Application(middlewares=[http.middleware(lambda: live.guard, metrics.rejected)])
     app.on_response_prepare.append(http.cors_hook(lambda: live.guard))
@@ -35,7 +36,9 @@ def create_app(config: Config) -> web.Application:
     app[GATEWAYS] = gateways
     limiter = policy.RateLimiter.of(config, live.in_flight, metrics.rate_limited)
     for name, server in config.servers.items():
-        gateways[name] = Gateway(name, server, config.limits, metrics.server(name), config.sse.keepalive, live.in_flight)
+        gateways[name] = Gateway(
+            name, server, config.limits, metrics.server(name), config.sse.keepalive, live.in_flight, live.processes
+        )
         _apply_policy(gateways[name], config, limiter)
     app.router.add_get("/servers/{name}/sse", sse.stream, allow_head=False)  # a HEAD must not open a session
     app.router.add_post("/servers/{name}/messages", sse.post_message)
@@ -119,9 +122,13 @@ async def apply_config(app: web.Application, new: Config) -> None:
     for gateway in stopping:
         metrics.retired[gateway.name] = gateway.metrics
     await asyncio.gather(*(gateway.stop("server_gone") for gateway in stopping))
+    live.processes.limit = new.limits.max_processes
     for name in changed + added:
-        gateways[name] = Gateway(name, new.servers[name], new.limits, metrics.server(name), new.sse.keepalive, live.in_flight)
+        gateways[name] = Gateway(
+            name, new.servers[name], new.limits, metrics.server(name), new.sse.keepalive, live.in_flight, live.processes
+        )
         await gateways[name].start()
+    live.processes.changed()  # a higher cap may let waiting sessions in
     limiter = policy.RateLimiter.of(new, live.in_flight, metrics.rate_limited)
     for name, gateway in gateways.items():
         _apply_policy(gateway, new, limiter)
@@ -192,7 +199,13 @@ async def protected_resource(request: web.Request) -> web.Response:
 
 
 async def status(request: web.Request) -> web.Response:
-    return web.json_response({"servers": {name: server_status(g) for name, g in request.app[GATEWAYS].items()}})
+    slots = request.app[LIVE].processes
+    return web.json_response(
+        {
+            "servers": {name: server_status(g) for name, g in request.app[GATEWAYS].items()},
+            "processes": {"running": slots.used, "max": slots.limit, "waiting": len(slots.waiters)},
+        }
+    )
 
 
 def _memory_limit(gateway: Gateway) -> dict[str, str | None] | None:
@@ -205,6 +218,7 @@ def _memory_limit(gateway: Gateway) -> dict[str, str | None] | None:
 
 def server_status(gateway: Gateway) -> dict[str, object]:
     now = time.time()
+    pool = gateway.pool
     processes = []
     for upstream in gateway.upstreams():
         sup = upstream.supervisor
@@ -214,6 +228,7 @@ def server_status(gateway: Gateway) -> dict[str, object]:
         processes.append(
             {
                 "pid": child.pid if child is not None else None,
+                "warm": upstream.warm and upstream in pool.warm,  # started ahead, not taken yet
                 "state": sup.status.value,
                 "protocol": upstream.mux.state.value,
                 "uptime_s": round(now - sup.started_at, 3) if child is not None and sup.started_at else None,
@@ -237,5 +252,6 @@ def server_status(gateway: Gateway) -> dict[str, object]:
         "ready": gateway.readiness() is None,
         "sessions": len(gateway.sessions),
         "in_flight": gateway.inflight(),
+        "pool": {**pool.sizes(), "waiting": pool.waiting(), "target": pool.settings.warm, "max": pool.settings.max},
         "processes": processes,
     }

@@ -171,6 +171,7 @@ class Limits(Struct, frozen=True):
     server_backlog: PositiveInt = 1024  # messages waiting for a (re)starting server
     server_input_buffer: Size | None = None  # bytes written to a server that it has not read; None: 16 x max_message_bytes
     server_input_stall: Duration = Duration(30)  # a server whose input stays over half the bound this long is restarted
+    max_processes: PositiveInt | None = 256  # server processes of the whole daemon, warm ones included; None: no cap
 
     def input_buffer(self) -> int:
         return self.server_input_buffer if self.server_input_buffer is not None else 16 * self.max_message_bytes
@@ -226,6 +227,14 @@ class Rlimits(Struct, frozen=True):
         return ", ".join(f"{name} {value:g}" if isinstance(value, float) else f"{name} {value}" for name, value in values if value is not None)
 
 
+class Pool(Struct, frozen=True):
+    """Per-session and per-principal servers: processes started ahead, and a ceiling."""
+
+    warm: Annotated[int, msgspec.Meta(ge=0)] = 0  # started and initialized before a session asks
+    max: PositiveInt | None = None  # this server's processes, warm ones included; None: only limits.max_processes
+    wait: Duration = Duration(10)  # how long a new session waits for a slot before it is refused
+
+
 class Sandbox(Struct, frozen=True):
     """Run the server under bubblewrap: a read-only root, a private /tmp, no network unless allowed."""
 
@@ -253,6 +262,7 @@ class Server(Struct, frozen=True):
     user: UserId | None = None  # run as this user (the daemon must be root)
     group: UserId | None = None  # and group; None: the user's own
     sandbox: Sandbox | None = None
+    pool: Pool = Pool()
     tools: Filter = Filter()  # which tools clients see and may call
     prompts: Filter = Filter()
     resources: Filter = Filter()  # by uri
@@ -524,11 +534,19 @@ def _semantic_problems(config: Config) -> list[str]:
         for i, path in enumerate(server.sandbox.writable if server.sandbox is not None else ()):
             if not os.path.isabs(path):
                 problems.append(f"{where}.sandbox.writable[{i}]: must be an absolute path, got {path!r}")
+        if server.pool != Pool() and server.mode == "shared":
+            problems.append(f"{where}.pool: only for mode per-session or per-principal (a shared server has one process)")
+        if server.pool.max is not None and server.pool.warm > server.pool.max:
+            problems.append(f"{where}.pool.warm: larger than pool.max ({server.pool.max})")
         for i, pattern in enumerate(server.inherit_env):
             if not ENV_PATTERN.match(pattern):
                 problems.append(
                     f"{where}.inherit_env[{i}]: expected a variable name or a prefix ending in '*' (like AWS_*), got {pattern!r}"
                 )
+    # Processes that run with no session: one per shared server, and every pool's warm ones.
+    ahead = sum(1 if server.mode == "shared" else server.pool.warm for server in config.servers.values())
+    if config.limits.max_processes is not None and ahead > config.limits.max_processes:
+        problems.append(f"limits.max_processes: smaller than the shared servers and the pools' warm processes together ({ahead})")
     seen: set[str] = set()
     for i, token in enumerate(config.security.tokens):
         where = f"security.tokens[{i}]"

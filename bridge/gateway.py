@@ -24,6 +24,7 @@ from .jsonrpc import Message, ProtocolError
 from .metrics import ServerMetrics
 from .mux import Abandoned, Action, Broadcast, Call, Discard, Mux, RestartServer, State, Timer, ToServer, ToSession
 from .policy import RateLimiter, Throttled, View
+from .pool import Full, Pool, Slots
 from .sessions import Session
 from .supervisor import Status, Supervisor
 
@@ -39,23 +40,35 @@ NOT_READING = "server is not reading its input (limits.server_input_buffer)"
 
 
 class SessionLimitError(Exception):
-    """The server already has as many sessions as it may."""
+    """The server already has as many sessions as it may, is stopping, or has no process free."""
+
+    def __init__(self, message: str, retry_after: int | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after  # seconds; None: the default for a full or stopping server
 
 
 class Upstream:
     """One server process and the mux in front of it; receives the supervisor's events."""
 
-    def __init__(self, gateway: Gateway, label: str) -> None:
+    def __init__(self, gateway: Gateway, label: str, warm: bool = False) -> None:
         self.gateway = gateway
         cfg = gateway.server
         limits = gateway.limits
+        per_session = cfg.mode == "per-session"
+        # Started warm (ahead of its session), a process is initialized by the bridge as a shared
+        # one is, and its session's initialize is answered from that. Per session there is one
+        # session to a process: nothing to attribute, so no call is held back.
+        self.warm = warm
+        self.unchecked = False  # per-session, warm: its session's initialize not seen yet
+        self.holds_slot = True  # one of the pool's slots, until it has stopped for good
+        self._announce = False  # in the pool and not ready yet: tell the pool once it is
         self.mux = Mux(
-            shared=cfg.mode != "per-session",
+            shared=not per_session or warm,
             roots=cfg.roots,
             max_inflight=limits.max_inflight,
             max_backlog=limits.server_backlog,
             max_subscriptions=limits.max_subscriptions,
-            attribution_window=cfg.attribution_window,
+            attribution_window=0.0 if per_session else cfg.attribution_window,
             client_info=("mcp-bridge", __version__),
             in_flight=gateway.in_flight,
         )
@@ -132,6 +145,7 @@ class Upstream:
 
     def on_started(self, child: Child) -> None:
         self.child = child
+        self._announce = self.warm and self in self.gateway.pool.warm
         self.gateway.apply(self, self.mux.server_started())
 
     def on_exited(self, code: int | None, delay: float) -> None:
@@ -179,6 +193,10 @@ class Upstream:
             self._log.exception("internal_error", where="from_server", size=len(line))
             return
         self.gateway.apply(self, actions, flush=False)  # the child calls flush after the read's last line
+        if self._announce and self.mux.state is State.READY:
+            self._announce = False
+            self._log.debug("server_warm", pid=self._pid())
+            self.gateway.pool.slots.changed()  # a session may be waiting for it
 
     def on_oversize(self, size: int, head: bytes, tail: bytes) -> None:
         self.gateway.apply(self, self.mux.response_too_large(jsonrpc.sniff_id(head, tail), size))
@@ -195,11 +213,18 @@ class Upstream:
         self._timer = None
         self.gateway.apply(self, self.mux.timer())
 
+    def start(self) -> None:
+        self.supervisor.start()
+
     async def stop(self) -> None:
+        """Stop the process for good; its slot frees once it has exited."""
         if self._timer is not None:
             self._timer.cancel()
         self._cancel_stall()
         await self.supervisor.stop()
+        if self.holds_slot:
+            self.holds_slot = False
+            self.gateway.pool.release()
 
     async def restart(self, reason: str) -> None:
         """Stop the process gently and start a new one; what is still in flight fails with `reason`."""
@@ -226,6 +251,7 @@ class Gateway:
         metrics: ServerMetrics,
         keepalive: float,
         in_flight: Counter[str | None] | None = None,
+        slots: Slots | None = None,
     ) -> None:
         self.name = name
         self.metrics = metrics
@@ -241,6 +267,16 @@ class Gateway:
         self._shared: Upstream | None = None
         self._upstreams: dict[str, Upstream] = {}  # session id -> its upstream
         self._by_principal: dict[str | None, Upstream] = {}  # per-principal mode
+        self._opening = 0  # sessions waiting for a process
+        self.pool = Pool(
+            name,
+            server.pool,
+            Slots(limits.max_processes) if slots is None else slots,  # daemon-wide, from the app
+            lambda label, warm: Upstream(self, label, warm),
+            self._stop_later,
+            metrics.pool_waits,
+            metrics.pool_starts,
+        )
         self._retiring: dict[str | None, asyncio.TimerHandle] = {}  # per-principal: processes with no session
         self._stopping: set[asyncio.Task[None]] = set()
         self._unflushed: dict[Session, None] = {}  # sessions delivered to since the last flush, in order
@@ -258,13 +294,16 @@ class Gateway:
         if self._shared is not None:
             return (self._shared,)
         if self.server.mode == "per-principal":
-            return self._by_principal.values()
-        return self._upstreams.values()
+            return [*self._by_principal.values(), *self.pool.warm]
+        return [*self._upstreams.values(), *self.pool.warm]
 
     async def start(self) -> None:
         if self.server.mode == "shared":
+            # It counts toward limits.max_processes, but never waits: a shared server always has its process.
+            self.pool.take_slot()
             self._shared = Upstream(self, self.name)
-            self._shared.supervisor.start()
+            self._shared.start()
+        self.pool.open()
         loop = asyncio.get_running_loop()
         self._ticker = loop.create_task(self._tick(), name=f"tick:{self.name}")
         self._pinger = loop.create_task(self._keepalives(), name=f"keepalive:{self.name}")
@@ -274,6 +313,7 @@ class Gateway:
         every session (their streams flush what is queued), then stop the processes."""
         self.accepting = False
         message = "bridge shutting down" if reason == "shutdown" else "server removed or reconfigured"
+        self.pool.close(f"server {self.name!r} is shutting down" if reason == "shutdown" else f"server {self.name!r}: {message}")
         for upstream in list(self.upstreams()):
             self.apply(upstream, upstream.mux.shutdown(message))
         for session in list(self.sessions.values()):
@@ -284,7 +324,9 @@ class Gateway:
         for timer in self._retiring.values():
             timer.cancel()
         self._retiring.clear()
-        await asyncio.gather(*(u.stop() for u in self.upstreams()), *self._stopping)
+        await asyncio.gather(*(u.stop() for u in self.upstreams()))
+        while self._stopping:  # and those handed to a session that then found the server stopping
+            await asyncio.gather(*self._stopping)
 
     def update_limits(self, limits: Limits) -> None:
         """Take new limits without touching sessions: they apply to what comes next."""
@@ -310,24 +352,28 @@ class Gateway:
 
     # ----------------------------------------------------------------- sessions
 
-    def open_session(self, session: Session) -> None:
+    async def open_session(self, session: Session) -> None:
+        """Open `session` on its process: the shared one, its principal's, or its own (from the
+        warm pool, or started now); waits up to pool.wait for a process when the caps are reached."""
         if not self.accepting:
             raise SessionLimitError(f"server {self.name!r} is shutting down")
-        if len(self.sessions) >= self.max_sessions:
+        if len(self.sessions) + self._opening >= self.max_sessions:
             self.metrics.sessions_dropped["limit"] += 1
             raise SessionLimitError(f"server {self.name!r} has {len(self.sessions)} sessions (limit {self.max_sessions})")
-        self.sessions[session.id] = session
         if self._shared is not None:
             upstream = self._shared
         elif self.server.mode == "per-principal":
-            upstream = self._principal_upstream(session.owner)
+            upstream = self._principal_upstream(session.owner) or await self._new_principal_upstream(session)
         else:
-            upstream = Upstream(self, f"{self.name}[{session.id[:8]}]")
-            upstream.supervisor.start()
+            upstream = await self._acquire(session, f"{self.name}[{session.id[:8]}]")
+            upstream.unchecked = upstream.warm
+        self.sessions[session.id] = session
         self._upstreams[session.id] = upstream
         upstream.mux.open_session(session.id, session.owner, self.view(session.owner))
         self.metrics.sessions_opened[session.transport] += 1
-        self.log.info("session_opened", session=session.id, transport=session.transport, owner=session.owner)
+        # Per-session: whether its process was started ahead (warm) or for it (cold).
+        source = {"process": "warm" if upstream.warm else "cold"} if self.server.mode == "per-session" else {}
+        self.log.info("session_opened", session=session.id, transport=session.transport, owner=session.owner, **source)
 
     def session(self, session_id: str | None, owner: str | None) -> Session | None:
         """The live session with this id, if `owner` opened it; anyone else gets None."""
@@ -392,15 +438,36 @@ class Gateway:
             self.restarting = False
         return len(upstreams)
 
-    def _principal_upstream(self, principal: str | None) -> Upstream:
-        """Per-principal mode: the process this principal's sessions share, started on first use."""
+    async def _acquire(self, session: Session, label: str) -> Upstream:
+        """A process for a new session, from the pool; SessionLimitError when none comes in time."""
+        self._opening += 1
+        try:
+            upstream = await self.pool.acquire(label)
+        except Full as exc:
+            self.log.warning("session_refused_no_process", session=session.id, reason=str(exc))
+            raise SessionLimitError(str(exc), exc.retry_after) from None
+        finally:
+            self._opening -= 1
+        if not self.accepting:  # it stopped while this session waited
+            self.pool.give_back(upstream)
+            raise SessionLimitError(f"server {self.name!r} is shutting down")
+        return upstream
+
+    def _principal_upstream(self, principal: str | None) -> Upstream | None:
+        """Per-principal mode: the process this principal's sessions share, if it has one."""
         retiring = self._retiring.pop(principal, None)
         if retiring is not None:
             retiring.cancel()
-        upstream = self._by_principal.get(principal)
-        if upstream is None:
-            upstream = self._by_principal[principal] = Upstream(self, f"{self.name}[{principal or '-'}]")
-            upstream.supervisor.start()
+        return self._by_principal.get(principal)
+
+    async def _new_principal_upstream(self, session: Session) -> Upstream:
+        """Per-principal mode: a process for a principal's first session (warm, or started now)."""
+        upstream = await self._acquire(session, f"{self.name}[{session.owner or '-'}]")
+        existing = self._principal_upstream(session.owner)
+        if existing is not None:  # another of its sessions got one while this one waited
+            self.pool.give_back(upstream)
+            return existing
+        self._by_principal[session.owner] = upstream
         return upstream
 
     def _retire(self, principal: str | None) -> None:
@@ -413,8 +480,38 @@ class Gateway:
         self.log.info("server_retired", principal=principal, idle_s=self.server.principal_idle_timeout)
         self._stop_later(upstream)
 
+    def _check_version(self, session: Session, upstream: Upstream, initialize: Message) -> Upstream:
+        """Per-session mode: a session on a warm process is answered from the bridge's own
+        initialize only when it asks for the version the process settled on. Else, since a
+        process cannot be initialized twice, it gets a process of its own, in the same slot,
+        started once the warm one has stopped, and its initialize goes there."""
+        upstream.unchecked = False
+        warm = (upstream.mux.init_result or {}).get("protocolVersion")
+        params = initialize.get("params")
+        wanted = params.get("protocolVersion") if params.__class__ is dict else None
+        if wanted == warm:
+            return upstream
+        fresh = Upstream(self, f"{self.name}[{session.id[:8]}]")
+        upstream.holds_slot = False  # the slot goes with the session
+        self._upstreams[session.id] = fresh
+        self.apply(upstream, upstream.mux.close_session(session.id))
+        fresh.mux.open_session(session.id, session.owner, self.view(session.owner))
+        self.pool.replaced()
+        self.log.info("session_process_replaced", session=session.id, requested=wanted, warm=warm, pid=upstream._pid())
+
+        async def swap() -> None:
+            await upstream.stop()
+            if self.accepting and self._upstreams.get(session.id) is fresh:
+                fresh.start()
+
+        self._track(asyncio.get_running_loop().create_task(swap()))
+        return fresh
+
     def _stop_later(self, upstream: Upstream) -> None:
-        task = asyncio.get_running_loop().create_task(upstream.stop())
+        self._track(asyncio.get_running_loop().create_task(upstream.stop()))
+
+    def _track(self, task: asyncio.Task[None]) -> None:
+        """Keep a task that stops a process until it is done (the gateway's stop awaits it)."""
         self._stopping.add(task)
         task.add_done_callback(self._stopping.discard)
 
@@ -431,6 +528,8 @@ class Gateway:
         Throttled, with nothing of it taken, when it carries calls over its principal's limits."""
         session.last_seen = time.monotonic()
         upstream = self._upstreams[session.id]
+        if upstream.unchecked and payload.__class__ is dict and payload.get("method") == "initialize":
+            upstream = self._check_version(session, upstream, payload)
         if self.limiter.active and (calls := _calls(payload)):
             try:
                 self.limiter.admit(session.owner, calls)
@@ -581,6 +680,9 @@ class Gateway:
 
     def processes_up(self) -> int:
         return sum(1 for u in self.upstreams() if u.child is not None)
+
+    def pool_sizes(self) -> dict[str, int]:
+        return self.pool.sizes()
 
     def crash_looping(self) -> bool:
         return any(u.supervisor.status is Status.FAILED for u in self.upstreams())

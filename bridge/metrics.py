@@ -82,6 +82,8 @@ class ServerView(Protocol):
 
     def pids(self) -> list[int]: ...
 
+    def pool_sizes(self) -> dict[str, int]: ...
+
 
 class Latency:
     """A histogram as plain numbers: per-bucket counts (the last is +Inf), sum, count."""
@@ -122,6 +124,8 @@ class ServerMetrics:
         self.sessions_dropped: Counter[str] = Counter()
         self.errors: Counter[str] = Counter()  # by code_label
         self.limit_kills: Counter[str] = Counter()  # processes ended by a limit, by rlimits key
+        self.pool_waits: Counter[str] = Counter()  # sessions that waited for a process, by outcome
+        self.pool_starts: Counter[str] = Counter()  # sessions' processes by where they came from
         # CPU seconds of the server's processes: each one's last reading, by (pid, start
         # time), and the sum of those of the processes that have exited since.
         self._cpu_seen: dict[tuple[int, int], float] = {}
@@ -265,6 +269,18 @@ class _Collector(Collector):
             "that is neither JSON-RPC's, MCP's nor the bridge's).",
             labels=["server", "code"],
         )
+        waits = CounterMetricFamily(
+            f"{PREFIX}_pool_waits",
+            "Sessions that waited for a server process (the caps were reached), by outcome: ok, timeout "
+            "(refused with 503), gone (the client left).",
+            labels=["server", "outcome"],
+        )
+        starts = CounterMetricFamily(
+            f"{PREFIX}_pool_sessions",
+            "Per-session and per-principal processes given to sessions, by source: warm (from the pool), cold "
+            "(started for it), replaced (a warm one replaced for a protocol version it did not speak).",
+            labels=["server", "source"],
+        )
         cpu = CounterMetricFamily(
             f"{PREFIX}_server_cpu_seconds",
             "User and system CPU time of the server's processes, all of them together (an exited one up to its "
@@ -295,7 +311,11 @@ class _Collector(Collector):
             for code, n in sorted(m.errors.items()):
                 errors.add_metric([m.server, code], n)
             cpu.add_metric([m.server], m.cpu_seconds())
-        yield from (opened, dropped, messages, traffic, duration, restarts, dropped_messages, errors, cpu, limit_kills)
+            for outcome, n in sorted(m.pool_waits.items()):
+                waits.add_metric([m.server, outcome], n)
+            for source, n in sorted(m.pool_starts.items()):
+                starts.add_metric([m.server, source], n)
+        yield from (opened, dropped, messages, traffic, duration, restarts, dropped_messages, errors, cpu, limit_kills, waits, starts)
 
     def _state(self, views: list[ServerView], rss: dict[str, int]) -> Iterator[Metric]:
         sessions = GaugeMetricFamily(f"{PREFIX}_sessions_open", "Client sessions open now.", labels=["server", "transport"])
@@ -312,7 +332,15 @@ class _Collector(Collector):
             "Resident memory of the server's running processes, all of them together.",
             labels=["server"],
         )
+        pool = GaugeMetricFamily(
+            f"{PREFIX}_pool_processes",
+            "Per-session and per-principal server processes by state: warm (started ahead, ready), starting "
+            "(started ahead, not ready yet), in_use (given to a session or principal).",
+            labels=["server", "state"],
+        )
         for view in views:
+            for state, n in view.pool_sizes().items():
+                pool.add_metric([view.name, state], n)
             counts = view.session_counts()
             for transport in TRANSPORTS:
                 sessions.add_metric([view.name, transport], counts.get(transport, 0))
@@ -321,4 +349,4 @@ class _Collector(Collector):
             up.add_metric([view.name], 1 if view.readiness() is None else 0)
             looping.add_metric([view.name], 1 if view.crash_looping() else 0)
             memory.add_metric([view.name], rss[view.name])
-        yield from (sessions, inflight, up, looping, processes, memory)
+        yield from (sessions, inflight, up, looping, processes, memory, pool)

@@ -60,6 +60,10 @@ naming a session that is not open is a `KeyError`, opening one twice a
 `ValueError`. In per-session mode the same code runs with one session and
 passes `initialize` and `ping` through; subscriptions and the log level are
 tracked as in shared mode, for routing and for the replay after a restart.
+A per-session process started ahead of its session (the warm pool) was
+initialized by the bridge, so its mux runs in shared mode with that one
+session and no attribution window; the gateway gives a session that asks
+for another protocol version a process (and a per-session mux) of its own.
 """
 
 from __future__ import annotations

@@ -142,6 +142,28 @@ metrics: {path: /servers/metrics}
         assert any(fragment in p for p in found), (fragment, found)
 
 
+def test_pool_settings_are_checked_against_the_mode_and_the_caps() -> None:
+    text = """
+servers:
+  s: {command: x, pool: {warm: 1}}
+  p: {command: x, mode: per-session, pool: {warm: 3, max: 2, wait: soon}}
+  q: {command: x, mode: per-principal, pool: {warm: 2}}
+limits: {max_processes: 4}
+"""
+    found = problems(text)
+    assert found == ["servers.p.pool.wait: expected a duration (like 30s, 5m), got 'soon'"], found
+    found = problems(text.replace("wait: soon", "wait: 2s"))
+    assert found == [
+        "servers.s.pool: only for mode per-session or per-principal (a shared server has one process)",
+        "servers.p.pool.warm: larger than pool.max (2)",
+        "limits.max_processes: smaller than the shared servers and the pools' warm processes together (6)",
+    ], found
+    config = parse("servers: {p: {command: x, mode: per-session, pool: {warm: 2, max: 3, wait: 500ms}}}")
+    assert (config.servers["p"].pool.warm, config.servers["p"].pool.max, config.servers["p"].pool.wait) == (2, 3, 0.5)
+    assert config.limits.max_processes == 256
+    assert parse("servers: {p: {command: x}}\nlimits: {max_processes: null}").limits.max_processes is None
+
+
 def test_no_servers_is_an_error() -> None:
     assert problems("servers: {}") == ["servers: at least one server is required"]
     assert problems("") == ["servers: required key is missing"]

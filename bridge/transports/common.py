@@ -16,6 +16,7 @@ from ..gateway import Gateway, SessionLimitError
 from ..jsonrpc import ProtocolError
 from ..metrics import Metrics
 from ..policy import Throttled
+from ..pool import Slots
 from ..principals import OAuthVerifier
 from ..security import Guard
 from ..sessions import Session
@@ -30,6 +31,7 @@ class Live:
     guard: Guard
     # Client calls in flight by principal, counted by every mux: outlives reloads.
     in_flight: Counter[str | None] = field(default_factory=Counter)
+    processes: Slots = field(default_factory=lambda: Slots(None))  # every server's processes: outlives reloads
     oauth: OAuthVerifier | None = None  # its keys and checked tokens outlive reloads that keep security.oauth
     port: int | None = None  # the one bound, once it is
 
@@ -87,12 +89,14 @@ def gateway_named(gateways: dict[str, Gateway], name: str) -> Gateway:
     return gateway
 
 
-def open_session(gateway: Gateway, session: Session) -> None:
-    """Open `session`, or 503 when the server is full or stopping."""
+async def open_session(gateway: Gateway, session: Session) -> None:
+    """Open `session`, or 503 when the server is full or stopping, or no process came in time."""
     try:
-        gateway.open_session(session)
+        await gateway.open_session(session)
     except SessionLimitError as exc:
-        raise HttpError(503, str(exc), headers={"Retry-After": RETRY_AFTER_S}) from None
+        if exc.retry_after is None:
+            raise HttpError(503, str(exc), headers={"Retry-After": RETRY_AFTER_S}) from None
+        raise HttpError(503, str(exc), jsonrpc.SERVER_UNAVAILABLE, {"Retry-After": str(exc.retry_after)}) from None
 
 
 def check_length(content_length: int | None, gateway: Gateway) -> None:

@@ -131,7 +131,10 @@ async def stream(request: web.Request) -> web.StreamResponse:
     gateway = common.gateway_for(request)
     limits = gateway.limits
     session = SseSession(gateway.name, common.principal(request), limits.session_queue, limits.slow_bytes)
-    common.open_session(gateway, session)
+    try:
+        await common.open_session(gateway, session)
+    except asyncio.CancelledError:
+        return web.StreamResponse()  # the client left while waiting for a process (returned: see below)
     response = web.StreamResponse()
     reason = "client disconnected"
     try:

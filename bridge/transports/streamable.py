@@ -247,7 +247,7 @@ async def answer_post(head: PostHead, payload: Any, reply: Reply) -> Any:
     if head.session_id is None:
         if not any(m.__class__ is dict and m.get("method") == "initialize" for m in messages):
             raise HttpError(400, f"missing {SESSION_HEADER} header (only initialize may come without one)")
-        session = _open(head)
+        session = await _open(head)
     else:
         session = _session(gateway, head.principal, head.session_id)
         _check_version(head.version)
@@ -305,11 +305,11 @@ async def delete(request: web.Request) -> web.Response:
 # ------------------------------------------------------------------- helpers
 
 
-def _open(head: PostHead) -> StreamableSession:
+async def _open(head: PostHead) -> StreamableSession:
     gateway = head.gateway
     limits = gateway.limits
     session = StreamableSession(gateway.name, head.principal, limits.session_queue, limits.slow_bytes, head.resume_buffer)
-    common.open_session(gateway, session)
+    await common.open_session(gateway, session)
     return session
 
 

@@ -1,0 +1,194 @@
+"""Session setup time in per-session mode: cold starts against a warm pool.
+
+For each mode (cold: `mode: per-session`; warm: the same with `pool: {warm: W}`)
+and each pattern (50 sessions one after another; 50 at once), a fresh daemon
+serves `@modelcontextprotocol/server-everything` over stdio (run with the
+machine's `node`). Each session is one Streamable HTTP client: it POSTs
+`initialize` (the time measured: from sending it to having its answer), then
+`notifications/initialized`, `tools/list`, and DELETEs the session. With a
+warm pool, measuring starts once the pool holds W ready processes. Prints p50
+and p99 per case (median of the runs), and how many sessions got a warm
+process (`mcp_bridge_pool_sessions_total`).
+
+    python bench/setup_time.py                      # 3 runs of each case, 50 sessions, warm: 4
+    python bench/setup_time.py --runs 1 --sessions 20 --warm 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any
+
+import aiohttp
+import yaml
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+EVERYTHING = os.path.join(ROOT, "tests", "node", "node_modules", "@modelcontextprotocol", "server-everything", "dist", "index.js")
+VERSION = "2025-11-25"  # what the bridge's own initialize asks for: a warm process answers it
+JSON_ONLY = {"Accept": "application/json", "Content-Type": "application/json"}
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))]
+
+
+class Daemon:
+    def __init__(self, warm: int, workdir: str) -> None:
+        server: dict[str, Any] = {"command": "node", "args": [EVERYTHING, "stdio"], "mode": "per-session"}
+        if warm:
+            server["pool"] = {"warm": warm}
+        self.config = os.path.join(workdir, "setup.yaml")
+        with open(self.config, "w") as f:
+            yaml.safe_dump({"listen": {"host": "127.0.0.1", "port": 0}, "servers": {"everything": server}}, f)
+        self.warm = warm
+        self.sources: dict[str, str] = {}  # session id -> warm or cold (its session_opened event)
+        self.proc: asyncio.subprocess.Process | None = None
+        self.port = 0
+
+    async def __aenter__(self) -> Daemon:
+        self.proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "bridge", "--config", self.config, "--log-level", "info",
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE, cwd=ROOT,
+        )  # fmt: skip
+        assert self.proc.stderr is not None
+        async with asyncio.timeout(30):
+            while line := await self.proc.stderr.readline():
+                event = json.loads(line)
+                if event.get("event") == "listening":
+                    self.port = event["port"]
+                    break
+        asyncio.get_running_loop().create_task(self._drain())
+        return self
+
+    async def _drain(self) -> None:
+        assert self.proc is not None and self.proc.stderr is not None
+        while line := await self.proc.stderr.readline():
+            event = json.loads(line)
+            if event.get("event") == "session_opened":
+                self.sources[event["session"]] = event["process"]
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.proc is not None
+        self.proc.terminate()
+        async with asyncio.timeout(30):
+            await self.proc.wait()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/servers/everything/mcp"
+
+    async def pool_ready(self, http: aiohttp.ClientSession, timeout: float = 60.0) -> None:
+        """Wait (polling /status every 50 ms, at most `timeout`) until the pool holds its warm processes."""
+        async with asyncio.timeout(timeout):
+            while True:
+                async with http.get(f"http://127.0.0.1:{self.port}/status") as resp:
+                    pool = (await resp.json())["servers"]["everything"]["pool"]
+                if pool["warm"] >= self.warm:
+                    return
+                await asyncio.sleep(0.05)
+
+    async def warm_sessions(self, http: aiohttp.ClientSession) -> int:
+        async with http.get(f"http://127.0.0.1:{self.port}/metrics") as resp:
+            text = await resp.text()
+        found = re.search(r'^mcp_bridge_pool_sessions_total\{server="everything",source="warm"\} (\S+)$', text, re.M)
+        return int(float(found.group(1))) if found else 0
+
+
+async def session(http: aiohttp.ClientSession, url: str, n: int) -> tuple[str, float]:
+    """One session: its id, and the seconds from sending initialize to having its answer."""
+    init = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {"protocolVersion": VERSION, "capabilities": {}, "clientInfo": {"name": f"setup-{n}", "version": "0"}},
+    }
+    started = time.perf_counter()
+    async with http.post(url, json=init, headers=JSON_ONLY) as resp:
+        body = await resp.json()
+        took = time.perf_counter() - started
+        assert resp.status == 200 and "result" in body, (resp.status, body)
+        sid = resp.headers["Mcp-Session-Id"]
+    headers = {**JSON_ONLY, "Mcp-Session-Id": sid, "MCP-Protocol-Version": body["result"]["protocolVersion"]}
+    async with http.post(url, json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=headers) as resp:
+        assert resp.status == 202, resp.status
+    async with http.post(url, json={"jsonrpc": "2.0", "id": 2, "method": "tools/list"}, headers=headers) as resp:
+        assert "result" in await resp.json()
+    async with http.delete(url, headers=headers) as resp:
+        assert resp.status == 204, resp.status
+    return sid, took
+
+
+async def paced(http: aiohttp.ClientSession, url: str, n: int, gap: float) -> tuple[str, float]:
+    await asyncio.sleep(n * gap)  # the arrival schedule being measured, not a wait for something to settle
+    return await session(http, url, n)
+
+
+async def one_case(warm: int, pattern: str, sessions: int, gap: float) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as workdir:
+        async with Daemon(warm, workdir) as daemon, aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+            if warm:
+                await daemon.pool_ready(http)
+            if pattern == "sequential":
+                timed = [await session(http, daemon.url, n) for n in range(sessions)]
+            elif pattern == "paced":
+                timed = list(await asyncio.gather(*(paced(http, daemon.url, n, gap) for n in range(sessions))))
+            else:
+                timed = list(await asyncio.gather(*(session(http, daemon.url, n) for n in range(sessions))))
+            hits = await daemon.warm_sessions(http)
+            sources = dict(daemon.sources)
+    times = [t for _, t in timed]
+    from_pool = [t for sid, t in timed if sources.get(sid) == "warm"]
+    result = {"p50_ms": percentile(times, 0.5) * 1000, "p99_ms": percentile(times, 0.99) * 1000, "warm_hits": hits}
+    if from_pool:
+        result |= {"warm_p50_ms": percentile(from_pool, 0.5) * 1000, "warm_p99_ms": percentile(from_pool, 0.99) * 1000}
+    return result
+
+
+async def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--sessions", type=int, default=50)
+    parser.add_argument("--warm", type=int, default=4)
+    parser.add_argument("--gap", type=float, default=0.0, help="also run sessions started every GAP seconds (paced)")
+    args = parser.parse_args(argv)
+    patterns = ("sequential", "concurrent") + (("paced",) if args.gap else ())
+    if not os.path.exists(EVERYTHING):
+        print(f"server-everything not found at {EVERYTHING} (see tests/node)", file=sys.stderr)
+        return 2
+    results: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for run in range(args.runs):
+        for pattern in patterns:
+            for warm in (0, args.warm):
+                result = await one_case(warm, pattern, args.sessions, args.gap)
+                mode = f"warm: {warm}" if warm else "cold"
+                results.setdefault((pattern, mode), []).append(result)
+                rounded = {k: round(v, 1) for k, v in result.items()}
+                print(f"run {run + 1} {pattern:10} {mode:8} {json.dumps(rounded)}", flush=True)
+    print(f"\n{args.sessions} sessions, medians of {args.runs} runs (time from initialize sent to its answer)\n")
+    print("| sessions | processes | p50 | p99 | given a warm process | their p50 | their p99 |")
+    print("|---|---|---|---|---|---|---|")
+    for (pattern, mode), rows in results.items():
+        p50, p99, hits = (statistics.median(r[key] for r in rows) for key in ("p50_ms", "p99_ms", "warm_hits"))
+        warm = [r for r in rows if "warm_p99_ms" in r]
+        their = (
+            " | ".join(f"{statistics.median(r[key] for r in warm):.1f} ms" for key in ("warm_p50_ms", "warm_p99_ms"))
+            if warm
+            else "- | -"
+        )
+        what = {"sequential": "one after another", "concurrent": "all at once", "paced": f"one every {args.gap:g} s"}[pattern]
+        print(f"| {args.sessions} {what} | {mode} | {p50:.1f} ms | {p99:.1f} ms | {hits:g} of {args.sessions} | {their} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))
