@@ -2,7 +2,7 @@
 
 `nginx_in_front(tmp, ports)` runs it in the foreground on a free loopback port,
 with every path of its own under `tmp`, and stops it (SIGQUIT, then SIGKILL) on
-exit. `NGINX` is None where nginx is not installed: the tests that need it skip.
+exit; `write_config` is its config, which bench/replicas.py shares. `NGINX` is None where nginx is not installed: the tests that need it skip.
 Streams pass unbuffered both ways, as any balancer in front of MCP must be set.
 """
 
@@ -14,7 +14,7 @@ import os
 import shutil
 import signal
 import socket
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 
 NGINX = shutil.which("nginx") or shutil.which("nginx", path="/usr/sbin:/usr/local/sbin")
@@ -35,14 +35,12 @@ http {{
     fastcgi_temp_path {home}/fastcgi;
     uwsgi_temp_path {home}/uwsgi;
     scgi_temp_path {home}/scgi;
-    upstream bridges {{
-{servers}
-        keepalive 64;
-    }}
+{upstreams}
+{http_extra}
     server {{
         listen 127.0.0.1:{port};
         location / {{
-            proxy_pass http://bridges;
+            proxy_pass http://{pass_to};
             proxy_http_version 1.1;
             proxy_set_header Connection "";
             proxy_set_header Host $http_host;
@@ -57,7 +55,7 @@ http {{
 """
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
@@ -75,25 +73,38 @@ async def _accepting(port: int, timeout: float) -> None:
             return
 
 
-@contextlib.asynccontextmanager
-async def nginx_in_front(home: Path, ports: Sequence[int]) -> AsyncIterator[int]:
-    """nginx balancing over the replicas on `ports`; yields the port it listens on."""
+def write_config(home: Path, port: int, upstreams: Mapping[str, Sequence[int]], pass_to: str = "bridges", http_extra: str = "") -> list[str]:
+    """nginx.conf under `home`, listening on `port`: each upstream round robin over its loopback
+    ports, requests passed to `pass_to` (an upstream, or a variable `http_extra` sets, as
+    bench/replicas.py does); the command line that runs it in the foreground."""
     assert NGINX is not None, MISSING
     home.mkdir(parents=True, exist_ok=True)
-    port = _free_port()
+    blocks = [
+        f"    upstream {name} {{\n" + "".join(f"        server 127.0.0.1:{p} max_fails=0;\n" for p in ports) + "        keepalive 64;\n    }"
+        for name, ports in upstreams.items()
+    ]
     conf = home / "nginx.conf"
     conf.write_text(
         CONFIG.format(
             home=home,
             port=port,
             user="user root;" if os.geteuid() == 0 else "",  # its workers read the paths under home
-            servers="\n".join(f"        server 127.0.0.1:{p} max_fails=0;" for p in ports),
+            upstreams="\n".join(blocks),
+            http_extra=http_extra,
+            pass_to=pass_to,
         )
     )
+    return [NGINX, "-p", str(home), "-c", str(conf), "-e", str(home / "error.log")]
+
+
+@contextlib.asynccontextmanager
+async def nginx_in_front(home: Path, ports: Sequence[int]) -> AsyncIterator[int]:
+    """nginx balancing over the replicas on `ports`; yields the port it listens on."""
+    port = free_port()
+    command = write_config(home, port, {"bridges": ports})
     proc = await asyncio.create_subprocess_exec(
-        NGINX, "-p", str(home), "-c", str(conf), "-e", str(home / "error.log"),
-        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
-    )  # fmt: skip
+        *command, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL
+    )
     try:
         await _accepting(port, 10)
         yield port
