@@ -70,7 +70,9 @@ def _add_cluster(app: web.Application, config: Config) -> None:
     cluster = Cluster(settings.advertise, settings.peer_key, settings.previous_peer_key)
     metrics = app[METRICS]
     metrics.forwarding = Forwarding()
-    forwarder = forward.Forwarder(cluster, settings, config.listen.tls is not None, metrics.forwarding)
+    # A live owner says something within a request's timeout, and on a stream within a keepalive.
+    silence = config.limits.request_timeout + config.sse.keepalive
+    forwarder = forward.Forwarder(cluster, settings, config.listen.tls is not None, silence, metrics.forwarding)
     app[forward.CLUSTER] = cluster
     app[forward.FORWARDER] = forwarder
     app.middlewares.append(forward.middleware(forwarder))  # after the access check: the principal is known

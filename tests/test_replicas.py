@@ -215,6 +215,24 @@ async def test_owner_killed_answers_404_within_a_second(tmp_path: Path) -> None:
             assert text_of((await fresh.request("tools/call", {"name": "echo", "arguments": {"text": "again"}}))[0]) == "again"
 
 
+async def test_a_silent_owner_is_gone_after_a_bounded_wait(tmp_path: Path) -> None:
+    """An owner that accepts connections but answers nothing (stopped, cut off) is not waited
+    on for ever: after request_timeout + keepalive of silence the request gets 404."""
+    config = {**DEMO, "limits": {"request_timeout": "1s"}, "sse": {"keepalive": "1s"}}
+    async with replicas(tmp_path, n=2, config=config) as (a, b), RawStreamable(mcp(a)) as client:
+        await client.initialize()
+        client.url = mcp(b)
+        a.proc.send_signal(signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            async with asyncio.timeout(10):
+                gone = await client.post(tool_call("echo", {"text": "x"}, 1))
+            assert gone.status == 404 and time.monotonic() - started < 5, (gone.status, time.monotonic() - started)
+        finally:
+            a.proc.send_signal(signal.SIGCONT)
+        assert await forwarded_count(b, "owner_gone") == 1
+
+
 async def test_a_restarted_owner_refuses_its_old_ids(tmp_path: Path) -> None:
     async with replicas(tmp_path, n=2) as (a, b):
         port = a.port

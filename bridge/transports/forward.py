@@ -48,16 +48,18 @@ OWNER_GONE = "unknown session: the replica that owned it is gone; start a new se
 class Forwarder:
     """This replica's side of the cluster: its ids, its client to the peers, its counts."""
 
-    def __init__(self, cluster: Cluster, config: ClusterConfig, tls: bool, counts: Forwarding) -> None:
+    def __init__(self, cluster: Cluster, config: ClusterConfig, tls: bool, read_timeout: float, counts: Forwarding) -> None:
         self.cluster = cluster
         self.counts = counts
         self.in_flight = 0  # forwarded requests under way: each holds one connection to its owner
         self.draining = False  # SIGTERM: unready, still serving
         self._limit = config.max_connections
         self._scheme = "https" if tls else "http"  # peers share the config, so they listen as this one does
-        # No total or read limit: a forwarded stream lasts as long as the client reads it; the
-        # owner's own limits (request_timeout, keepalives) end what must end.
-        self._timeout = aiohttp.ClientTimeout(total=None, connect=None, sock_connect=config.connect_timeout, sock_read=None)
+        # No total limit: a forwarded stream lasts as long as the client reads it. Between two reads
+        # an owner that is alive sends something within `read_timeout`: a stream its keepalives, a
+        # JSON answer its result or a timeout error; one that stays silent longer (stopped, cut off
+        # by the network after the connection was made) is gone.
+        self._timeout = aiohttp.ClientTimeout(total=None, connect=None, sock_connect=config.connect_timeout, sock_read=read_timeout)
         self._client: aiohttp.ClientSession | None = None
         self._log = logs.get()
 
@@ -93,8 +95,8 @@ class Forwarder:
                     allow_redirects=False,
                 )
             except (aiohttp.ClientConnectionError, asyncio.TimeoutError, OSError) as exc:
-                # Refused, unreachable, no answer in time, or closed before answering: its
-                # sessions are gone with it (an owner that is up answers at once).
+                # Refused, unreachable, no connection or answer in time, or closed before answering:
+                # its sessions are gone with it.
                 counts.outcomes["owner_gone"] += 1
                 self._log.warning("forward_owner_gone", owner=owner.address, epoch=owner.epoch, error=str(exc) or type(exc).__name__)
                 raise HttpError(404, OWNER_GONE, jsonrpc.SESSION_CLOSED) from None
@@ -126,17 +128,21 @@ class Forwarder:
         if request.transport is not None and upstream.content_type == "text/event-stream":
             common.limit_unacked(request.transport)
         await response.prepare(request)
-        try:
-            async for chunk in upstream.content.iter_any():
-                await response.write(chunk)
-        except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
-            # The owner went mid-answer. Closing before the answer's end (the last chunk, or
-            # Content-Length bytes) is how HTTP says the answer is broken, not complete.
-            self.counts.outcomes["broken"] += 1
-            self._log.warning("forward_broken", owner=owner.address, error=str(exc) or type(exc).__name__)
-            if request.transport is not None:
-                request.transport.close()
-            raise ConnectionResetError("the owning replica went mid-answer") from None
+        reader = upstream.content
+        while True:
+            try:
+                chunk = await reader.readany()
+            except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
+                # The owner went mid-answer. Closing before the answer's end (the last chunk, or
+                # Content-Length bytes) is how HTTP says the answer is broken, not complete.
+                self.counts.outcomes["broken"] += 1
+                self._log.warning("forward_broken", owner=owner.address, error=str(exc) or type(exc).__name__)
+                if request.transport is not None:
+                    request.transport.close()
+                raise ConnectionResetError("the owning replica went mid-answer") from None
+            if not chunk:
+                break
+            await response.write(chunk)  # a client gone raises here: aiohttp's to handle, the owner is fine
         self.counts.outcomes[outcome] += 1
         await response.write_eof()
         return response
