@@ -10,13 +10,12 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from . import admin, logs, policy, procstat, security, statuspage
+from .cluster import Cluster
 from .config import Config
 from .gateway import Gateway
-from .metrics import Metrics
+from .metrics import Forwarding, Metrics
 from .principals import OAuthVerifier
 from .security import WELL_KNOWN, Guard
-from .cluster import Cluster
-from .metrics import Forwarding
 from .transports import forward, http, sse, streamable
 from .transports.common import GATEWAYS, LIVE, METRICS, Live
 
@@ -116,7 +115,10 @@ async def drain(app: web.Application, timeout: float) -> None:
     for gateway in gateways:
         gateway.accepting = False
     log = logs.get()
-    busy = _drain_busy(app, gateways)
+    forwarder = app.get(forward.FORWARDER)
+    if forwarder is not None:
+        forwarder.draining = True  # /readyz: 503, so that the balancer sends no new sessions
+    busy = _drain_busy(forwarder, gateways)
     inflight = sum(g.inflight() for g in gateways)
     log.info("draining", in_flight=inflight, timeout_s=timeout)
     deadline = time.monotonic() + timeout
@@ -126,13 +128,11 @@ async def drain(app: web.Application, timeout: float) -> None:
         log.warning("drain_timeout", in_flight=sum(g.inflight() for g in gateways))
 
 
-def _drain_busy(app: web.Application, gateways: list[Gateway]) -> Callable[[], bool]:
+def _drain_busy(forwarder: forward.Forwarder | None, gateways: list[Gateway]) -> Callable[[], bool]:
     """What a drain waits for: the calls in flight; in a cluster, whose balancer sends this
     replica nothing new once it is unready, also its sessions and the requests it forwards."""
-    forwarder = app.get(forward.FORWARDER)
     if forwarder is None:
         return lambda: any(g.inflight() for g in gateways)
-    forwarder.draining = True
     return lambda: forwarder.in_flight > 0 or any(g.inflight() or g.sessions for g in gateways)
 
 

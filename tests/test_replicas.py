@@ -14,12 +14,11 @@ import os
 import signal
 import socket
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-import pytest
 from conftest import Bridge, demo, pid_alive, run_bridge
 from rawclient import RawSse
 from rawstreamable import JSON_ONLY, SESSION, RawStreamable, text_of, tool_call
