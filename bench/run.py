@@ -11,6 +11,7 @@ bench/results/<timestamp>.json.
     python bench/run.py --transport streamable
     python bench/run.py --transport sse,streamable,stateless --workloads a,c,d --targets direct,bridge
     python bench/run.py --idle 10000                 # the idle-sessions target (bench/idle.py)
+    python bench/run.py --workloads c,d --targets nginx-1,nginx-3,nginx-fwd   # replicas behind nginx (bench/replicas.py)
 
 supergateway listens on every interface and has no host option, so when it is
 a target the whole comparison runs inside a new network namespace holding
@@ -69,8 +70,13 @@ TARGET_RPS_FACTOR = 2.0
 TARGET_ADDED_P50_MS = 0.25
 TARGET_RSS_D_MIB = 64
 
-ALL_TARGETS = ["direct", "bridge", "supergateway", "mcp-proxy"]
-LABELS = {"direct": "direct stdio", "bridge": "mcp-bridge", "supergateway": "supergateway", "mcp-proxy": "mcp-proxy"}
+ALL_TARGETS = ["direct", "bridge", "supergateway", "mcp-proxy", "nginx-1", "nginx-3", "nginx-fwd"]
+LABELS = {
+    "direct": "direct stdio", "bridge": "mcp-bridge", "supergateway": "supergateway", "mcp-proxy": "mcp-proxy",
+    "nginx-1": "nginx+1 bridge", "nginx-3": "nginx+3 bridges", "nginx-fwd": "nginx+fwd hop",
+}  # fmt: skip
+# Replicas behind nginx (bench/replicas.py): how many, and whether every message takes a forwarding hop.
+REPLICA_TARGETS = {"nginx-1": ["--replicas", "1"], "nginx-3": ["--replicas", "3"], "nginx-fwd": ["--replicas", "2", "--forward"]}
 # The load generator's modes for the HTTP transports: HTTP+SSE (2024-11-05), Streamable HTTP
 # with 2025 sessions, and Streamable HTTP at 2026-07-28 (stateless, no session).
 TRANSPORTS = {"sse": "HTTP+SSE", "streamable": "Streamable 2025", "stateless": "2026-07-28"}
@@ -350,7 +356,25 @@ def start_mcp_proxy(workdir: str, transport: str) -> Target:
     return Target("mcp-proxy", proc, base + "/sse", base + "/mcp", logfile, {"port": port})
 
 
+def start_replicas(name: str, workdir: str) -> Target:
+    logfile = os.path.join(workdir, "replicas.log")
+    proc = _spawn([sys.executable, os.path.join(HERE, "replicas.py"), "--workdir", workdir, *REPLICA_TARGETS[name]], logfile)
+
+    def ready() -> int | None:
+        with open(logfile, "rb") as f:
+            for line in f:
+                with contextlib.suppress(ValueError):
+                    return int(json.loads(line)["port"])
+        return None
+
+    port = _wait(ready, proc, name, logfile, timeout=60)
+    base = f"http://127.0.0.1:{port}/servers/bench"
+    return Target(name, proc, base + "/sse", base + "/mcp", logfile, {"port": port})
+
+
 def start_target(name: str, workdir: str, transport: str) -> Target:
+    if name in REPLICA_TARGETS:
+        return start_replicas(name, workdir)
     if name == "direct":
         return Target("direct", None)
     if name == "bridge":
@@ -668,7 +692,7 @@ def only_loopback() -> bool:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workloads", default="a,b,c,d,e,f", help="comma-separated, from a-f")
-    p.add_argument("--targets", default=None, help=f"comma-separated, from {','.join(ALL_TARGETS)} (default: all that are installed)")
+    p.add_argument("--targets", default=None, help=f"comma-separated, from {','.join(ALL_TARGETS)} (default: all that are installed, but the nginx-* replicas)")
     p.add_argument("--transport", default="sse", help=f"comma-separated, from {','.join(TRANSPORTS)}: each gets its table, and with several, mcp-bridge's figures side by side")
     p.add_argument("--runs", type=int, default=3, help="fresh runs per workload and target (default 3)")
     p.add_argument("--rounds", type=int, default=1, help="run each workload this many times on the same target per run (e.g. d 10 times: is RSS flat?); the table shows round 1")
@@ -706,7 +730,8 @@ def main(argv: list[str] | None = None) -> int:
         log(f"unknown workloads: {', '.join(bad)} (known: {', '.join(WORKLOADS)})")
         return 2
     explicit = args.targets is not None
-    targets = [t.strip() for t in (args.targets or ",".join(ALL_TARGETS)).split(",") if t.strip()]
+    default = [t for t in ALL_TARGETS if t not in REPLICA_TARGETS]  # replicas only when named
+    targets = [t.strip() for t in (args.targets or ",".join(default)).split(",") if t.strip()]
     bad = [t for t in targets if t not in ALL_TARGETS]
     if bad:
         log(f"unknown targets: {', '.join(bad)} (known: {', '.join(ALL_TARGETS)})")
@@ -714,6 +739,10 @@ def main(argv: list[str] | None = None) -> int:
     for t, exe in (("supergateway", "supergateway"), ("mcp-proxy", "mcp-proxy")):
         if t in targets and others_bin(exe) is None:
             log(f"skipping {t}: not installed (see bench/README.md: mkdir -p bench/.others && cd bench/.others && npm install supergateway@4.0.0 mcp-proxy@6.7.19)")
+            targets.remove(t)
+    if not (shutil.which("nginx") or os.path.exists("/usr/sbin/nginx")):
+        for t in [t for t in targets if t in REPLICA_TARGETS]:
+            log(f"skipping {t}: nginx is not installed (Debian: apt-get install nginx-light)")
             targets.remove(t)
     in_netns = os.environ.get(NETNS_ENV) == "1"
     if "supergateway" in targets and not in_netns:

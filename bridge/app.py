@@ -4,19 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 import msgspec
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from . import admin, confine, logs, policy, procstat, security, statuspage
+from .cluster import Cluster
 from .config import Config
 from .gateway import Gateway
-from .metrics import Metrics
+from .metrics import Forwarding, Metrics
 from .pool import Slots
 from .principals import OAuthVerifier
 from .security import WELL_KNOWN, Guard
-from .transports import http, sse, streamable
+from .transports import forward, http, sse, streamable
 from .transports.common import GATEWAYS, LIVE, METRICS, Live
 
 DRAIN_POLL_S = 0.05
@@ -34,12 +36,15 @@ def create_app(config: Config) -> web.Application:
     app[LIVE] = live
     app[METRICS] = metrics
     app[GATEWAYS] = gateways
+    if config.cluster is not None:
+        _add_cluster(app, config)
     limiter = policy.RateLimiter.of(config, live.in_flight, metrics.rate_limited)
     for name, server in config.servers.items():
         gateways[name] = Gateway(
             name, server, config.limits, metrics.server(name), config.sse.keepalive, live.in_flight, live.processes
         )
         _apply_policy(gateways[name], config, limiter)
+        _mint_cluster_ids(app, gateways[name])
     app.router.add_get("/servers/{name}/sse", sse.stream, allow_head=False)  # a HEAD must not open a session
     app.router.add_post("/servers/{name}/messages", sse.post_message)
     app.router.add_post("/servers/{name}/mcp", streamable.post)
@@ -59,6 +64,28 @@ def create_app(config: Config) -> web.Application:
     app.on_shutdown.append(_stop_gateways)
     app.on_cleanup.append(_close_oauth)
     return app
+
+
+def _add_cluster(app: web.Application, config: Config) -> None:
+    """Session ids that name this replica, and forwarding to the replica a request's session names."""
+    settings = config.cluster
+    assert settings is not None and settings.advertise is not None and settings.peer_key is not None  # config.cluster_problems
+    cluster = Cluster(settings.advertise, settings.peer_key, settings.previous_peer_key)
+    metrics = app[METRICS]
+    metrics.forwarding = Forwarding()
+    # A live owner says something within a request's timeout, and on a stream within a keepalive.
+    silence = config.limits.request_timeout + config.sse.keepalive
+    forwarder = forward.Forwarder(cluster, settings, config.listen.tls is not None, silence, metrics.forwarding)
+    app[forward.CLUSTER] = cluster
+    app[forward.FORWARDER] = forwarder
+    app.middlewares.append(forward.middleware(forwarder))  # after the access check: the principal is known
+    app.on_startup.append(lambda _: forwarder.start())
+    app.on_cleanup.append(lambda _: forwarder.close())
+
+
+def _mint_cluster_ids(app: web.Application, gateway: Gateway) -> None:
+    if (cluster := app.get(forward.CLUSTER)) is not None:
+        gateway.new_id = cluster.new_id
 
 
 def listening(app: web.Application, port: int) -> None:
@@ -92,14 +119,25 @@ async def drain(app: web.Application, timeout: float) -> None:
     for gateway in gateways:
         gateway.accepting = False
     log = logs.get()
+    forwarder = app.get(forward.FORWARDER)
+    if forwarder is not None:
+        forwarder.draining = True  # /readyz: 503, so that the balancer sends no new sessions
+    busy = _drain_busy(forwarder, gateways)
     inflight = sum(g.inflight() for g in gateways)
     log.info("draining", in_flight=inflight, timeout_s=timeout)
     deadline = time.monotonic() + timeout
-    while inflight and time.monotonic() < deadline:
+    while busy() and time.monotonic() < deadline:
         await asyncio.sleep(DRAIN_POLL_S)
-        inflight = sum(g.inflight() for g in gateways)
-    if inflight:
-        log.warning("drain_timeout", in_flight=inflight)
+    if busy():
+        log.warning("drain_timeout", in_flight=sum(g.inflight() for g in gateways))
+
+
+def _drain_busy(forwarder: forward.Forwarder | None, gateways: list[Gateway]) -> Callable[[], bool]:
+    """What a drain waits for: the calls in flight; in a cluster, whose balancer sends this
+    replica nothing new once it is unready, also its sessions and the requests it forwards."""
+    if forwarder is None:
+        return lambda: any(g.inflight() for g in gateways)
+    return lambda: forwarder.in_flight > 0 or any(g.inflight() or g.sessions for g in gateways)
 
 
 async def apply_config(app: web.Application, new: Config) -> None:
@@ -108,7 +146,7 @@ async def apply_config(app: web.Application, new: Config) -> None:
     log = logs.get()
     live = app[LIVE]
     old = live.config
-    for key in ("listen", "metrics", "logging"):
+    for key in ("listen", "metrics", "logging", "cluster"):
         if getattr(new, key) != getattr(old, key):
             log.warning("reload_needs_restart", key=key)
     if new.limits.keepalive_timeout != old.limits.keepalive_timeout:
@@ -127,6 +165,7 @@ async def apply_config(app: web.Application, new: Config) -> None:
         gateways[name] = Gateway(
             name, new.servers[name], new.limits, metrics.server(name), new.sse.keepalive, live.in_flight, live.processes
         )
+        _mint_cluster_ids(app, gateways[name])
         await gateways[name].start()
     live.processes.changed()  # a higher cap may let waiting sessions in
     limiter = policy.RateLimiter.of(new, live.in_flight, metrics.rate_limited)
@@ -163,6 +202,8 @@ async def healthz(request: web.Request) -> web.Response:
 
 async def readyz(request: web.Request) -> web.Response:
     problems = {name: reason for name, g in request.app[GATEWAYS].items() if (reason := g.readiness()) is not None}
+    if (forwarder := request.app.get(forward.FORWARDER)) is not None and forwarder.draining:
+        problems["cluster"] = "draining: serving its sessions until they end, taking no new ones"
     body: dict[str, object] = {"status": "ready"}
     oauth = request.app[LIVE].oauth
     if oauth is not None:
@@ -200,12 +241,14 @@ async def protected_resource(request: web.Request) -> web.Response:
 
 async def status(request: web.Request) -> web.Response:
     slots = request.app[LIVE].processes
-    return web.json_response(
-        {
-            "servers": {name: server_status(g) for name, g in request.app[GATEWAYS].items()},
-            "processes": {"running": slots.used, "max": slots.limit, "waiting": len(slots.waiters)},
-        }
-    )
+    body: dict[str, object] = {
+        "servers": {name: server_status(g) for name, g in request.app[GATEWAYS].items()},
+        "processes": {"running": slots.used, "max": slots.limit, "waiting": len(slots.waiters)},
+    }
+    if (forwarder := request.app.get(forward.FORWARDER)) is not None:
+        cluster = forwarder.cluster
+        body["cluster"] = {"advertise": cluster.advertise, "epoch": cluster.epoch, "forwarding": forwarder.in_flight, "draining": forwarder.draining}
+    return web.json_response(body)
 
 
 def _memory_limit(gateway: Gateway) -> dict[str, str | None] | None:

@@ -18,7 +18,7 @@ from aiohttp import web
 
 from . import __version__, admin, confine, logs, mcpservers, runtime
 from .app import apply_config, create_app, drain, listening
-from .config import Config, ConfigError, Mode, build, listen_problems, load
+from .config import Config, ConfigError, Mode, build, cluster_problems, listen_problems, load
 from .transports import fastpath
 from .transports.common import GATEWAYS, LIVE
 
@@ -56,6 +56,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--mode", choices=MODES, help="with -- COMMAND: the server's mode (default shared)")
     parser.add_argument("--host", help="listen address (overrides listen.host)")
     parser.add_argument("--port", type=int, help="listen port, 0 for any free port (overrides listen.port)")
+    parser.add_argument("--advertise", metavar="HOST:PORT", help="the address other replicas reach this one at (overrides cluster.advertise)")
     parser.add_argument("--check", action="store_true", help="validate the config, print what is wrong or what would be served, exit")
     parser.add_argument("--log-format", choices=["json", "console"], help="overrides logging.format")
     parser.add_argument("--log-level", choices=list(logs.LEVELS), help="overrides logging.level")
@@ -125,10 +126,17 @@ def _load(args: argparse.Namespace, notes: list[str] | None = None) -> Config:
         problems = [f"--host: {host!r} is not loopback and no token is set; set MCP_BRIDGE_TOKEN or MCP_BRIDGE_TOKEN_FILE"]
     if not 0 <= port <= 65535:
         problems.append(f"--port: {port} is not a port number")
+    config = msgspec.structs.replace(config, listen=msgspec.structs.replace(config.listen, host=host, port=port))
+    if args.advertise is not None:
+        if config.cluster is None:
+            problems.append("--advertise: needs a cluster block in the config (with the peer key the replicas share)")
+        else:
+            config = msgspec.structs.replace(config, cluster=msgspec.structs.replace(config.cluster, advertise=args.advertise))
+    problems += cluster_problems(config)
     problems += confine.host_problems(config)
     if problems:
         raise ConfigError(source, problems)
-    return msgspec.structs.replace(config, listen=msgspec.structs.replace(config.listen, host=host, port=port))
+    return config
 
 
 def _reload_config(args: argparse.Namespace) -> Config:

@@ -32,6 +32,7 @@ Mode = Literal["shared", "per-principal", "per-session"]
 SERVER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 ENV_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\*?$")  # a variable name, or a prefix ending in *
 MIN_TOKEN = 16
+MIN_PEER_KEY = 32  # characters of a cluster's peer key
 SECRET_FILE_MAX = 64 * 1024
 
 
@@ -268,6 +269,19 @@ class Server(Struct, frozen=True):
     resources: Filter = Filter()  # by uri
 
 
+class Cluster(Struct, frozen=True):
+    """Replicas behind one load balancer: session ids name the replica that owns them, and any
+    replica forwards a request to its session's owner (bridge/cluster.py)."""
+
+    advertise: str | None = None  # HOST:PORT its peers reach it at; --advertise overrides
+    peer_key: str | None = None  # with peer_key_file: the file's content, filled in by parse
+    peer_key_file: str | None = None
+    previous_peer_key: str | None = None  # also accepted, while keys are rotated
+    previous_peer_key_file: str | None = None
+    connect_timeout: Duration = Duration(0.5)  # an owner not answering by then is gone: 404
+    max_connections: PositiveInt = 1024  # to all peers together; streams forwarded hold one each
+
+
 class Config(Struct, frozen=True):
     servers: dict[str, Server]
     listen: Listen = Listen()
@@ -277,6 +291,7 @@ class Config(Struct, frozen=True):
     streamable: Streamable = Streamable()
     metrics: Metrics = Metrics()
     logging: Logging = Logging()
+    cluster: Cluster | None = None
 
 
 class ConfigError(Exception):
@@ -435,7 +450,20 @@ def _read_secret_files(config: Config, problems: list[str]) -> Config:
             if (secret := _secret_from(intro.client_secret_file, where, problems)) is not None:
                 servers[i] = msgspec.structs.replace(server, introspection=msgspec.structs.replace(intro, client_secret=secret))
         security = msgspec.structs.replace(security, oauth=msgspec.structs.replace(oauth, authorization_servers=tuple(servers)))
-    return msgspec.structs.replace(config, security=security)
+    config = msgspec.structs.replace(config, security=security)
+    if (cluster := config.cluster) is not None:
+        keys = {}
+        for key in ("peer_key", "previous_peer_key"):
+            path = getattr(cluster, key + "_file")
+            if path is None or getattr(cluster, key) is not None:
+                continue  # no file, or both (already reported)
+            if (secret := _secret_from(path, f"cluster.{key}_file", problems)) is None:
+                continue
+            if len(secret) < MIN_PEER_KEY:
+                problems.append(f"cluster.{key}_file: the key in {path} is too short (at least {MIN_PEER_KEY} characters)")
+            keys[key] = secret
+        config = msgspec.structs.replace(config, cluster=msgspec.structs.replace(cluster, **keys))
+    return config
 
 
 def _join(path: str, key: object) -> str:
@@ -504,6 +532,9 @@ def _describe(exc: msgspec.ValidationError, value: Any, annotation: Any) -> str:
 
 def _show(value: Any) -> str:
     return "nothing" if value is None else repr(value)
+
+
+_HOST = re.compile(r"[A-Za-z0-9.:_-]+")  # a name, an IPv4 or (between brackets) IPv6 address
 
 
 def is_loopback(host: str) -> bool:
@@ -580,8 +611,39 @@ def _semantic_problems(config: Config) -> list[str]:
         problems.append("limits.session_queue_bytes: smaller than limits.max_message_bytes (one message would drop a session)")
     if not config.metrics.path.startswith("/") or config.metrics.path.startswith("/servers/"):
         problems.append("metrics.path: must start with '/' and not be under /servers/")
-    problems += listen_problems(config)
+    problems += listen_problems(config) + _cluster_key_problems(config)
     return problems
+
+
+def _cluster_key_problems(config: Config) -> list[str]:
+    cluster = config.cluster
+    if cluster is None:
+        return []
+    problems: list[str] = []
+    for key, required in (("peer_key", True), ("previous_peer_key", False)):
+        value, path = getattr(cluster, key), getattr(cluster, key + "_file")
+        if value is not None and path is not None:
+            problems.append(f"cluster: give one of '{key}' and '{key}_file'")
+        elif required and value is None and path is None:
+            problems.append(f"cluster: give '{key}' or '{key}_file' (the key every replica shares)")
+        elif value is not None and len(value) < MIN_PEER_KEY:
+            problems.append(f"cluster.{key}: too short (at least {MIN_PEER_KEY} characters)")
+    return problems
+
+
+def cluster_problems(config: Config) -> list[str]:
+    """With a cluster block, the address peers reach this replica at (from the file or
+    --advertise, so checked once both are known)."""
+    cluster = config.cluster
+    if cluster is None:
+        return []
+    if cluster.advertise is None:
+        return ["cluster.advertise: required (HOST:PORT its peers reach this replica at; or --advertise)"]
+    host, sep, port = cluster.advertise.rpartition(":")
+    bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not sep or not bare or not port.isdigit() or not 0 < int(port) < 65536 or not _HOST.fullmatch(bare):
+        return [f"cluster.advertise: expected HOST:PORT (like 10.0.0.7:8080 or [fd00::7]:8080), got {cluster.advertise!r}"]
+    return []
 
 
 def _oauth_problems(config: Config) -> list[str]:

@@ -14,7 +14,7 @@ import shutil
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from . import __version__, confine, jsonrpc, logs
@@ -283,6 +283,7 @@ class Gateway:
         self._ticker: asyncio.Task[None] | None = None
         self._pinger: asyncio.Task[None] | None = None
         self.accepting = True
+        self.new_id: Callable[[str | None], str] | None = None  # with a cluster: ids that name this replica (the app sets it)
         self.restarting = False  # an admin restart is under way (Gateway.restart)
         self.limiter = RateLimiter(RateLimit(), {}, self.in_flight, Counter())  # none, until the app sets its own
         self._throttled_log = logs.Throttle(1.0, 10)
@@ -360,12 +361,15 @@ class Gateway:
         if len(self.sessions) + self._opening >= self.max_sessions:
             self.metrics.sessions_dropped["limit"] += 1
             raise SessionLimitError(f"server {self.name!r} has {len(self.sessions)} sessions (limit {self.max_sessions})")
+        if self.new_id is not None:
+            session.id = self.new_id(session.owner)
         if self._shared is not None:
             upstream = self._shared
         elif self.server.mode == "per-principal":
             upstream = self._principal_upstream(session.owner) or await self._new_principal_upstream(session)
         else:
-            upstream = await self._acquire(session, f"{self.name}[{session.id[:8]}]")
+            # The id's end: a cluster's ids share their start.
+            upstream = await self._acquire(session, f"{self.name}[{session.id[-8:]}]")
             upstream.unchecked = upstream.warm
         self.sessions[session.id] = session
         self._upstreams[session.id] = upstream

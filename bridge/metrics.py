@@ -182,6 +182,7 @@ class Metrics:
         self.rejections: Counter[str] = Counter()
         self.rate_limited: Counter[tuple[str | None, str]] = Counter()  # (principal, limit) -> calls refused
         self.oauth: Callable[[], OAuthVerifier | None] = lambda: None  # the live one, set by the app
+        self.forwarding: Forwarding | None = None  # with a cluster: requests for other replicas' sessions
         # A server removed by a reload keeps its counts: counters never go back.
         self.retired: dict[str, ServerMetrics] = {}
         self.registry.register(_Collector(servers, self))
@@ -222,6 +223,8 @@ class _Collector(Collector):
             limited.add_metric([label, limit], n)
         yield limited
         yield from self._oauth()
+        if (forwarding := self._metrics.forwarding) is not None:
+            yield from forwarding.collect()
 
     def _oauth(self) -> Iterator[Metric]:
         oauth = self._metrics.oauth()
@@ -350,3 +353,35 @@ class _Collector(Collector):
             looping.add_metric([view.name], 1 if view.crash_looping() else 0)
             memory.add_metric([view.name], rss[view.name])
         yield from (sessions, inflight, up, looping, processes, memory, pool)
+
+
+class Forwarding:
+    """Requests naming a session another replica owns (transports/forward.py)."""
+
+    # forwarded: the owner's answer relayed whole; owner_gone: no connection to it (404);
+    # owner_restarted: it has restarted since (404); broken: it went mid-answer; busy: 503, no
+    # connection free; invalid, second_hop, stale: 404 with no connection (a bad MAC or
+    # principal, a peer's request for a session not here, this replica's earlier life).
+    OUTCOMES = ("forwarded", "owner_gone", "owner_restarted", "broken", "busy", "invalid", "second_hop", "stale")
+
+    def __init__(self) -> None:
+        self.outcomes: Counter[str] = Counter()
+        self.latency = Latency()  # until the owner's answer starts
+
+    def collect(self) -> Iterator[Metric]:
+        outcomes = CounterMetricFamily(
+            f"{PREFIX}_forwarded_requests",
+            "Requests for sessions other replicas own, by outcome (README, Running several replicas).",
+            labels=["outcome"],
+        )
+        for outcome in self.OUTCOMES:
+            outcomes.add_metric([outcome], self.outcomes[outcome])
+        latency = HistogramMetricFamily(
+            f"{PREFIX}_forward_duration_seconds", "Time from a forwarded request to the start of its owner's answer."
+        )
+        latency.add_metric([], self.latency.cumulative(), self.latency.total)
+        gone = CounterMetricFamily(
+            f"{PREFIX}_owner_gone_answers", "404s for sessions whose replica is gone or restarted (clients start anew)."
+        )
+        gone.add_metric([], sum(self.outcomes[o] for o in ("owner_gone", "owner_restarted", "stale")))
+        yield from (outcomes, latency, gone)

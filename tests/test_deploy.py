@@ -24,7 +24,9 @@ from conftest import PY, ROOT
 from prometheus_client.parser import text_string_to_metric_families
 from rawclient import RawSse, call
 
+from bridge import cli
 from bridge import config as bridge_config
+from bridge.transports.streamable import SESSION_HEADER
 from bridge.gateway import child_env
 from bridge.security import OPEN_PATHS
 
@@ -45,9 +47,15 @@ EXPECTED_FILES = [
     "kubernetes/configmap.yaml",
     "kubernetes/secret.yaml",
     "kubernetes/pdb.yaml",
+    "kubernetes/networkpolicy.yaml",
     "kubernetes/servicemonitor.yaml",
     "kubernetes/prometheusrule.yaml",
+    "replicas/docker-compose.yml",
+    "replicas/nginx.conf",
+    "replicas/servers.yaml",
+    "envoy/envoy.yaml",
 ]
+PEER_KEY = "peer-key"  # the Secret's key the replicas share (cluster.peer_key_file)
 # Stand-ins for real tokens (the config wants at least 16 characters).
 CLIENT_TOKEN = "client-token-for-tests-0123456789"
 METRICS_TOKEN = "metrics-token-for-tests-0123456789"
@@ -113,9 +121,14 @@ def kube_config_text(tmp_path: Path, tokens: dict[str, str] | None = None) -> st
 
 
 def real_tokens() -> dict[str, str]:
-    """Secret key -> a valid stand-in token, each key its own."""
+    """Secret key -> a valid stand-in token (or peer key: 32 characters at least), each key its own."""
     keys = sorted(k8s("Secret")["stringData"])
-    return {key: f"{key}-0123456789abcdef" for key in keys}
+    return {key: f"{key}-0123456789abcdef0123456789abcdef" for key in keys}
+
+
+def bearer_tokens() -> set[str]:
+    """The stand-ins of the Secret's keys that are bearer tokens (not the peer key)."""
+    return {value for key, value in real_tokens().items() if key != PEER_KEY}
 
 
 def config_vars(text: str) -> set[str]:
@@ -435,8 +448,9 @@ def test_shipped_config_validates_and_binds_safely(which: str, tmp_path: Path) -
         tokens = set(env.values())
     else:
         # Tokens come from files, the environment holds none.
-        text, env, tokens = kube_config_text(tmp_path, real_tokens()), {}, set(real_tokens().values())
-        assert "env" not in container(), "tokens belong in files, not in the environment servers might see"
+        text, env, tokens = kube_config_text(tmp_path, real_tokens()), {}, bearer_tokens()
+        sources = [variable["valueFrom"] for variable in container().get("env", [])]
+        assert all(list(source) == ["fieldRef"] for source in sources), "secrets belong in files, not in the environment"
     # Exactly the variables the environment provides are read.
     assert config_vars(text) == set(env), (config_vars(text), set(env))
     config = bridge_config.parse(text, which, env)
@@ -456,7 +470,7 @@ def test_shipped_config_validates_and_binds_safely(which: str, tmp_path: Path) -
         short_text, short_env = text, {var: "CHANGE-ME" for var in env}
     else:
         missing_text = kube_config_text(tmp_path / "none", {})
-        needed = {f"security.tokens[{i}].token_file: cannot read" for i in range(len(tokens))}
+        needed = {f"security.tokens[{i}].token_file: cannot read" for i in range(len(tokens))} | {"cluster.peer_key_file: cannot read"}
         short_text, short_env = kube_config_text(tmp_path / "placeholders"), {}
     with pytest.raises(bridge_config.ConfigError) as missing:
         bridge_config.parse(missing_text, which, {})
@@ -518,7 +532,7 @@ def test_kubernetes_manifests_agree_with_the_daemon_and_the_image() -> None:
     assert {"/healthz", "/readyz"} <= OPEN_PATHS
 
     # Config path: the image's CMD, the args, and the ConfigMap mount all agree.
-    assert c["args"] == ["--config", config_path()]
+    assert c["args"][:2] == ["--config", config_path()]
     mount_dir, file_name = os.path.split(config_path())
     mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
     assert mounts[mount_dir].get("readOnly") is True
@@ -561,7 +575,9 @@ def test_kubernetes_manifests_agree_with_the_daemon_and_the_image() -> None:
     (service_port,) = service["spec"]["ports"]
     assert service_port["targetPort"] in ("http", port)
     if deployment["spec"]["replicas"] > 1:
-        assert service["spec"].get("sessionAffinity") == "ClientIP", "SSE sessions live in one replica's memory"
+        # Several replicas are a cluster: any of them takes any request, no affinity required.
+        assert "cluster" in yaml.safe_load(configmap_config_text())
+        assert service["spec"].get("sessionAffinity", "None") == "None"
     readme = (DEPLOY / "README.md").read_text()
     assert "sessionAffinity" in readme and "Mcp-Session-Id" in readme
 
@@ -572,6 +588,71 @@ def test_kubernetes_manifests_agree_with_the_daemon_and_the_image() -> None:
         assert pdb["spec"]["minAvailable"] < deployment["spec"]["replicas"]
     else:
         assert pdb["spec"]["maxUnavailable"] >= 1
+
+
+def test_kubernetes_replicas_form_a_cluster(tmp_path: Path) -> None:
+    """Each pod advertises its pod IP, all share the Secret's peer key, and may reach each other."""
+    c = container()
+    port = bridge_config.Listen().port
+    (pod_ip,) = c["env"]
+    assert pod_ip["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    assert c["args"][2:] == ["--advertise", f"$({pod_ip['name']}):{port}"]
+    # The config as a pod reads it, with the advertised address as the kubelet expands it.
+    config_file = tmp_path / "servers.yaml"
+    config_file.write_text(kube_config_text(tmp_path, real_tokens()))
+    cluster = cli._load(cli.parse_args(["--config", str(config_file), "--advertise", f"10.1.2.3:{port}"])).cluster
+    assert cluster is not None and cluster.advertise == f"10.1.2.3:{port}"
+    assert cluster.peer_key == real_tokens()[PEER_KEY]
+    assert PEER_KEY in k8s("Secret")["stringData"]
+    # Pod to pod on the port: the NetworkPolicy selects these pods and lets them in from each other.
+    labels = k8s("Deployment")["spec"]["template"]["metadata"]["labels"]
+    policy = k8s("NetworkPolicy")["spec"]
+    assert policy["podSelector"]["matchLabels"].items() <= labels.items()
+    peers = [rule for rule in policy["ingress"] if any("podSelector" in f for f in rule["from"])]
+    assert any(
+        f["podSelector"]["matchLabels"].items() <= labels.items() and {"port": "http", "protocol": "TCP"} in rule["ports"]
+        for rule in peers
+        for f in rule["from"]
+    ), policy
+    assert "networkpolicy.yaml" in yaml_docs(K8S / "kustomization.yaml")[0]["resources"]
+    assert k8s("Deployment")["spec"]["replicas"] == 3
+    assert k8s("PodDisruptionBudget")["spec"]["maxUnavailable"] == 1
+
+
+def test_compose_replicas_behind_nginx_and_envoy() -> None:
+    """deploy/replicas: each replica advertises its own service name; nginx and the Envoy
+    example balance over exactly those; the shared config is a cluster with the peer key."""
+    (doc,) = yaml_docs(DEPLOY / "replicas" / "docker-compose.yml")
+    port = bridge_config.Listen().port
+    bridges = {name: svc for name, svc in doc["services"].items() if name.startswith("bridge-")}
+    assert len(bridges) == 3
+    for name, svc in bridges.items():
+        assert svc["command"][-2:] == ["--advertise", f"{name}:{port}"], name
+        assert svc["read_only"] is True and svc["cap_drop"] == ["ALL"]
+        mounts = {m.split(":")[1]: m.split(":")[0] for m in svc["volumes"]}
+        assert mounts[config_path()] == "./servers.yaml" and svc["command"][:2] == ["--config", config_path()]
+    text = (DEPLOY / "replicas" / "servers.yaml").read_text()
+    env = {var: f"{var.lower()}-0123456789abcdef0123456789abcdef" for var in config_vars(text)}
+    assert set(env) == set(next(iter(bridges.values()))["environment"])
+    config = bridge_config.parse(text, "replicas", env)
+    assert config.cluster is not None and config.cluster.peer_key == env["MCP_BRIDGE_PEER_KEY"]
+    for svc in bridges.values():
+        assert compose_seconds(svc["stop_grace_period"]) > worst_stop_seconds(text, env)
+    nginx = (DEPLOY / "replicas" / "nginx.conf").read_text()
+    assert sorted(re.findall(r"^\s*server (\S+);", nginx, re.M)) == sorted(f"{name}:{port}" for name in bridges)
+    for directive in ("proxy_buffering off;", "proxy_request_buffering off;", "proxy_http_version 1.1;"):
+        assert directive in nginx, directive
+    assert "hash" not in nginx and "sticky" not in nginx and "ip_hash" not in nginx  # no affinity
+    assert doc["services"]["nginx"]["ports"] == [f"127.0.0.1:{port}:{port}"]
+
+    (envoy,) = yaml_docs(DEPLOY / "envoy" / "envoy.yaml")
+    (cluster,) = envoy["static_resources"]["clusters"]
+    endpoints = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"]
+    assert sorted(f"{e['endpoint']['address']['socket_address']['address']}:{e['endpoint']['address']['socket_address']['port_value']}" for e in endpoints) == sorted(f"{name}:{port}" for name in bridges)
+    (listener,) = envoy["static_resources"]["listeners"]
+    manager = listener["filter_chains"][0]["filters"][0]["typed_config"]
+    stateful = next(f for f in manager["http_filters"] if f["name"] == "envoy.filters.http.stateful_session")
+    assert stateful["typed_config"]["session_state"]["typed_config"]["header"]["name"] == SESSION_HEADER
 
 
 def test_servicemonitor_scrapes_with_the_metrics_token(tmp_path: Path) -> None:

@@ -20,6 +20,8 @@ such a request (another path or method, HTTP/1.0, a chunked body, `Expect`,
 good, with the bytes of that request, so every edge of HTTP is still
 aiohttp's and only the common case is parsed here. A request is only ever
 answered whole and in order, so keep-alive and pipelining need nothing else.
+In a cluster, a request naming a session that is not this replica's is
+handed over the same way: forwarding lives on aiohttp's path (forward.py).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from ..gateway import Gateway
 from ..principals import NeedsFetch
 from ..security import NOT_FORWARDED, Forwarded, cors_headers
 from ..sessions import Session
-from . import common, sse, streamable
+from . import common, forward, sse, streamable
 from .http import INTERNAL_ERROR, HttpError, check_access
 
 MAX_HEAD = 8190  # aiohttp's limit on one line; a longer head (of any shape) is aiohttp's to judge
@@ -266,6 +268,7 @@ class Connection(asyncio.Protocol):
         self, app: web.Application, fallback: Callable[[], asyncio.Protocol], registry: Connections, idle_timeout: float
     ) -> None:
         self._app = app
+        self._cluster = app.get(forward.CLUSTER)  # with one, only sessions of this replica are served here
         self._idle_timeout = idle_timeout  # limits.keepalive_timeout, as aiohttp's keepalive_timeout
         self._fallback = fallback
         self._registry = registry
@@ -353,7 +356,8 @@ class Connection(asyncio.Protocol):
                     self._pending = data[pos:]
                 return
             head = parse_head(data[pos:end]) if end - pos <= MAX_HEAD else None
-            if head is None:
+            if head is None or (self._cluster is not None and head.session_id is not None and not self._cluster.is_local(head.session_id)):
+                # Another replica's session, or nobody's: aiohttp's path is where forwarding lives.
                 self._hand_off(data[pos:])
                 return
             start = end + 4

@@ -1,0 +1,192 @@
+"""Forwarding: a request for a session another replica owns is streamed to it, and back.
+
+The one place requests are forwarded. An aiohttp middleware (after the
+access check, so the caller's principal is known) reads the session a
+message POST, a Streamable GET or DELETE names and asks `cluster.Cluster`
+where it lives. The fast path serves only ids with this replica's prefix
+and hands every other request naming a session to aiohttp, so it all ends
+here.
+
+Forwarding opens one request to the owner through the daemon's one client
+(a bounded pool of connections; `cluster.connect_timeout`), with the
+client's end-to-end headers (its credentials, which the owner checks again)
+and `X-MCP-Bridge-Forwarded`, and relays the answer chunk by chunk as it
+comes: 202s, JSON bodies, SSE streams with their keepalives, resumed GET
+streams. Nothing is buffered whole, and a client gone closes the request to
+the owner. An owner that cannot be reached answers 404 at once (its
+sessions died with it: the client starts a new one); an owner that dies
+mid-answer ends the client's answer as an error (the connection closes
+before the answer's end), never as a success.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import assert_never
+
+import aiohttp
+from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
+
+from .. import jsonrpc, logs
+from ..cluster import EPOCH_HEADER, FORWARDED_HEADER, Cluster, Forward, Gone, Local, Owner
+from ..config import Cluster as ClusterConfig
+from ..metrics import Forwarding
+from . import common
+from .http import RETRY_AFTER_S, HttpError
+
+# Meant for one connection only (RFC 9110, 7.6.1), so never passed on.
+HOP_BY_HOP = frozenset(
+    {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade"}
+)
+# Set by this replica on its own answer: its framing, and its CORS headers (the same config's).
+_OWN_RESPONSE_HEADERS = HOP_BY_HOP | {"content-length", "vary", "access-control-allow-origin", "access-control-allow-credentials", "access-control-expose-headers"}
+OWNER_GONE = "unknown session: the replica that owned it is gone; start a new session"
+
+
+class Forwarder:
+    """This replica's side of the cluster: its ids, its client to the peers, its counts."""
+
+    def __init__(self, cluster: Cluster, config: ClusterConfig, tls: bool, read_timeout: float, counts: Forwarding) -> None:
+        self.cluster = cluster
+        self.counts = counts
+        self.in_flight = 0  # forwarded requests under way: each holds one connection to its owner
+        self.draining = False  # SIGTERM: unready, still serving
+        self._limit = config.max_connections
+        self._scheme = "https" if tls else "http"  # peers share the config, so they listen as this one does
+        # No total limit: a forwarded stream lasts as long as the client reads it. Between two reads
+        # an owner that is alive sends something within `read_timeout`: a stream its keepalives, a
+        # JSON answer its result or a timeout error; one that stays silent longer (stopped, cut off
+        # by the network after the connection was made) is gone.
+        self._timeout = aiohttp.ClientTimeout(total=None, connect=None, sock_connect=config.connect_timeout, sock_read=read_timeout)
+        self._client: aiohttp.ClientSession | None = None
+        self._log = logs.get()
+
+    async def start(self) -> None:
+        self._client = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=self._limit, limit_per_host=0, enable_cleanup_closed=True),
+            timeout=self._timeout,
+            cookie_jar=aiohttp.DummyCookieJar(),  # one client for every caller: it must remember nothing
+            auto_decompress=False,
+            skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"),
+        )
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+
+    async def forward(self, request: web.Request, owner: Owner) -> web.StreamResponse:
+        client = self._client
+        assert client is not None, "forwarding before startup"
+        counts = self.counts
+        if self.in_flight >= self._limit:
+            counts.outcomes["busy"] += 1
+            raise HttpError(503, "too many requests being forwarded to other replicas", headers={"Retry-After": RETRY_AFTER_S})
+        self.in_flight += 1
+        started = time.monotonic()
+        try:
+            try:
+                upstream = await client.request(
+                    request.method,
+                    f"{self._scheme}://{owner.address}{request.raw_path}",
+                    headers=self._request_headers(request),
+                    data=request.content if request.body_exists else None,
+                    allow_redirects=False,
+                )
+            except (aiohttp.ClientConnectionError, asyncio.TimeoutError, OSError) as exc:
+                # Refused, unreachable, no connection or answer in time, or closed before answering:
+                # its sessions are gone with it.
+                counts.outcomes["owner_gone"] += 1
+                self._log.warning("forward_owner_gone", owner=owner.address, epoch=owner.epoch, error=str(exc) or type(exc).__name__)
+                raise HttpError(404, OWNER_GONE, jsonrpc.SESSION_CLOSED) from None
+            counts.latency.observe(time.monotonic() - started)
+            async with upstream:
+                epoch = upstream.headers.get(EPOCH_HEADER)
+                outcome = "forwarded"
+                if upstream.status == 404 and epoch is not None and epoch != owner.epoch:
+                    self.cluster.owner_restarted(owner)  # later ids of that life: 404 with no connection
+                    outcome = "owner_restarted"
+                return await self._relay(request, upstream, owner, outcome)
+        finally:
+            self.in_flight -= 1
+
+    def _request_headers(self, request: web.Request) -> dict[str, str]:
+        headers = request.headers
+        named = {t.strip().lower() for t in headers.get("Connection", "").split(",")}  # hop-by-hop too
+        out = {k: v for k, v in headers.items() if (low := k.lower()) not in HOP_BY_HOP and low not in named}
+        out[FORWARDED_HEADER] = self.cluster.advertise
+        return out
+
+    async def _relay(self, request: web.Request, upstream: aiohttp.ClientResponse, owner: Owner, outcome: str) -> web.StreamResponse:
+        response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+        for name, value in upstream.headers.items():
+            if name.lower() not in _OWN_RESPONSE_HEADERS:
+                response.headers.add(name, value)
+        if upstream.content_length is not None:
+            response.content_length = upstream.content_length
+        if request.transport is not None and upstream.content_type == "text/event-stream":
+            common.limit_unacked(request.transport)
+        await response.prepare(request)
+        reader = upstream.content
+        while True:
+            try:
+                chunk = await reader.readany()
+            except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
+                # The owner went mid-answer. Closing before the answer's end (the last chunk, or
+                # Content-Length bytes) is how HTTP says the answer is broken, not complete.
+                self.counts.outcomes["broken"] += 1
+                self._log.warning("forward_broken", owner=owner.address, error=str(exc) or type(exc).__name__)
+                if request.transport is not None:
+                    request.transport.close()
+                raise ConnectionResetError("the owning replica went mid-answer") from None
+            if not chunk:
+                break
+            await response.write(chunk)  # a client gone raises here: aiohttp's to handle, the owner is fine
+        self.counts.outcomes[outcome] += 1
+        await response.write_eof()
+        return response
+
+
+def session_named(request: web.Request) -> str | None:
+    """The session a request names, if it is one that names one: a message POST of HTTP+SSE, or
+    a Streamable request (POST, GET, DELETE) with a session header."""
+    if "name" not in request.match_info:
+        return None
+    path = request.path
+    if path.endswith("/mcp"):
+        return request.headers.get("Mcp-Session-Id")
+    if path.endswith("/messages"):
+        query = request.query
+        return query.get("session_id") or query.get("sessionId")
+    return None
+
+
+def middleware(forwarder: Forwarder) -> Middleware:
+    """Requests naming another replica's session are forwarded; ones naming nobody's get 404."""
+    cluster = forwarder.cluster
+
+    @web.middleware
+    async def route_by_owner(request: web.Request, handler: Handler) -> web.StreamResponse:
+        session_id = session_named(request)
+        if session_id is None:
+            return await handler(request)
+        route = cluster.route(session_id, common.principal(request), FORWARDED_HEADER in request.headers)
+        match route:
+            case Local():
+                return await handler(request)
+            case Gone(reason, outcome, epoch):
+                forwarder.counts.outcomes[outcome] += 1
+                # An id that names nobody reads as any unknown one; a dead owner's says its session closed.
+                code = jsonrpc.INVALID_REQUEST if outcome in ("invalid", "second_hop") else jsonrpc.SESSION_CLOSED
+                raise HttpError(404, reason, code, headers={EPOCH_HEADER: epoch} if epoch is not None else None)
+            case Forward(owner):
+                return await forwarder.forward(request, owner)
+            case _:
+                assert_never(route)
+
+    return route_by_owner
+
+
+CLUSTER = web.AppKey("cluster", Cluster)
+FORWARDER = web.AppKey("forwarder", Forwarder)

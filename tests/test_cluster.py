@@ -1,0 +1,161 @@
+"""Owner-addressed session ids (bridge/cluster.py) and the `cluster` config block: pure, no IO."""
+
+from __future__ import annotations
+
+import base64
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from bridge import cli
+from bridge.cluster import DEAD_EPOCHS, Cluster, Forward, Gone, Local, Owner
+from bridge.config import ConfigError, load
+
+KEY = "k" * 40
+OTHER_KEY = "o" * 40
+A, B = "10.0.0.7:8080", "10.0.0.8:8080"
+VISIBLE_URL_SAFE = re.compile(r"[A-Za-z0-9_.-]+")
+
+
+def b64(text: str) -> str:
+    return base64.urlsafe_b64encode(text.encode()).rstrip(b"=").decode()
+
+
+def test_an_id_names_its_owner_and_epoch_and_is_url_safe() -> None:
+    a = Cluster(A, KEY)
+    sid = a.new_id("alice")
+    address, epoch, random, mac = sid.split(".")
+    assert VISIBLE_URL_SAFE.fullmatch(sid), sid
+    assert (address, epoch) == (b64(A), a.epoch)
+    assert len(base64.urlsafe_b64decode(random + "==")) == 16
+    assert a.owner(sid, "alice") == Owner(A, a.epoch)
+    assert a.new_id("alice") != sid
+    assert Cluster(A, KEY).epoch != a.epoch  # each start draws its own
+
+
+def test_ids_are_bound_to_key_and_principal() -> None:
+    a, b = Cluster(A, KEY), Cluster(B, KEY)
+    sid = a.new_id("alice")
+    assert b.owner(sid, "alice") == Owner(A, a.epoch)
+    assert b.owner(sid, "bob") is None
+    assert b.owner(sid, None) is None
+    assert Cluster(B, OTHER_KEY).owner(sid, "alice") is None
+    anonymous = a.new_id(None)
+    assert b.owner(anonymous, None) == Owner(A, a.epoch) and b.owner(anonymous, "alice") is None
+
+
+@pytest.mark.parametrize("field", range(4))
+def test_a_tampered_field_is_nobodys(field: int) -> None:
+    a, b = Cluster(A, KEY), Cluster(B, KEY)
+    parts = a.new_id("alice").split(".")
+    parts[field] = b64("127.0.0.1:9") if field == 0 else parts[field][:-1] + ("A" if parts[field][-1] != "A" else "B")
+    assert b.owner(".".join(parts), "alice") is None
+    assert isinstance(b.route(".".join(parts), "alice", forwarded=False), Gone)
+
+
+@pytest.mark.parametrize("sid", ["", "abc", "a.b.c", "a.b.c.d.e", "é.b.c.d", "x" * 300, "0123456789abcdef0123456789abcdef"])
+def test_malformed_ids_are_nobodys(sid: str) -> None:
+    assert Cluster(B, KEY).owner(sid, None) is None
+
+
+def test_the_previous_key_is_accepted_and_the_current_one_signs() -> None:
+    old = Cluster(A, OTHER_KEY)
+    rotating = Cluster(B, KEY, previous_key=OTHER_KEY)
+    assert rotating.owner(old.new_id("alice"), "alice") == Owner(A, old.epoch)
+    assert Cluster(A, KEY).owner(rotating.new_id("alice"), "alice") is not None
+    assert old.owner(rotating.new_id("alice"), "alice") is None
+
+
+def test_routes() -> None:
+    a, b = Cluster(A, KEY), Cluster(B, KEY)
+    sid = a.new_id("alice")
+    assert b.route(sid, "alice", forwarded=False) == Forward(Owner(A, a.epoch))
+    assert a.route(sid, "alice", forwarded=True) == Local()
+    assert b.route(sid, "alice", forwarded=True).outcome == "second_hop"  # type: ignore[union-attr]
+    assert b.route(sid, "bob", forwarded=False).outcome == "invalid"  # type: ignore[union-attr]
+    restarted = Cluster(A, KEY)
+    stale = restarted.route(sid, "alice", forwarded=True)
+    assert isinstance(stale, Gone) and stale.outcome == "stale" and stale.epoch == restarted.epoch
+    b.owner_restarted(Owner(A, a.epoch))
+    assert b.route(sid, "alice", forwarded=False).outcome == "owner_restarted"  # type: ignore[union-attr]
+    assert b.route(restarted.new_id("alice"), "alice", forwarded=False) == Forward(Owner(A, restarted.epoch))
+
+
+def test_dead_epochs_are_bounded() -> None:
+    b = Cluster(B, KEY)
+    for n in range(DEAD_EPOCHS + 10):
+        b.owner_restarted(Owner(A, f"{n:08x}"))
+    assert len(b._dead) == DEAD_EPOCHS and Owner(A, f"{DEAD_EPOCHS + 9:08x}") in b._dead
+
+
+# ------------------------------------------------------------------- config
+
+
+def write(tmp_path: Path, cluster: dict[str, Any]) -> Path:
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({"servers": {"x": {"command": "true"}}, "cluster": cluster}))
+    return path
+
+
+def problems(tmp_path: Path, cluster: dict[str, Any], *argv: str) -> list[str]:
+    args = cli.parse_args(["--config", str(write(tmp_path, cluster)), *argv])
+    try:
+        cli._load(args)
+    except ConfigError as exc:
+        return exc.problems
+    return []
+
+
+def test_key_file_without_its_trailing_newline(tmp_path: Path) -> None:
+    key = tmp_path / "peer.key"
+    key.write_text(KEY + "\n")
+    old = tmp_path / "old.key"
+    old.write_text(OTHER_KEY + "\n")
+    config = load(write(tmp_path, {"advertise": A, "peer_key_file": str(key), "previous_peer_key_file": str(old)}))
+    assert config.cluster is not None
+    assert (config.cluster.peer_key, config.cluster.previous_peer_key) == (KEY, OTHER_KEY)
+
+
+def test_without_cluster_nothing_changes(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({"servers": {"x": {"command": "true"}}}))
+    assert load(path).cluster is None
+    args = cli.parse_args(["--config", str(path), "--advertise", A])
+    with pytest.raises(ConfigError, match="--advertise: needs a cluster block"):
+        cli._load(args)
+
+
+def test_advertise_from_the_command_line(tmp_path: Path) -> None:
+    args = cli.parse_args(["--config", str(write(tmp_path, {"peer_key": KEY})), "--advertise", "[fd00::7]:8080"])
+    cluster = cli._load(args).cluster
+    assert cluster is not None and cluster.advertise == "[fd00::7]:8080"
+
+
+@pytest.mark.parametrize(
+    ("cluster", "argv", "expected"),
+    [
+        ({"peer_key": KEY}, [], "cluster.advertise: required"),
+        ({"peer_key": KEY, "advertise": "10.0.0.7"}, [], "cluster.advertise: expected HOST:PORT"),
+        ({"peer_key": KEY}, ["--advertise", "h:99999"], "cluster.advertise: expected HOST:PORT"),
+        ({"peer_key": KEY}, ["--advertise", "a b:80"], "cluster.advertise: expected HOST:PORT"),
+        ({"advertise": A}, [], "cluster: give 'peer_key' or 'peer_key_file'"),
+        ({"advertise": A, "peer_key": "short"}, [], "cluster.peer_key: too short"),
+        ({"advertise": A, "peer_key": KEY, "peer_key_file": "/x"}, [], "cluster: give one of 'peer_key' and 'peer_key_file'"),
+        ({"advertise": A, "peer_key": KEY, "previous_peer_key": "short"}, [], "cluster.previous_peer_key: too short"),
+        ({"advertise": A, "peer_key_file": "/nonexistent/key"}, [], "cluster.peer_key_file: cannot read /nonexistent/key"),
+        ({"advertise": A, "peer_key": KEY, "peers": []}, [], "cluster.peers"),
+    ],
+)
+def test_cluster_problems(tmp_path: Path, cluster: dict[str, Any], argv: list[str], expected: str) -> None:
+    found = problems(tmp_path, cluster, *argv)
+    assert any(p.startswith(expected) or expected in p for p in found), found
+
+
+def test_a_short_key_file(tmp_path: Path) -> None:
+    key = tmp_path / "peer.key"
+    key.write_text("short\n")
+    found = problems(tmp_path, {"advertise": A, "peer_key_file": str(key)})
+    assert found == [f"cluster.peer_key_file: the key in {key} is too short (at least 32 characters)"], found

@@ -1,0 +1,341 @@
+"""Three real daemons on loopback sharing a peer key: any replica takes any request.
+
+Each replica advertises its own 127.0.0.1 port; a session opened on one is
+used through the others, which forward to its owner (transports/forward.py).
+Killed replicas are SIGKILLed for real, and their server processes reaped by
+the test. Every wait is on an event, a message or a stream's end, bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from conftest import Bridge, demo, pid_alive, run_bridge
+from rawclient import RawSse
+from rawstreamable import JSON_ONLY, SESSION, RawStreamable, text_of, tool_call
+
+from bridge.cluster import EPOCH_HEADER, FORWARDED_HEADER, Cluster
+
+KEY = "replicas-test-peer-key-0123456789abcdef"
+DEMO = {"servers": {"demo": demo()}}
+KILLED = -signal.SIGKILL
+OWNER_GONE_WITHIN_S = 1.0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def replica(tmp_path: Path, port: int, config: dict[str, Any] | None = None, expect_exit: int = 0) -> contextlib.AbstractAsyncContextManager[Bridge]:
+    """One replica on `port`, advertising it; its own directory, so that replicas never share a config file."""
+    home = tmp_path / f"r{port}"
+    home.mkdir(parents=True, exist_ok=True)
+    cfg = {**(config or DEMO), "cluster": {"peer_key": KEY}}
+    return run_bridge(home, cfg, "--port", str(port), "--advertise", f"127.0.0.1:{port}", expect_exit=expect_exit)
+
+
+@contextlib.asynccontextmanager
+async def replicas(tmp_path: Path, n: int = 3, config: dict[str, Any] | None = None, killed: tuple[int, ...] = ()) -> AsyncIterator[list[Bridge]]:
+    """`n` replicas; those at the indexes in `killed` are expected to end by SIGKILL."""
+    async with contextlib.AsyncExitStack() as stack:
+        started = await asyncio.gather(
+            *(stack.enter_async_context(replica(tmp_path, free_port(), config, KILLED if i in killed else 0)) for i in range(n))
+        )
+        yield list(started)
+
+
+async def kill(b: Bridge) -> None:
+    """SIGKILL a replica, as a node failure would; its server processes are killed and waited for too."""
+    pids = b.server_pids()
+    b.proc.send_signal(signal.SIGKILL)
+    await b.proc.wait()
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+    async with asyncio.timeout(5):
+        while any(pid_alive(pid) for pid in pids):
+            await asyncio.sleep(0.01)
+
+
+def mcp(b: Bridge) -> str:
+    return b.url("demo", "mcp")
+
+
+async def forwarded_count(b: Bridge, outcome: str, headers: dict[str, str] | None = None) -> float:
+    async with aiohttp.ClientSession() as http, http.get(f"{b.base}/metrics", headers=headers) as resp:
+        assert resp.status == 200, resp.status
+        text = await resp.text()
+    line = f'mcp_bridge_forwarded_requests_total{{outcome="{outcome}"}} '
+    return next(float(row[len(line) :]) for row in text.splitlines() if row.startswith(line))
+
+
+class Decoy:
+    """A listener that only counts the connections it is offered, and closes them."""
+
+    def __init__(self) -> None:
+        self.connections = 0
+        self.server: asyncio.Server | None = None
+        self.port = 0
+
+    async def __aenter__(self) -> Decoy:
+        def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            self.connections += 1
+            writer.close()
+
+        self.server = await asyncio.start_server(accept, "127.0.0.1", 0)
+        self.port = self.server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.server is not None
+        self.server.close()
+        await self.server.wait_closed()
+
+
+# ------------------------------------------------------------------ sessions
+
+
+async def test_sse_session_posts_through_the_other_replicas(tmp_path: Path) -> None:
+    async with replicas(tmp_path) as (a, b, c), RawSse(a.url("demo")) as client:
+        assert client.session_id.startswith(Cluster(f"127.0.0.1:{a.port}", KEY).new_id(None).split(".")[0] + ".")
+        for n, via in enumerate((b, c, a, b)):
+            client.endpoint = f"{via.base}/servers/demo/messages?session_id={client.session_id}"
+            if n == 0:
+                await client.initialize()
+            reply = await client.request("tools/call", {"name": "echo", "arguments": {"text": f"via {via.port}"}}, request_id=n + 1)
+            assert reply["result"]["content"][0]["text"] == f"via {via.port}"
+        assert await forwarded_count(b, "forwarded") >= 3 and await forwarded_count(c, "forwarded") >= 1
+
+
+async def test_streamable_session_used_through_each_replica(tmp_path: Path) -> None:
+    """Opened on one; JSON and stream answers, its GET stream, a server request answered,
+    and DELETE, each through a different replica."""
+    async with replicas(tmp_path) as (a, b, c), RawStreamable(mcp(a)) as client:
+        await client.initialize(capabilities={"sampling": {}})
+        client.url = mcp(b)
+        reply = await client.post(tool_call("add", {"a": 2, "b": 3}, 1), accept=JSON_ONLY)
+        assert reply.status == 200 and reply.content_type == "application/json" and text_of(reply.json) == "5"
+        assert reply.headers[SESSION] == client.session_id
+
+        client.url = mcp(c)
+        streamed = await client.post(tool_call("countdown", {"steps": 3, "interval_ms": 10}, 2, token="t"))
+        assert streamed.stream is not None
+        response, before = await streamed.stream.response(2)
+        assert text_of(response) == "done" and [m["params"]["progress"] for m in before] == [1, 2, 3]
+
+        client.url = mcp(b)
+        get = await client.get()
+        assert get.status == 200 and get.stream is not None
+        client.url = mcp(a)
+        await client.request("tools/call", {"name": "log", "arguments": {"level": "info", "message": "to all"}})
+        assert (await get.stream.message())["params"]["data"] == "to all"
+
+        client.url = mcp(c)
+        asked = await client.post(tool_call("sample", {"prompt": "2+2?"}, "s"))
+        assert asked.stream is not None
+        ask = await asked.stream.message()
+        assert ask["method"] == "sampling/createMessage"
+        client.url = mcp(b)
+        answer = {"jsonrpc": "2.0", "id": ask["id"], "result": {"role": "assistant", "content": {"type": "text", "text": "4"}, "model": "m"}}
+        assert (await client.post(answer)).status == 202
+        response, _ = await asked.stream.response("s")
+        assert text_of(response) == "4"
+
+        client.url = mcp(c)
+        assert (await client.delete()).status == 204
+        await get.stream.until_end()  # the session's GET stream, through b, ends with it
+        for via in (a, b, c):
+            client.url = mcp(via)
+            gone = await client.post(tool_call("echo", {"text": "x"}, 9))
+            assert gone.status == 404, (via.port, gone.status, gone.text)
+
+
+async def test_resume_through_a_third_replica_after_the_proxy_died(tmp_path: Path) -> None:
+    async with replicas(tmp_path, killed=(1,)) as (a, b, c), RawStreamable(mcp(a)) as client:
+        await client.initialize()
+        client.url = mcp(b)
+        steps = 8
+        reply = await client.post(tool_call("countdown", {"steps": steps, "interval_ms": 80}, 5, token="p"))
+        assert reply.stream is not None
+        await reply.stream.wait_events(3)  # priming and two progress steps
+        await kill(b)
+        await reply.stream.ended.wait()
+        assert reply.stream.error is not None, "a stream cut by its proxy's death read as complete"
+        before = list(reply.stream.events)
+
+        client.url = mcp(c)
+        resumed = await client.get(before[-1].id)
+        assert resumed.status == 200 and resumed.stream is not None
+        after = await resumed.stream.until_end(timeout=15)
+        got = [e.message for e in before + after if not e.priming]
+        assert [m["params"]["progress"] for m in got if "method" in m] == list(range(1, steps + 1))
+        assert [m["id"] for m in got if "id" in m] == [5] and text_of(got[-1]) == "done"
+
+
+# ----------------------------------------------------------------- failures
+
+
+async def test_owner_killed_answers_404_within_a_second(tmp_path: Path) -> None:
+    async with replicas(tmp_path, killed=(0,)) as (a, b, c), RawStreamable(mcp(a)) as client, RawSse(a.url("demo")) as sse:
+        await client.initialize()
+        await sse.initialize()
+        client.url = mcp(b)
+        get = await client.get()
+        assert get.stream is not None and get.status == 200
+        await kill(a)
+        await get.stream.ended.wait()
+        assert get.stream.error is not None, "the owner's death ended a forwarded stream as a success"
+
+        for via in (b, c):
+            client.url = mcp(via)
+            started = time.monotonic()
+            gone = await client.post(tool_call("echo", {"text": "x"}, 1))
+            assert time.monotonic() - started < OWNER_GONE_WITHIN_S
+            assert gone.status == 404 and gone.json["error"]["message"].startswith("unknown session"), gone.text
+            sse.endpoint = f"{via.base}/servers/demo/messages?session_id={sse.session_id}"
+            status, text = await sse.post({"jsonrpc": "2.0", "id": 2, "method": "ping"})
+            assert status == 404, text
+        assert await forwarded_count(b, "owner_gone") == 2
+
+        async with RawStreamable(mcp(b)) as fresh:  # the client's next session works
+            await fresh.initialize()
+            fresh.url = mcp(c)
+            assert text_of((await fresh.request("tools/call", {"name": "echo", "arguments": {"text": "again"}}))[0]) == "again"
+
+
+async def test_a_silent_owner_is_gone_after_a_bounded_wait(tmp_path: Path) -> None:
+    """An owner that accepts connections but answers nothing (stopped, cut off) is not waited
+    on for ever: after request_timeout + keepalive of silence the request gets 404."""
+    config = {**DEMO, "limits": {"request_timeout": "1s"}, "sse": {"keepalive": "1s"}}
+    async with replicas(tmp_path, n=2, config=config) as (a, b), RawStreamable(mcp(a)) as client:
+        await client.initialize()
+        client.url = mcp(b)
+        a.proc.send_signal(signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            async with asyncio.timeout(10):
+                gone = await client.post(tool_call("echo", {"text": "x"}, 1))
+            assert gone.status == 404 and time.monotonic() - started < 5, (gone.status, time.monotonic() - started)
+        finally:
+            a.proc.send_signal(signal.SIGCONT)
+        assert await forwarded_count(b, "owner_gone") == 1
+
+
+async def test_a_restarted_owner_refuses_its_old_ids(tmp_path: Path) -> None:
+    async with replicas(tmp_path, n=2) as (a, b):
+        port = a.port
+        async with RawStreamable(mcp(a)) as client:
+            await client.initialize()
+        old = client.session_id
+        assert old is not None
+        await a.stop()
+        async with replica(tmp_path / "again", port) as restarted:
+            async with aiohttp.ClientSession() as http:
+                ping = b'{"jsonrpc":"2.0","id":1,"method":"ping"}'
+                headers = {SESSION: old, "Content-Type": "application/json", "Accept": JSON_ONLY}
+                async with http.post(mcp(restarted), data=ping, headers=headers) as resp:
+                    assert resp.status == 404 and EPOCH_HEADER in resp.headers
+                for _ in range(2):  # through a peer: asked once, then known dead
+                    async with http.post(mcp(b), data=ping, headers=headers) as resp:
+                        assert resp.status == 404
+                        assert (await resp.json())["error"]["message"].startswith("unknown session: the replica that owned it has restarted")
+            assert await forwarded_count(b, "owner_restarted") == 2
+            assert await forwarded_count(restarted, "stale") == 2  # one from the client, one forwarded
+
+
+async def test_forged_ids_get_404_and_no_connection(tmp_path: Path) -> None:
+    tokens = {"security": {"tokens": [{"name": "alice", "token": "alice-token-0123456789"}, {"name": "bob", "token": "bob-token-0123456789ab"}]}}
+    async with replicas(tmp_path, n=2, config={**DEMO, **tokens}) as (a, b), Decoy() as decoy:
+        alice = {"Authorization": "Bearer alice-token-0123456789"}
+        bob = {"Authorization": "Bearer bob-token-0123456789ab"}
+        async with RawStreamable(mcp(a), headers=alice) as client:
+            await client.initialize()
+        real = client.session_id
+        assert real is not None
+        address, epoch, random, mac = real.split(".")
+        decoy_address = Cluster(f"127.0.0.1:{decoy.port}", KEY).new_id("alice").split(".")[0]
+        forged = [
+            f"{decoy_address}.{epoch}.{random}.{mac}",  # another owner, the MAC kept
+            f"{address}.{epoch}.{random[:-2]}AA.{mac}",  # the random part changed
+            f"{decoy_address}.{epoch}.{random}.{'A' * 22}",
+            Cluster(f"127.0.0.1:{decoy.port}", "another-key-entirely-0123456789abcdef").new_id("alice"),  # a foreign key
+            "not-an-id",
+        ]
+        async with aiohttp.ClientSession() as http:
+            ping = b'{"jsonrpc":"2.0","id":1,"method":"ping"}'
+            for sid in forged:
+                async with http.post(mcp(b), data=ping, headers={**alice, SESSION: sid, "Accept": JSON_ONLY}) as resp:
+                    assert resp.status == 404, (sid, resp.status)
+                    assert (await resp.json())["error"]["message"] == "unknown session"
+            # The real id, by another principal: 404 from b itself, nothing sent to its owner.
+            async with http.post(mcp(b), data=ping, headers={**bob, SESSION: real, "Accept": JSON_ONLY}) as resp:
+                assert resp.status == 404
+            async with http.post(mcp(b), data=ping, headers={**alice, SESSION: real, "Accept": JSON_ONLY}) as resp:
+                assert resp.status == 200
+        assert decoy.connections == 0
+        assert await forwarded_count(b, "invalid", alice) == len(forged) + 1
+        assert await forwarded_count(b, "forwarded", alice) == 1
+
+
+async def test_no_second_hop(tmp_path: Path) -> None:
+    async with replicas(tmp_path, n=2) as (a, b), Decoy() as decoy, aiohttp.ClientSession() as http:
+        # A valid id (the peer key) naming the decoy: b would forward it there...
+        sid = Cluster(f"127.0.0.1:{decoy.port}", KEY).new_id(None)
+        ping = b'{"jsonrpc":"2.0","id":1,"method":"ping"}'
+        headers = {SESSION: sid, "Accept": JSON_ONLY}
+        async with http.post(mcp(b), data=ping, headers={**headers, FORWARDED_HEADER: f"127.0.0.1:{a.port}"}) as resp:
+            assert resp.status == 404  # ...but not a request a peer already forwarded
+        assert decoy.connections == 0
+        assert await forwarded_count(b, "second_hop") == 1
+        async with http.post(mcp(b), data=ping, headers=headers) as resp:
+            assert resp.status == 404  # the decoy closes the connection: an owner gone
+        assert decoy.connections == 1
+
+
+# ---------------------------------------------------------------- operations
+
+
+async def test_status_names_the_replica_and_its_epoch(tmp_path: Path) -> None:
+    async with replicas(tmp_path, n=1) as (a,), RawStreamable(mcp(a)) as client, aiohttp.ClientSession() as http:
+        await client.initialize()
+        async with http.get(f"{a.base}/status") as resp:
+            cluster = (await resp.json())["cluster"]
+        assert cluster["advertise"] == f"127.0.0.1:{a.port}" and not cluster["draining"]
+        assert client.session_id is not None and client.session_id.split(".")[1] == cluster["epoch"]
+
+
+async def test_drain_goes_unready_and_keeps_serving_sessions(tmp_path: Path) -> None:
+    """SIGTERM: /readyz says 503 at once, the replica's sessions go on being served, directly
+    and forwarded, new ones are refused; it stops once its last session has ended."""
+    config = {**DEMO, "limits": {"drain_timeout": "60s"}}
+    async with replicas(tmp_path, n=2, config=config) as (a, b), RawStreamable(mcp(a)) as client, aiohttp.ClientSession() as http:
+        await client.initialize()
+        mark = len(a.events)
+        a.proc.send_signal(signal.SIGTERM)
+        await a.wait_for("draining", start=mark)
+        async with http.get(f"{a.base}/readyz") as resp:
+            assert resp.status == 503 and "draining" in (await resp.json())["servers"]["cluster"]
+        for via in (a, b, a):
+            client.url = mcp(via)
+            response, _ = await client.request("tools/call", {"name": "echo", "arguments": {"text": "still"}})
+            assert text_of(response) == "still"
+        async with RawStreamable(mcp(a)) as late:
+            refused = await late.post({"jsonrpc": "2.0", "id": "init", "method": "initialize", "params": {}}, session=False)
+            assert refused.status == 503
+        assert a.proc.returncode is None
+        client.url = mcp(b)
+        assert (await client.delete()).status == 204
+        async with asyncio.timeout(10):  # well before the drain timeout
+            assert await a.proc.wait() == 0
+        assert not a.named("drain_timeout")
