@@ -240,6 +240,7 @@ class Server(Struct, frozen=True):
     attribution_window: Duration = Duration(0.25)
     max_sessions: PositiveInt | None = None
     rlimits: Rlimits = Rlimits()
+    era: Literal["auto", "legacy", "modern"] = "auto"  # which protocol the process speaks (README, Protocol eras)
     tools: Filter = Filter()  # which tools clients see and may call
     prompts: Filter = Filter()
     resources: Filter = Filter()  # by uri

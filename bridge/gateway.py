@@ -21,6 +21,8 @@ from typing import Any
 from . import __version__, jsonrpc, logs
 from .child import Child, Write
 from .config import Limits, RateLimit, Server
+from .era import Ask, Decided, Deliver, Era, Out, Translator, Wake
+from .era import Write as WriteOut
 from .jsonrpc import Message, ProtocolError
 from .metrics import ServerMetrics
 from .mux import Abandoned, Action, Broadcast, Call, Discard, Mux, RestartServer, State, Timer, ToServer, ToSession
@@ -37,6 +39,7 @@ KEEPALIVE_SLICE = 64  # keepalives written between yields to the event loop
 DROP_REASONS = frozenset({"slow", "idle", "server_gone", "shutdown", "ended"})  # ended: by an administrator
 RESTART_POLL_S = 0.05  # how often a graceful restart looks whether the calls in flight have ended
 NOT_READING = "server is not reading its input (limits.server_input_buffer)"
+DISCOVER_TIMEOUT_S = 3.0  # a server silent this long after server/discover is legacy (README, Protocol eras)
 
 
 class SessionLimitError(Exception):
@@ -64,6 +67,12 @@ class Upstream:
         self._stall: asyncio.TimerHandle | None = None  # armed while the server's input is backed up
         self.refused = 0  # messages not written since its input backed up
         self.child: Child | None = None
+        # The era of the running process (era.py); a translator only while it is found
+        # out, and for a modern server. A server that exited while asked stays legacy.
+        self.era = Era.DETECTING
+        self.translator: Translator | None = None
+        self._wake: asyncio.TimerHandle | None = None
+        self._skip_discover = False
         self.supervisor = Supervisor(
             server=label,
             make_child=self._make_child,
@@ -130,11 +139,24 @@ class Upstream:
 
     def on_started(self, child: Child) -> None:
         self.child = child
-        self.gateway.apply(self, self.mux.server_started())
+        era = self.gateway.server.era
+        actions: list[Action] = []
+        if era == "legacy" or (era == "auto" and self._skip_discover):
+            self.era, self.translator = Era.LEGACY, None
+        else:
+            self.era = Era.DETECTING
+            self.translator = Translator(client_info=("mcp-bridge", __version__), era=era, discover_timeout=DISCOVER_TIMEOUT_S)
+            actions = self._carry(self.translator.start())
+        self.gateway.apply(self, actions + self.mux.server_started())
 
     def on_exited(self, code: int | None, delay: float) -> None:
         self.child = None
         self._cancel_stall()
+        if self.era is Era.DETECTING and self.translator is not None:
+            self._skip_discover = True
+            self._log.warning("server_exited_during_discover", exit_code=code, then="asks no more: legacy from now on")
+        self.translator = None
+        self._cancel_wake()
         self.gateway.metrics.restarts += 1
         reason = "server process could not be started" if code is None else f"server process exited with code {code}"
         if code is not None and (limits := self.gateway.server.rlimits.named()):
@@ -159,12 +181,62 @@ class Upstream:
         for msg in payload if payload.__class__ is list else (payload,):
             count("from_server", msg.get("method", "response") if msg.__class__ is dict else None)
         try:
-            actions = self.mux.from_server(payload)
+            actions = self.mux.from_server(payload) if self.translator is None else self._through(payload)
         except Exception:
             # A bug must not stop this server's output from being read: log it, drop the line.
             self._log.exception("internal_error", where="from_server", size=len(line))
             return
         self.gateway.apply(self, actions, flush=False)  # the child calls flush after the read's last line
+
+    # The era translator (only while the process has one).
+
+    def translate(self, message: Message) -> list[Action]:
+        """One message from the mux, through the translator, to the process (or back to the mux)."""
+        assert self.translator is not None
+        return self._carry(self.translator.from_mux(message))
+
+    def _through(self, payload: Any) -> list[Action]:
+        out: list[Action] = []
+        for msg in payload if payload.__class__ is list else (payload,):
+            translator = self.translator  # none from the message on that made the server legacy
+            out += self.mux.from_server(msg) if translator is None else self._carry(translator.from_server(msg))
+        return out
+
+    def _carry(self, outs: list[Out]) -> list[Action]:
+        """Do what the translator says; what is for the mux becomes the mux's actions."""
+        actions: list[Action] = []
+        for out in outs:
+            match out:
+                case WriteOut(message):
+                    if not self.send(encode(message) + b"\n"):
+                        self.gateway.metrics.dropped_messages += 1
+                        origin = self.translator.origin(message["id"]) if self.translator and "id" in message else None
+                        if "method" in message and origin is not None:
+                            actions += self.mux.not_written(origin, NOT_READING)
+                case Deliver(message):
+                    actions += self.mux.from_server(message)
+                case Ask(upstream_id, message):
+                    actions += self.mux.server_request_for(upstream_id, message)
+                case Wake(delay):
+                    self._cancel_wake()
+                    self._wake = asyncio.get_running_loop().call_later(delay, self._on_wake)
+                case Decided(era, reason):
+                    self.era = era
+                    self._cancel_wake()
+                    self._log.info("server_era", era=era.value, reason=reason, pid=self._pid())
+                    if era is Era.LEGACY:
+                        self.translator = None
+        return actions
+
+    def _on_wake(self) -> None:
+        self._wake = None
+        if self.translator is not None:
+            self.gateway.apply(self, self._carry(self.translator.wake()))
+
+    def _cancel_wake(self) -> None:
+        if self._wake is not None:
+            self._wake.cancel()
+            self._wake = None
 
     def on_oversize(self, size: int, head: bytes, tail: bytes) -> None:
         self.gateway.apply(self, self.mux.response_too_large(jsonrpc.sniff_id(head, tail), size))
@@ -185,6 +257,7 @@ class Upstream:
         if self._timer is not None:
             self._timer.cancel()
         self._cancel_stall()
+        self._cancel_wake()
         await self.supervisor.stop()
 
     async def restart(self, reason: str) -> None:
@@ -439,6 +512,8 @@ class Gateway:
         unflushed = self._unflushed
         for action in actions:
             match action:
+                case ToServer(message) if upstream.translator is not None:
+                    actions += upstream.translate(message)
                 case ToServer(message):
                     if not upstream.send(encode(message) + b"\n"):
                         metrics.dropped_messages += 1

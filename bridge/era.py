@@ -1,0 +1,484 @@
+"""The era translator: a 2026-07-28 stdio server behind a mux that speaks 2025.
+
+One `Translator` sits between a process and its mux, for the life of that
+process. It does no IO: the upstream feeds it what the mux sends and what the
+process writes, and carries out the `Out`s it returns, in order.
+
+Rules
+-----
+1. Detection. At start it sends `server/discover` (with the modern `_meta`)
+   and holds what the mux sends. A discover result makes the server modern;
+   any other answer, or none within the timeout, makes it legacy: the held
+   messages go out unchanged and the upstream drops the translator, so a
+   legacy server costs one request at start and nothing per message.
+2. Handshake. To a modern server `initialize` does not exist: it is answered
+   here from the discover result (capabilities, server info, instructions,
+   the version the mux asked for when the bridge speaks it). `ping` is
+   answered here; `notifications/initialized` and `roots/list_changed` are
+   absorbed.
+3. Per request. Every request gets the modern `_meta`: the version, the
+   bridge's client info, the capabilities of the `initialize` the mux sent
+   (the bridge's own in shared mode, the client's per session), and the log
+   level `logging/setLevel` last set (answered here).
+4. Input. A `tools/call`, `prompts/get` or `resources/read` answered
+   `input_required` becomes one server request per input request, each
+   about that call (`Ask`), with ids of this module's own (strings with a
+   prefix the server never sees). When all are answered the call is sent
+   again, under a new id, with `inputResponses` and the server's
+   `requestState`; its final answer goes to the mux under the call's id. A
+   client's error for any of them fails the call. Rounds per call, input
+   requests per round and calls waiting for input are bounded; time is the
+   mux's: a call that times out there is cancelled, and forgotten here.
+5. Subscriptions. `resources/subscribe` and `unsubscribe` (the mux sends
+   the first subscribe and the last unsubscribe of each uri) change the set
+   of uris one `subscriptions/listen` request keeps open upstream, with the
+   list-change notifications the server can send. A changed set opens a new
+   listen; the old one is cancelled once the new one is acknowledged, and a
+   subscribe is answered then. Notifications of listens no longer wanted
+   are dropped.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal, NamedTuple, TypeGuard
+
+from . import jsonrpc
+from .jsonrpc import Kind, Message, ProtocolError, RequestId
+from .mux import LATEST_PROTOCOL_VERSION, PROTOCOL_VERSIONS
+
+MODERN_VERSION = "2026-07-28"
+PROTOCOL_VERSION = "io.modelcontextprotocol/protocolVersion"
+CLIENT_INFO = "io.modelcontextprotocol/clientInfo"
+CLIENT_CAPABILITIES = "io.modelcontextprotocol/clientCapabilities"
+LOG_LEVEL = "io.modelcontextprotocol/logLevel"
+SUBSCRIPTION_ID = "io.modelcontextprotocol/subscriptionId"
+SERVER_INFO = "io.modelcontextprotocol/serverInfo"
+INPUT_METHODS = frozenset({"tools/call", "prompts/get", "resources/read"})
+# How many times one call may come back input_required, how many input requests one
+# such answer may carry, and how many calls may wait for their clients' answers at once.
+MAX_ROUNDS, MAX_INPUTS, MAX_PARKED = 8, 16, 1024
+MAX_HELD = 256  # messages from the mux held while the era is being found out
+ID_PREFIX = "mcp-bridge-era-"  # the ids of this module's own requests (never the mux's ints)
+_LIST_CHANGES = (("tools", "toolsListChanged"), ("prompts", "promptsListChanged"), ("resources", "resourcesListChanged"))
+
+
+class Era(enum.Enum):
+    DETECTING = "detecting"
+    LEGACY = "legacy"  # 2024-11-05 .. 2025-11-25: initialize, sessions, server requests
+    MODERN = "modern"  # 2026-07-28: discover, per-request _meta, input_required
+
+
+class Write(NamedTuple):
+    """Send this to the process."""
+
+    message: Message
+
+
+class Deliver(NamedTuple):
+    """Hand this to the mux as if the process had sent it."""
+
+    message: Message
+
+
+class Ask(NamedTuple):
+    """Hand this server request to the mux: it is about the mux's call `upstream_id`."""
+
+    upstream_id: RequestId
+    message: Message
+
+
+class Wake(NamedTuple):
+    """Call `Translator.wake()` after `delay` seconds."""
+
+    delay: float
+
+
+class Decided(NamedTuple):
+    """The era is known (`reason` says how): log it; a legacy server needs no translator."""
+
+    era: Era
+    reason: str
+
+
+Out = Write | Deliver | Ask | Wake | Decided
+
+
+@dataclass(slots=True, eq=False)
+class _Call:
+    """A call that may come back input_required: the mux's request, kept to send again."""
+
+    upstream_id: RequestId  # the mux's id: the one its answer must carry
+    method: str
+    params: dict[str, Any]
+    current: RequestId  # the id the server knows it by now
+    parked: bool = False  # answered input_required: waiting for its clients' answers
+    rounds: int = 0
+    waiting: dict[str, str] = field(default_factory=dict)  # our ask id -> the server's input key
+    responses: dict[str, Any] = field(default_factory=dict)
+    state: Any = None  # the server's requestState, echoed as is
+
+
+class Translator:
+    def __init__(
+        self,
+        *,
+        client_info: tuple[str, str],
+        era: Literal["auto", "modern"] = "auto",
+        discover_timeout: float = 3.0,
+    ) -> None:
+        self.era = Era.DETECTING
+        self.forced = era == "modern"
+        self.discover_timeout = discover_timeout
+        self.discovered: dict[str, Any] | None = None
+        self._client_info = {"name": client_info[0], "version": client_info[1]}
+        self._capabilities: dict[str, Any] = {}
+        self._level: str | None = None
+        self._ids = itertools.count(1)
+        self._discover_id = self._new_id()
+        self._held: list[Message] = []
+        self._calls: dict[RequestId, _Call] = {}  # by the mux's id
+        self._retries: dict[str, _Call] = {}  # by the id of the retry in flight
+        self._asks: dict[str, _Call] = {}  # our ask id -> its call
+        self._parked = 0
+        self._uris: set[str] = set()
+        self._listen: str | None = None  # the listen wanted now
+        self._listening: set[str] = set()  # listens open upstream, the wanted one included
+        self._acked: set[str] = set()
+        self._subscribes: list[tuple[RequestId, str]] = []  # (the mux's id, the listen that answers it)
+
+    def _new_id(self) -> str:
+        return f"{ID_PREFIX}{next(self._ids)}"
+
+    def start(self) -> list[Out]:
+        params = {"_meta": {PROTOCOL_VERSION: MODERN_VERSION, CLIENT_INFO: self._client_info, CLIENT_CAPABILITIES: {}}}
+        return [Write(jsonrpc.request(self._discover_id, "server/discover", params)), Wake(self.discover_timeout)]
+
+    def wake(self) -> list[Out]:
+        if self.era is not Era.DETECTING:
+            return []
+        return self._legacy(f"no answer to server/discover within {self.discover_timeout:g}s")
+
+    def origin(self, request_id: RequestId) -> RequestId | None:
+        """The mux's id for a request of ours the process had no room for (None: not the mux's)."""
+        if not _ours(request_id):
+            return request_id
+        call = self._retries.get(request_id)
+        if call is None:
+            return None
+        self._forget(call)  # the mux fails it without telling the server
+        return call.upstream_id
+
+    # ------------------------------------------------------------ detection
+
+    def _decide(self, msg: Message) -> list[Out]:
+        result = msg.get("result")
+        if result.__class__ is dict and MODERN_VERSION in (result.get("supportedVersions") or ()):
+            self.era = Era.MODERN
+            self.discovered = result
+            out: list[Out] = [Decided(Era.MODERN, "server/discover answered")]
+            held, self._held = self._held, []
+            for message in held:
+                out += self._from_mux(message)
+            return out
+        if result.__class__ is dict:
+            return self._legacy(f"server/discover offers none of our versions: {result.get('supportedVersions')!r}")
+        error = msg.get("error")
+        detail = error.get("message") if error.__class__ is dict else error
+        return self._legacy(f"server/discover refused: {detail!r}")
+
+    def _legacy(self, reason: str) -> list[Out]:
+        if self.forced:
+            # Configured modern: nothing to fall back to; the initialize the mux sent times out.
+            self.era = Era.MODERN
+            return [Decided(Era.MODERN, f"configured modern, but {reason}")]
+        self.era = Era.LEGACY
+        held, self._held = self._held, []
+        return [Decided(Era.LEGACY, reason), *(Write(m) for m in held)]
+
+    # ------------------------------------------------------------ from the mux
+
+    def from_mux(self, msg: Message) -> list[Out]:
+        if self.era is Era.MODERN and self.discovered is not None:
+            return self._from_mux(msg)
+        if self.era is Era.LEGACY:
+            return [Write(msg)]
+        if len(self._held) >= MAX_HELD:
+            if "method" in msg and "id" in msg:
+                return [Deliver(jsonrpc.error(msg["id"], jsonrpc.SERVER_UNAVAILABLE, "server is starting"))]
+            return []
+        self._held.append(msg)
+        return []
+
+    def _from_mux(self, msg: Message) -> list[Out]:
+        method = msg.get("method")
+        if method is None:
+            return self._answered(msg)
+        if "id" not in msg:
+            if method == "notifications/cancelled":
+                return self._cancelled(msg)
+            if method in ("notifications/initialized", "notifications/roots/list_changed"):
+                return []
+            return [Write(msg)]
+        handler = _REQUESTS.get(method)
+        if handler is not None:
+            return handler(self, msg)
+        params = self._stamp(msg)
+        if method in INPUT_METHODS:
+            self._calls[msg["id"]] = _Call(msg["id"], method, params, msg["id"])
+        return [Write(msg)]
+
+    def _stamp(self, msg: Message) -> dict[str, Any]:
+        params = msg.get("params")
+        if not isinstance(params, dict):
+            params = msg["params"] = {}
+        meta = params.get("_meta")
+        if not isinstance(meta, dict):
+            meta = params["_meta"] = {}
+        meta[PROTOCOL_VERSION] = MODERN_VERSION
+        meta[CLIENT_INFO] = self._client_info
+        meta[CLIENT_CAPABILITIES] = self._capabilities
+        if self._level is not None:
+            meta[LOG_LEVEL] = self._level
+        return params
+
+    def _initialize(self, msg: Message) -> list[Out]:
+        params = msg.get("params")
+        params = params if params.__class__ is dict else {}
+        caps = params.get("capabilities")
+        self._capabilities = caps if caps.__class__ is dict else {}
+        asked = params.get("protocolVersion")
+        discovered = self.discovered or {}
+        meta = discovered.get("_meta")
+        info = meta.get(SERVER_INFO) if meta.__class__ is dict else None
+        result: dict[str, Any] = {
+            "protocolVersion": asked if asked in PROTOCOL_VERSIONS else LATEST_PROTOCOL_VERSION,
+            "capabilities": discovered.get("capabilities") or {},
+            "serverInfo": info if info.__class__ is dict else {"name": "unknown", "version": "0"},
+        }
+        if isinstance(instructions := discovered.get("instructions"), str):
+            result["instructions"] = instructions
+        return [Deliver(jsonrpc.result(msg["id"], result)), *self._relisten()]
+
+    def _ping(self, msg: Message) -> list[Out]:
+        return [Deliver(jsonrpc.result(msg["id"], {}))]
+
+    def _set_level(self, msg: Message) -> list[Out]:
+        level = (msg.get("params") or {}).get("level")
+        self._level = level if isinstance(level, str) else None
+        return [Deliver(jsonrpc.result(msg["id"], {}))]
+
+    def _subscribe(self, msg: Message) -> list[Out]:
+        uri = (msg.get("params") or {}).get("uri")
+        if not isinstance(uri, str):
+            return [Deliver(jsonrpc.error(msg["id"], jsonrpc.INVALID_PARAMS, "resources/subscribe needs a string uri"))]
+        out: list[Out] = []
+        if uri not in self._uris:
+            self._uris.add(uri)
+            out = self._relisten()
+        elif self._listen in self._acked:
+            return [Deliver(jsonrpc.result(msg["id"], {}))]
+        assert self._listen is not None  # a uri is wanted: a listen is open or opening
+        self._subscribes.append((msg["id"], self._listen))
+        return out
+
+    def _unsubscribe(self, msg: Message) -> list[Out]:
+        uri = (msg.get("params") or {}).get("uri")
+        if uri not in self._uris:
+            return [Deliver(jsonrpc.result(msg["id"], {}))]
+        self._uris.discard(uri)
+        return [Deliver(jsonrpc.result(msg["id"], {})), *self._relisten()]
+
+    def _relisten(self) -> list[Out]:
+        """Open a listen for what the mux wants now (the last one is cancelled once it is acknowledged)."""
+        caps = (self.discovered or {}).get("capabilities") or {}
+        wanted: dict[str, Any] = {}
+        for kind, key in _LIST_CHANGES:
+            cap = caps.get(kind)
+            if cap.__class__ is dict and cap.get("listChanged"):
+                wanted[key] = True
+        if self._uris:
+            wanted["resourceSubscriptions"] = sorted(self._uris)
+        if not wanted:
+            return []
+        self._listen = listen = self._new_id()
+        self._listening.add(listen)
+        msg = jsonrpc.request(listen, "subscriptions/listen", {"notifications": wanted})
+        self._stamp(msg)
+        return [Write(msg)]
+
+    def _cancelled(self, msg: Message) -> list[Out]:
+        params = msg.get("params")
+        request_id = params.get("requestId") if isinstance(params, dict) else None
+        call = self._calls.get(request_id) if jsonrpc.is_id(request_id) else None
+        if call is None or not isinstance(params, dict):
+            return [Write(msg)]
+        parked = call.parked
+        self._forget(call)
+        if parked:
+            return []  # waiting for its clients: the server has nothing of it in hand
+        params["requestId"] = call.current
+        return [Write(msg)]
+
+    def _answered(self, msg: Message) -> list[Out]:
+        """A client's answer to one of our asks (the mux put our id back on it)."""
+        ask_id = msg.get("id")
+        call = self._asks.pop(ask_id, None) if _ours(ask_id) else None
+        if call is None or not _ours(ask_id):
+            return []  # its call ended meanwhile
+        key = call.waiting.pop(ask_id)
+        if "error" in msg:
+            self._forget(call)
+            error = msg["error"] if msg["error"].__class__ is dict else {}
+            return [
+                Deliver(
+                    jsonrpc.error(
+                        call.upstream_id,
+                        error.get("code", jsonrpc.INTERNAL_ERROR),
+                        f"the client could not give the input the server asked for ({key}): {error.get('message')}",
+                    )
+                )
+            ]
+        call.responses[key] = msg.get("result")
+        if call.waiting:
+            return []
+        return self._retry(call)
+
+    def _retry(self, call: _Call) -> list[Out]:
+        call.parked = False
+        self._parked -= 1
+        call.current = retry = self._new_id()
+        self._retries[retry] = call
+        params = dict(call.params)
+        params["inputResponses"], call.responses = call.responses, {}
+        if call.state is not None:
+            params["requestState"] = call.state
+        msg = jsonrpc.request(call.current, call.method, params)
+        self._stamp(msg)
+        return [Write(msg)]
+
+    # ------------------------------------------------------------ from the server
+
+    def from_server(self, msg: Any) -> list[Out]:
+        try:
+            kind = jsonrpc.classify(msg)
+        except ProtocolError:
+            return [Deliver(msg)]  # the mux says what is wrong with it
+        if kind is Kind.RESPONSE:
+            if msg["id"] == self._discover_id:
+                return self._decide(msg) if self.era is Era.DETECTING else []
+            if self.era is not Era.MODERN:
+                return [Deliver(msg)]
+            if msg["id"] in self._listening:
+                return self._listen_answered(msg)
+            server_id = msg["id"]
+            call = self._retries.get(server_id) if _ours(server_id) else self._calls.get(server_id)
+            if call is not None and call.current == server_id and not call.parked:
+                return self._call_answered(call, msg)
+            return [Deliver(msg)]
+        if kind is Kind.NOTIFICATION and self.era is Era.MODERN:
+            params = msg.get("params")
+            meta = params.get("_meta") if params.__class__ is dict else None
+            if meta.__class__ is dict and SUBSCRIPTION_ID in meta:
+                return self._listen_notice(msg, meta[SUBSCRIPTION_ID])
+        return [Deliver(msg)]
+
+    def _call_answered(self, call: _Call, msg: Message) -> list[Out]:
+        result = msg.get("result")
+        if result.__class__ is not dict or result.get("resultType") != "input_required":
+            self._forget(call)
+            msg["id"] = call.upstream_id
+            return [Deliver(msg)]
+        if _ours(call.current):
+            del self._retries[call.current]
+        call.rounds += 1
+        inputs = result.get("inputRequests") or {}
+        state = result.get("requestState")
+        problem = None
+        if call.rounds > MAX_ROUNDS:
+            problem = f"the server asked for input {MAX_ROUNDS} times for one call"
+        elif inputs.__class__ is not dict or len(inputs) > MAX_INPUTS:
+            problem = f"inputRequests must be an object of at most {MAX_INPUTS} requests"
+        elif self._parked >= MAX_PARKED:
+            problem = f"{MAX_PARKED} calls already wait for their clients' input"
+        elif not inputs and state is None:
+            problem = "input_required with neither inputRequests nor requestState"
+        elif not all(r.__class__ is dict and isinstance(r.get("method"), str) for r in inputs.values()):
+            problem = "an input request without a method"
+        if problem is not None:
+            self._forget(call)
+            return [Deliver(jsonrpc.error(call.upstream_id, jsonrpc.INTERNAL_ERROR, problem))]
+        call.parked = True
+        self._parked += 1
+        call.state = state
+        if not inputs:
+            return self._retry(call)
+        out: list[Out] = []
+        for key, request in inputs.items():
+            ask_id = self._new_id()
+            call.waiting[ask_id] = key
+            self._asks[ask_id] = call
+            params = request.get("params")
+            out.append(Ask(call.upstream_id, jsonrpc.request(ask_id, request["method"], params if params.__class__ is dict else {})))
+        return out
+
+    def _forget(self, call: _Call) -> None:
+        self._calls.pop(call.upstream_id, None)
+        if _ours(call.current):
+            self._retries.pop(call.current, None)
+        if call.parked:
+            call.parked = False
+            self._parked -= 1
+        for ask_id in call.waiting:
+            self._asks.pop(ask_id, None)
+        call.waiting.clear()
+
+    def _listen_answered(self, msg: Message) -> list[Out]:
+        """The server ended a listen (it answers a listen only then), or refused one."""
+        listen = msg["id"]
+        self._listening.discard(listen)
+        self._acked.discard(listen)
+        out: list[Out] = []
+        if "error" in msg:
+            error = msg["error"] if msg["error"].__class__ is dict else {}
+            waiting = [mux_id for mux_id, wanted in self._subscribes if wanted == listen]
+            self._subscribes = [s for s in self._subscribes if s[1] != listen]
+            reason = f"the server refused subscriptions/listen: {error.get('message')}"
+            out += [Deliver(jsonrpc.error(mux_id, jsonrpc.INTERNAL_ERROR, reason)) for mux_id in waiting]
+        return out
+
+    def _listen_notice(self, msg: Message, listen: Any) -> list[Out]:
+        if listen not in self._listening:
+            return []
+        if msg["method"] != "notifications/subscriptions/acknowledged":
+            return [Deliver(msg)] if listen == self._listen else []
+        self._acked.add(listen)
+        if listen != self._listen:
+            return []
+        out: list[Out] = []
+        for old in self._listening - {listen}:
+            self._acked.discard(old)
+            out.append(Write(jsonrpc.notification("notifications/cancelled", {"requestId": old, "reason": "replaced"})))
+        self._listening = {listen}
+        done = [mux_id for mux_id, _ in self._subscribes]
+        self._subscribes.clear()
+        return out + [Deliver(jsonrpc.result(mux_id, {})) for mux_id in done]
+
+    def table_sizes(self) -> dict[str, int]:
+        return {"calls": len(self._calls), "retries": len(self._retries), "asks": len(self._asks), "held": len(self._held), "listens": len(self._listening)}
+
+
+def _ours(request_id: object) -> TypeGuard[str]:
+    return isinstance(request_id, str) and request_id.startswith(ID_PREFIX)
+
+
+_REQUESTS: dict[str, Callable[[Translator, Message], list[Out]]] = {
+    "initialize": Translator._initialize,
+    "ping": Translator._ping,
+    "logging/setLevel": Translator._set_level,
+    "resources/subscribe": Translator._subscribe,
+    "resources/unsubscribe": Translator._unsubscribe,
+}

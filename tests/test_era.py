@@ -1,0 +1,155 @@
+"""Protocol eras on the server side: a stdio server that speaks only 2026-07-28, served to
+today's clients (the official `mcp` SDK over HTTP+SSE and 2025 Streamable HTTP) through the
+bridge's era translator (bridge/era.py), in shared and per-session mode; and legacy servers,
+still found legacy."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx2
+import pytest
+from conftest import PY, SERVERS, demo, faulty
+from mcp.shared.exceptions import MCPError
+from sdk import connect, prompt_text, text_of
+
+pytestmark = [pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning")]
+
+MODERN = {"command": PY, "args": [str(SERVERS / "modern.py")]}
+TRANSPORTS = [pytest.param(False, id="sse"), pytest.param(True, id="streamable")]
+MODES = ["shared", "per-session"]
+
+
+def config(mode: str = "shared", **server: object) -> dict:
+    return {"servers": {"m": {**MODERN, "mode": mode, **server}}}
+
+
+def url(b, streamable: bool) -> str:
+    return b.url("m", "mcp" if streamable else "sse")
+
+
+async def eras(b, name: str = "m") -> list[str]:
+    async with httpx2.AsyncClient() as http:
+        body = (await http.get(f"{b.base}/status")).json()
+    return [p["era"] for p in body["servers"][name]["processes"]]
+
+
+@pytest.mark.parametrize("streamable", TRANSPORTS)
+@pytest.mark.parametrize("mode", MODES)
+async def test_modern_server_serves_legacy_clients(bridge, mode, streamable):
+    async with bridge(config(mode)) as b:
+        async with connect(url(b, streamable), streamable=streamable) as c:
+            assert c.init.server_info.name == "modern-test"
+            assert c.init.instructions == "A modern-only test server."
+            assert c.init.capabilities.tools is not None
+            tools = {t.name for t in (await c.session.list_tools()).tools}
+            assert {"echo", "greet", "summarize", "roots", "work", "touch"} <= tools
+            assert text_of(await c.session.call_tool("echo", {"text": "hi"})) == "hi"
+            await c.session.send_ping()
+            read = await c.session.read_resource("counter://value")
+            assert read.contents[0].text.isdigit()
+        event = await b.wait_for("server_era")
+        assert event["era"] == "modern"
+        assert set(await eras(b)) <= {"modern"}
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_sampling_elicitation_and_roots_through_input_required(bridge, mode):
+    async with bridge(config(mode)) as b:
+        async with connect(
+            b.url("m"),
+            sampling=lambda c, params: f"summary of {prompt_text(params)}",
+            roots=["file:///work/a", "file:///work/b"],
+            elicit=lambda params: {"name": "ada"},
+        ) as c:
+            assert text_of(await c.session.call_tool("greet", {})) == "hello ada"
+            assert text_of(await c.session.call_tool("summarize", {"text": "x"})) == "summary of summarize: x"
+            assert text_of(await c.session.call_tool("roots", {})) == "file:///work/a,file:///work/b"
+            assert text_of(await c.session.call_tool("both", {"text": "y"})) == "ada: summary of summarize: y"
+            asked = [m["method"] for m in c.wire.server_requests()]
+            assert asked.count("elicitation/create") == 2 and asked.count("sampling/createMessage") == 2
+            c.wire.check_own_traffic()
+
+
+async def test_input_goes_to_the_calling_session_only(bridge):
+    async with bridge(config("shared")) as b:
+
+        async def one(i: int) -> str:
+            async with connect(b.url("m"), name=f"s{i}", elicit=lambda params: {"name": f"s{i}"}) as c:
+                result = text_of(await c.session.call_tool("greet", {}))
+                c.wire.check_own_traffic()
+                return result
+
+        results = await asyncio.gather(*(one(i) for i in range(5)))
+        assert results == [f"hello s{i}" for i in range(5)]
+
+
+async def test_a_client_unable_to_answer_gets_an_error(bridge):
+    async with bridge(config("shared")) as b, connect(b.url("m")) as c:
+        with pytest.raises(MCPError, match="could not give the input"):
+            await c.session.call_tool("greet", {})
+        assert text_of(await c.session.call_tool("echo", {"text": "still here"})) == "still here"
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_resource_subscription_becomes_a_listen(bridge, mode):
+    async with bridge(config(mode)) as b, connect(b.url("m")) as c:
+        await c.session.subscribe_resource("counter://value")
+        start = len(c.wire.received)
+        await c.session.call_tool("touch", {})
+        note = await c.wire.wait_for(lambda m: m.get("method") == "notifications/resources/updated", start=start)
+        assert note["params"]["uri"] == "counter://value"
+        await c.session.unsubscribe_resource("counter://value")
+        start = len(c.wire.received)
+        await c.session.call_tool("touch", {})
+        await c.session.send_ping()  # a round trip after the touch: anything it caused has arrived
+        assert not [m for m in c.wire.received[start:] if m.get("method") == "notifications/resources/updated"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_log_level_and_progress(bridge, mode):
+    async with bridge(config(mode)) as b, connect(b.url("m")) as c:
+        progress: list[float] = []
+
+        async def on_progress(value: float, total: float | None, message: str | None) -> None:
+            progress.append(value)
+
+        await c.session.set_logging_level("info")
+        result = await c.session.call_tool("work", {"steps": 3}, progress_callback=on_progress)
+        assert text_of(result) == "done 3"
+        assert progress == [1, 2, 3]
+        assert [log.data for log in c.logs] == ["step 0", "step 1", "step 2"]
+        await c.session.set_logging_level("error")
+        c.logs.clear()
+        await c.session.call_tool("work", {"steps": 2})
+        assert c.logs == []
+
+
+async def test_legacy_server_is_found_legacy(bridge):
+    async with bridge({"servers": {"demo": demo(mode="shared")}}) as b:
+        event = await b.wait_for("server_era")
+        assert event["era"] == "legacy" and "refused" in event["reason"]
+        async with connect(b.url("demo")) as c:
+            assert c.init.server_info.name
+        assert await eras(b, "demo") == ["legacy"]
+
+
+async def test_silent_discover_falls_back_after_the_timeout(bridge):
+    async with bridge({"servers": {"f": {**faulty(FAULTY_SILENT_DISCOVER="1"), "mode": "shared"}}}) as b:
+        started = time.monotonic()
+        event = await b.wait_for("server_era", timeout=10)
+        assert event["era"] == "legacy" and "no answer to server/discover" in event["reason"]
+        assert time.monotonic() - started < 5
+        async with connect(b.url("f")) as c:
+            assert {t.name for t in (await c.session.list_tools()).tools}
+
+
+async def test_configured_legacy_sends_no_discover(bridge):
+    async with bridge({"servers": {"f": {**faulty(FAULTY_SILENT_DISCOVER="1"), "mode": "shared", "era": "legacy"}}}) as b:
+        async with connect(b.url("f")) as c:
+            await c.session.list_tools()
+        assert await eras(b, "f") == ["legacy"]
+        assert not b.named("server_era")
+        assert not [e for e in b.named("server_stderr") if "discover" in e.get("line", "")]
+
