@@ -140,15 +140,15 @@ class Translator:
         self._ids = itertools.count(1)
         self._discover_id = self._new_id()
         self._held: list[Message] = []
+        self._failure = ""
         self._calls: dict[RequestId, _Call] = {}  # by the mux's id
         self._retries: dict[str, _Call] = {}  # by the id of the retry in flight
         self._asks: dict[str, _Call] = {}  # our ask id -> its call
         self._parked = 0
         self._uris: set[str] = set()
-        self._listen: str | None = None  # the listen wanted now
-        self._listening: set[str] = set()  # listens open upstream, the wanted one included
-        self._acked: set[str] = set()
-        self._subscribes: list[tuple[RequestId, str]] = []  # (the mux's id, the listen that answers it)
+        self._listen: str | None = None  # the listen for what is wanted now
+        self._live: str | None = None  # the listen acknowledged last: the one whose notices go on
+        self._subscribes: list[tuple[RequestId, str]] = []  # (the mux's id, its uri): answered on an ack
 
     def _new_id(self) -> str:
         return f"{ID_PREFIX}{next(self._ids)}"
@@ -192,9 +192,12 @@ class Translator:
 
     def _legacy(self, reason: str) -> list[Out]:
         if self.forced:
-            # Configured modern: nothing to fall back to; the initialize the mux sent times out.
+            # Configured modern: nothing to fall back to. What waits fails, the mux's own
+            # initialize with it, and the supervisor restarts the server.
             self.era = Era.MODERN
-            return [Decided(Era.MODERN, f"configured modern, but {reason}")]
+            self._failure = f"server configured era modern, but {reason}"
+            held, self._held = self._held, []
+            return [Decided(Era.MODERN, self._failure), *(o for m in held for o in self._refuse(m))]
         self.era = Era.LEGACY
         held, self._held = self._held, []
         return [Decided(Era.LEGACY, reason), *(Write(m) for m in held)]
@@ -202,16 +205,21 @@ class Translator:
     # ------------------------------------------------------------ from the mux
 
     def from_mux(self, msg: Message) -> list[Out]:
-        if self.era is Era.MODERN and self.discovered is not None:
+        if self.discovered is not None:
             return self._from_mux(msg)
         if self.era is Era.LEGACY:
             return [Write(msg)]
+        if self.era is Era.MODERN:  # configured so, but it did not answer server/discover
+            return self._refuse(msg)
         if len(self._held) >= MAX_HELD:
-            if "method" in msg and "id" in msg:
-                return [Deliver(jsonrpc.error(msg["id"], jsonrpc.SERVER_UNAVAILABLE, "server is starting"))]
-            return []
+            return self._refuse(msg, f"{MAX_HELD} messages already wait for the server's era to be known")
         self._held.append(msg)
         return []
+
+    def _refuse(self, msg: Message, reason: str | None = None) -> list[Out]:
+        if "method" not in msg or "id" not in msg:
+            return []
+        return [Deliver(jsonrpc.error(msg["id"], jsonrpc.SERVER_UNAVAILABLE, reason or self._failure))]
 
     def _from_mux(self, msg: Message) -> list[Out]:
         method = msg.get("method")
@@ -275,15 +283,13 @@ class Translator:
         uri = (msg.get("params") or {}).get("uri")
         if not isinstance(uri, str):
             return [Deliver(jsonrpc.error(msg["id"], jsonrpc.INVALID_PARAMS, "resources/subscribe needs a string uri"))]
-        out: list[Out] = []
-        if uri not in self._uris:
-            self._uris.add(uri)
-            out = self._relisten()
-        elif self._listen in self._acked:
+        if uri in self._uris and self._listen == self._live:
             return [Deliver(jsonrpc.result(msg["id"], {}))]
-        assert self._listen is not None  # a uri is wanted: a listen is open or opening
-        self._subscribes.append((msg["id"], self._listen))
-        return out
+        self._subscribes.append((msg["id"], uri))
+        if uri in self._uris:
+            return []  # the listen that has it is not acknowledged yet
+        self._uris.add(uri)
+        return self._relisten()
 
     def _unsubscribe(self, msg: Message) -> list[Out]:
         uri = (msg.get("params") or {}).get("uri")
@@ -293,7 +299,8 @@ class Translator:
         return [Deliver(jsonrpc.result(msg["id"], {})), *self._relisten()]
 
     def _relisten(self) -> list[Out]:
-        """Open a listen for what the mux wants now (the last one is cancelled once it is acknowledged)."""
+        """Open a listen for what the mux wants now. The live one is cancelled once the new one
+        is acknowledged (no update is lost in between); one never acknowledged, at once."""
         caps = (self.discovered or {}).get("capabilities") or {}
         wanted: dict[str, Any] = {}
         for kind, key in _LIST_CHANGES:
@@ -302,13 +309,18 @@ class Translator:
                 wanted[key] = True
         if self._uris:
             wanted["resourceSubscriptions"] = sorted(self._uris)
-        if not wanted:
-            return []
+        out: list[Out] = []
+        if self._listen is not None and self._listen != self._live:
+            out.append(_cancel(self._listen, "replaced"))
+        if not wanted:  # nothing to listen for: the live one goes too
+            if self._live is not None:
+                out.append(_cancel(self._live, "nothing wanted"))
+            self._listen = self._live = None
+            return out
         self._listen = listen = self._new_id()
-        self._listening.add(listen)
         msg = jsonrpc.request(listen, "subscriptions/listen", {"notifications": wanted})
         self._stamp(msg)
-        return [Write(msg)]
+        return [*out, Write(msg)]
 
     def _cancelled(self, msg: Message) -> list[Out]:
         params = msg.get("params")
@@ -372,18 +384,20 @@ class Translator:
                 return self._decide(msg) if self.era is Era.DETECTING else []
             if self.era is not Era.MODERN:
                 return [Deliver(msg)]
-            if msg["id"] in self._listening:
-                return self._listen_answered(msg)
             server_id = msg["id"]
-            call = self._retries.get(server_id) if _ours(server_id) else self._calls.get(server_id)
-            if call is not None and call.current == server_id and not call.parked:
+            if not _ours(server_id):
+                call = self._calls.get(server_id)
+                if call is not None and call.current == server_id:
+                    return self._call_answered(call, msg)
+                return [Deliver(msg)]
+            if (call := self._retries.get(server_id)) is not None:
                 return self._call_answered(call, msg)
-            return [Deliver(msg)]
+            return self._listen_answered(msg)  # or a listen since cancelled: nothing
         if kind is Kind.NOTIFICATION and self.era is Era.MODERN:
             params = msg.get("params")
             meta = params.get("_meta") if params.__class__ is dict else None
-            if meta.__class__ is dict and SUBSCRIPTION_ID in meta:
-                return self._listen_notice(msg, meta[SUBSCRIPTION_ID])
+            if isinstance(meta, dict) and SUBSCRIPTION_ID in meta:
+                return self._listen_notice(msg, meta)
         return [Deliver(msg)]
 
     def _call_answered(self, call: _Call, msg: Message) -> list[Out]:
@@ -437,38 +451,43 @@ class Translator:
         call.waiting.clear()
 
     def _listen_answered(self, msg: Message) -> list[Out]:
-        """The server ended a listen (it answers a listen only then), or refused one."""
+        """The server ended a listen (it answers one only then), or refused it."""
         listen = msg["id"]
-        self._listening.discard(listen)
-        self._acked.discard(listen)
-        out: list[Out] = []
-        if "error" in msg:
-            error = msg["error"] if msg["error"].__class__ is dict else {}
-            waiting = [mux_id for mux_id, wanted in self._subscribes if wanted == listen]
-            self._subscribes = [s for s in self._subscribes if s[1] != listen]
-            reason = f"the server refused subscriptions/listen: {error.get('message')}"
-            out += [Deliver(jsonrpc.error(mux_id, jsonrpc.INTERNAL_ERROR, reason)) for mux_id in waiting]
-        return out
-
-    def _listen_notice(self, msg: Message, listen: Any) -> list[Out]:
-        if listen not in self._listening:
-            return []
-        if msg["method"] != "notifications/subscriptions/acknowledged":
-            return [Deliver(msg)] if listen == self._listen else []
-        self._acked.add(listen)
+        if listen == self._live:
+            self._live = None
         if listen != self._listen:
             return []
+        self._listen = None
+        if "error" not in msg:
+            return []
+        error = msg["error"] if msg["error"].__class__ is dict else {}
+        reason = f"the server refused subscriptions/listen: {error.get('message')}"
+        failed, self._subscribes = self._subscribes, []
+        self._uris.difference_update(uri for _, uri in failed)
+        return [Deliver(jsonrpc.error(mux_id, jsonrpc.INTERNAL_ERROR, reason)) for mux_id, _ in failed]
+
+    def _listen_notice(self, msg: Message, meta: dict[str, Any]) -> list[Out]:
+        listen = meta.pop(SUBSCRIPTION_ID)  # legacy clients know no subscription ids
+        if not meta:
+            del msg["params"]["_meta"]
+        if msg["method"] != "notifications/subscriptions/acknowledged":
+            return [Deliver(msg)] if listen == self._live and listen is not None else []
+        if listen != self._listen or listen is None:
+            return []  # one since replaced
         out: list[Out] = []
-        for old in self._listening - {listen}:
-            self._acked.discard(old)
-            out.append(Write(jsonrpc.notification("notifications/cancelled", {"requestId": old, "reason": "replaced"})))
-        self._listening = {listen}
-        done = [mux_id for mux_id, _ in self._subscribes]
-        self._subscribes.clear()
-        return out + [Deliver(jsonrpc.result(mux_id, {})) for mux_id in done]
+        if self._live is not None:
+            out.append(_cancel(self._live, "replaced"))
+        self._live = listen
+        done, self._subscribes = self._subscribes, []
+        return out + [Deliver(jsonrpc.result(mux_id, {})) for mux_id, _ in done]
 
     def table_sizes(self) -> dict[str, int]:
-        return {"calls": len(self._calls), "retries": len(self._retries), "asks": len(self._asks), "held": len(self._held), "listens": len(self._listening)}
+        """How much each table holds (what a test checks is empty when nothing is under way)."""
+        return {"calls": len(self._calls), "retries": len(self._retries), "asks": len(self._asks), "held": len(self._held)}
+
+
+def _cancel(request_id: RequestId, reason: str) -> Write:
+    return Write(jsonrpc.notification("notifications/cancelled", {"requestId": request_id, "reason": reason}))
 
 
 def _ours(request_id: object) -> TypeGuard[str]:

@@ -67,12 +67,11 @@ class Upstream:
         self._stall: asyncio.TimerHandle | None = None  # armed while the server's input is backed up
         self.refused = 0  # messages not written since its input backed up
         self.child: Child | None = None
-        # The era of the running process (era.py); a translator only while it is found
-        # out, and for a modern server. A server that exited while asked stays legacy.
+        # The era of the running process (era.py); a translator only while it is
+        # found out, and for a modern server.
         self.era = Era.DETECTING
         self.translator: Translator | None = None
         self._wake: asyncio.TimerHandle | None = None
-        self._skip_discover = False
         self.supervisor = Supervisor(
             server=label,
             make_child=self._make_child,
@@ -141,7 +140,7 @@ class Upstream:
         self.child = child
         era = self.gateway.server.era
         actions: list[Action] = []
-        if era == "legacy" or (era == "auto" and self._skip_discover):
+        if era == "legacy":
             self.era, self.translator = Era.LEGACY, None
         else:
             self.era = Era.DETECTING
@@ -153,8 +152,8 @@ class Upstream:
         self.child = None
         self._cancel_stall()
         if self.era is Era.DETECTING and self.translator is not None:
-            self._skip_discover = True
-            self._log.warning("server_exited_during_discover", exit_code=code, then="asks no more: legacy from now on")
+            # A legacy server may die of a request it does not know: `era: legacy` spares it.
+            self._log.warning("server_exited_during_discover", exit_code=code)
         self.translator = None
         self._cancel_wake()
         self.gateway.metrics.restarts += 1
@@ -265,7 +264,9 @@ class Upstream:
         self._log.info("server_restarting", pid=self._pid(), reason=reason)
         await self.supervisor.stop()
         self.child = None
+        self.translator = None
         self._cancel_stall()
+        self._cancel_wake()
         self.gateway.apply(self, self.mux.server_exited(reason))
         # Meanwhile the gateway may have stopped (reload, shutdown) or, per session, its session
         # closed and this process retired: then it stays stopped.
