@@ -8,9 +8,12 @@ Rules
 -----
 1. Detection. At start it sends `server/discover` (with the modern `_meta`)
    and holds what the mux sends. A discover result makes the server modern;
-   any other answer, or none within the timeout, makes it legacy: the held
-   messages go out unchanged and the upstream drops the translator, so a
-   legacy server costs one request at start and nothing per message.
+   any other answer makes it legacy: the held messages go out unchanged and
+   the upstream drops the translator, so a legacy server costs one request
+   at start and nothing per message. With no answer within the timeout the
+   held messages go out too, but a server slow to start may still answer
+   discover before it answers an initialize (a modern one refuses that with
+   -32022): then it is modern after all, and the initialize is answered here.
 2. Handshake. To a modern server `initialize` does not exist: it is answered
    here from the discover result (capabilities, server info, instructions,
    the version the mux asked for when the bridge speaks it). `ping` is
@@ -51,6 +54,7 @@ from .jsonrpc import Kind, Message, ProtocolError, RequestId
 from .mux import LATEST_PROTOCOL_VERSION, PROTOCOL_VERSIONS
 
 MODERN_VERSION = "2026-07-28"
+UNSUPPORTED_PROTOCOL_VERSION = -32022  # a modern server's answer to initialize
 PROTOCOL_VERSION = "io.modelcontextprotocol/protocolVersion"
 CLIENT_INFO = "io.modelcontextprotocol/clientInfo"
 CLIENT_CAPABILITIES = "io.modelcontextprotocol/clientCapabilities"
@@ -98,10 +102,12 @@ class Wake(NamedTuple):
 
 
 class Decided(NamedTuple):
-    """The era is known (`reason` says how): log it; a legacy server needs no translator."""
+    """The era is known (`reason` says how): log it. A legacy server needs no translator once
+    `final`; before, a late discover answer may still show it modern (rule 1)."""
 
     era: Era
     reason: str
+    final: bool = True
 
 
 Out = Write | Deliver | Ask | Wake | Decided
@@ -141,6 +147,11 @@ class Translator:
         self._discover_id = self._new_id()
         self._held: list[Message] = []
         self._failure = ""
+        # After a discover timeout: initializes sent since, by id, until one is answered (rule 1);
+        # and those a late discover answer made ours to answer, whose refusal is dropped.
+        self._watching = False
+        self._initializes: dict[RequestId, Message] = {}
+        self._refused: set[RequestId] = set()
         self._calls: dict[RequestId, _Call] = {}  # by the mux's id
         self._retries: dict[str, _Call] = {}  # by the id of the retry in flight
         self._asks: dict[str, _Call] = {}  # our ask id -> its call
@@ -158,9 +169,9 @@ class Translator:
         return [Write(jsonrpc.request(self._discover_id, "server/discover", params)), Wake(self.discover_timeout)]
 
     def wake(self) -> list[Out]:
-        if self.era is not Era.DETECTING:
-            return []
-        return self._legacy(f"no answer to server/discover within {self.discover_timeout:g}s")
+        if self.era is not Era.DETECTING or self.forced:
+            return []  # configured modern: the mux's initialize_timeout is the only bound
+        return self._legacy(f"no answer to server/discover within {self.discover_timeout:g}s", late=True)
 
     def origin(self, request_id: RequestId) -> RequestId | None:
         """The mux's id for a request of ours the process had no room for (None: not the mux's)."""
@@ -190,7 +201,9 @@ class Translator:
         detail = error.get("message") if error.__class__ is dict else error
         return self._legacy(f"server/discover refused: {detail!r}")
 
-    def _legacy(self, reason: str) -> list[Out]:
+    def _legacy(self, reason: str, *, late: bool = False) -> list[Out]:
+        """Legacy, unless configured modern. `late`: after a timeout, when a server slow to
+        start may yet answer discover: until the initialize is answered, both are watched."""
         if self.forced:
             # Configured modern: nothing to fall back to. What waits fails, the mux's own
             # initialize with it, and the supervisor restarts the server.
@@ -200,7 +213,34 @@ class Translator:
             return [Decided(Era.MODERN, self._failure), *(o for m in held for o in self._refuse(m))]
         self.era = Era.LEGACY
         held, self._held = self._held, []
-        return [Decided(Era.LEGACY, reason), *(Write(m) for m in held)]
+        if late:
+            self._watching = True
+            self._initializes = {m["id"]: m for m in held if m.get("method") == "initialize" and "id" in m}
+            reason += "; watching for a late answer until an initialize is answered"
+        return [Decided(Era.LEGACY, reason, final=not late), *(Write(m) for m in held)]
+
+    def _late(self, msg: Message) -> list[Out]:
+        """After the timeout: an answer to our discover, or to an initialize sent since."""
+        request_id = msg["id"]
+        if request_id == self._discover_id:
+            result = msg.get("result")
+            if result.__class__ is not dict or MODERN_VERSION not in (result.get("supportedVersions") or ()):
+                return self._settled("server/discover refused too, late")
+            self.era, self.discovered, self._watching = Era.MODERN, result, False
+            initializes, self._initializes = self._initializes, {}
+            self._refused.update(initializes)  # the server refuses them: the mux has our answer
+            out: list[Out] = [Decided(Era.MODERN, "server/discover answered, after the timeout")]
+            for initialize in initializes.values():
+                out += self._initialize(initialize)
+            return out
+        error = msg.get("error")
+        if error.__class__ is dict and error.get("code") == UNSUPPORTED_PROTOCOL_VERSION:
+            return []  # how a modern server refuses initialize: its discover answer is coming
+        return [Deliver(msg), *self._settled("answered initialize")]
+
+    def _settled(self, reason: str) -> list[Out]:
+        self._watching, self._initializes = False, {}
+        return [Decided(Era.LEGACY, reason)]
 
     # ------------------------------------------------------------ from the mux
 
@@ -208,6 +248,8 @@ class Translator:
         if self.discovered is not None:
             return self._from_mux(msg)
         if self.era is Era.LEGACY:
+            if self._watching and msg.get("method") == "initialize" and "id" in msg:
+                self._initializes[msg["id"]] = msg
             return [Write(msg)]
         if self.era is Era.MODERN:  # configured so, but it did not answer server/discover
             return self._refuse(msg)
@@ -380,11 +422,16 @@ class Translator:
         except ProtocolError:
             return [Deliver(msg)]  # the mux says what is wrong with it
         if kind is Kind.RESPONSE:
-            if msg["id"] == self._discover_id:
+            server_id = msg["id"]
+            if self._watching and (server_id == self._discover_id or server_id in self._initializes):
+                return self._late(msg)
+            if server_id == self._discover_id:
                 return self._decide(msg) if self.era is Era.DETECTING else []
             if self.era is not Era.MODERN:
                 return [Deliver(msg)]
-            server_id = msg["id"]
+            if server_id in self._refused:
+                self._refused.discard(server_id)
+                return []
             if not _ours(server_id):
                 call = self._calls.get(server_id)
                 if call is not None and call.current == server_id:

@@ -219,11 +219,11 @@ class Upstream:
                 case Wake(delay):
                     self._cancel_wake()
                     self._wake = asyncio.get_running_loop().call_later(delay, self._on_wake)
-                case Decided(era, reason):
+                case Decided(era, reason, final):
                     self.era = era
                     self._cancel_wake()
-                    self._log.info("server_era", era=era.value, reason=reason, pid=self._pid())
-                    if era is Era.LEGACY:
+                    self._log.info("server_era", era=era.value, reason=reason, final=final, pid=self._pid())
+                    if era is Era.LEGACY and final:
                         self.translator = None
         return actions
 
@@ -642,6 +642,9 @@ class Gateway:
 
     def processes_up(self) -> int:
         return sum(1 for u in self.upstreams() if u.child is not None)
+
+    def processes_by_era(self) -> dict[str, int]:
+        return dict(Counter(u.era.value for u in self.upstreams() if u.child is not None))
 
     def crash_looping(self) -> bool:
         return any(u.supervisor.status is Status.FAILED for u in self.upstreams())

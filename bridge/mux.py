@@ -27,7 +27,9 @@ Rules
    A request about no call in flight goes to a session only when every
    session able to answer is one principal's. With no such session, or when
    that session leaves, the server gets an error at once. `ping` and, with
-   configured roots, `roots/list` are answered here.
+   configured roots, `roots/list` are answered here. A request whose call is
+   known (`server_request_for`: the era translator's form of a 2026-07-28
+   server's input_required) goes to that call's session with no guess.
 5. Shared state. In shared mode the bridge initializes the server itself,
    answers each client's `initialize` from the cached result and absorbs
    `notifications/initialized`; `ping` is answered here. Subscriptions are

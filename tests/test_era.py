@@ -6,6 +6,9 @@ still found legacy."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import signal
 import time
 
 import httpx2
@@ -13,12 +16,13 @@ import pytest
 from conftest import PY, SERVERS, demo, faulty
 from mcp.shared.exceptions import MCPError
 from sdk import connect, prompt_text, text_of
+from test_operations import scrape
 
 pytestmark = [pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning")]
 
 MODERN = {"command": PY, "args": [str(SERVERS / "modern.py")]}
 TRANSPORTS = [pytest.param(False, id="sse"), pytest.param(True, id="streamable")]
-MODES = ["shared", "per-session"]
+MODES = ["shared", "per-session", "per-principal"]
 
 
 def config(mode: str = "shared", **server: object) -> dict:
@@ -49,9 +53,11 @@ async def test_modern_server_serves_legacy_clients(bridge, mode, streamable):
             await c.session.send_ping()
             read = await c.session.read_resource("counter://value")
             assert read.contents[0].text.isdigit()
-        event = await b.wait_for("server_era")
-        assert event["era"] == "modern"
-        assert set(await eras(b)) <= {"modern"}
+            event = await b.wait_for("server_era", where=lambda e: e["final"])
+            assert event["era"] == "modern"
+            assert await eras(b) == ["modern"]
+            metrics = await scrape(b)
+            assert metrics.get("mcp_bridge_server_processes_by_era", server="m", era="modern") == 1
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -126,10 +132,27 @@ async def test_log_level_and_progress(bridge, mode):
         assert c.logs == []
 
 
+async def test_a_restarted_modern_server_gets_its_subscriptions_back(bridge):
+    async with bridge(config("shared")) as b, connect(b.url("m")) as c:
+        await c.session.subscribe_resource("counter://value")
+        (pid,) = b.server_pids()
+        os.kill(pid, signal.SIGKILL)
+        await b.wait_for("server_era", where=lambda e: e["pid"] != pid)
+        # The replayed subscription is in place once the new server acknowledged its listen;
+        # nothing tells the client when, so touch until an update comes (bounded).
+        for _ in range(10):
+            start = len(c.wire.received)
+            await c.session.call_tool("touch", {})
+            with contextlib.suppress(TimeoutError):
+                note = await c.wire.wait_for(lambda m: m.get("method") == "notifications/resources/updated", 1.0, start)
+                break
+        assert note["params"]["uri"] == "counter://value"
+
+
 async def test_legacy_server_is_found_legacy(bridge):
     async with bridge({"servers": {"demo": demo(mode="shared")}}) as b:
         event = await b.wait_for("server_era")
-        assert event["era"] == "legacy" and "refused" in event["reason"]
+        assert event["era"] == "legacy" and event["final"] and "refused" in event["reason"]
         async with connect(b.url("demo")) as c:
             assert c.init.server_info.name
         assert await eras(b, "demo") == ["legacy"]
@@ -139,10 +162,24 @@ async def test_silent_discover_falls_back_after_the_timeout(bridge):
     async with bridge({"servers": {"f": {**faulty(FAULTY_SILENT_DISCOVER="1"), "mode": "shared"}}}) as b:
         started = time.monotonic()
         event = await b.wait_for("server_era", timeout=10)
-        assert event["era"] == "legacy" and "no answer to server/discover" in event["reason"]
+        assert event["era"] == "legacy" and not event["final"] and "no answer to server/discover" in event["reason"]
+        final = await b.wait_for("server_era", where=lambda e: e["final"])
+        assert final["era"] == "legacy" and final["reason"] == "answered initialize"
         assert time.monotonic() - started < 5
         async with connect(b.url("f")) as c:
             assert {t.name for t in (await c.session.list_tools()).tools}
+
+
+async def test_a_modern_server_slower_than_the_timeout_is_found_modern(bridge):
+    async with bridge(config("shared", env={"MODERN_SLOW_START": "4"})) as b:
+        first = await b.wait_for("server_era", timeout=15)
+        assert first["era"] == "legacy" and not first["final"]
+        event = await b.wait_for("server_era", timeout=15, where=lambda e: e["final"])
+        assert event["era"] == "modern" and "after the timeout" in event["reason"]
+        async with connect(b.url("m")) as c:
+            assert c.init.server_info.name == "modern-test"
+            assert text_of(await c.session.call_tool("echo", {"text": "late"})) == "late"
+        assert not b.named("message_dropped")
 
 
 async def test_configured_legacy_sends_no_discover(bridge):

@@ -95,13 +95,39 @@ def test_any_error_makes_the_server_legacy_and_lets_the_held_messages_through(an
     assert writes(t.from_mux(req(3, "tools/list"))) == [req(3, "tools/list")]
 
 
-def test_no_answer_within_the_timeout_makes_it_legacy() -> None:
+def test_no_answer_within_the_timeout_makes_it_legacy_once_it_answers_initialize() -> None:
     t, _ = started()
     t.from_mux(req(1, "initialize"))
     outs = t.wake()
-    assert outs[0] == Decided(Era.LEGACY, f"no answer to server/discover within {t.discover_timeout:g}s")
+    assert outs[0].era is Era.LEGACY and not outs[0].final
+    assert outs[0].reason.startswith(f"no answer to server/discover within {t.discover_timeout:g}s")
     assert writes(outs) == [req(1, "initialize")]
     assert t.wake() == []
+    answer = jsonrpc.result(1, {"protocolVersion": "2025-06-18"})
+    assert t.from_server(answer) == [Deliver(answer), Decided(Era.LEGACY, "answered initialize")]
+
+
+def test_a_modern_server_slow_to_start_is_found_modern_late() -> None:
+    t, discover = started()
+    t.wake()  # the timeout: the initialize goes out
+    assert writes(t.from_mux(req(1, "initialize", protocolVersion="2025-06-18", capabilities=CAPS))) == [
+        req(1, "initialize", protocolVersion="2025-06-18", capabilities=CAPS)
+    ]
+    assert t.from_server(jsonrpc.error(1, -32022, "the initialize handshake is not accepted")) == []
+    outs = t.from_server(jsonrpc.result(discover, DISCOVERED))
+    assert outs[0] == Decided(Era.MODERN, "server/discover answered, after the timeout")
+    (answer,) = delivered(outs)
+    assert answer["id"] == 1 and answer["result"]["serverInfo"] == {"name": "m", "version": "2"}
+    (sent,) = writes(t.from_mux(req(2, "tools/list")))
+    assert sent["params"]["_meta"][PROTOCOL_VERSION] == "2026-07-28"
+
+
+def test_a_late_refusal_of_the_initialize_after_discover_is_dropped() -> None:
+    t, discover = started()
+    t.wake()
+    t.from_mux(req(1, "initialize", protocolVersion="2025-06-18", capabilities=CAPS))
+    assert delivered(t.from_server(jsonrpc.result(discover, DISCOVERED)))
+    assert t.from_server(jsonrpc.error(1, -32022, "not accepted")) == []
 
 
 def test_a_result_without_our_version_is_legacy() -> None:
@@ -110,11 +136,12 @@ def test_a_result_without_our_version_is_legacy() -> None:
     assert outs[0].era is Era.LEGACY
 
 
-def test_configured_modern_without_discover_refuses_what_waits() -> None:
+def test_configured_modern_waits_for_discover_and_refuses_what_waits_if_it_is_refused() -> None:
     t = Translator(client_info=("b", "1"), era="modern")
-    t.start()
+    (discover,) = writes(t.start())
     t.from_mux(req(1, "initialize"))
-    outs = t.wake()
+    assert t.wake() == []
+    outs = t.from_server(jsonrpc.error(discover["id"], -32601, "Method not found"))
     assert outs[0].era is Era.MODERN and "configured era modern" in outs[0].reason
     (refused,) = delivered(outs)
     assert refused["id"] == 1 and refused["error"]["code"] == jsonrpc.SERVER_UNAVAILABLE

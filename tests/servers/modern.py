@@ -11,12 +11,17 @@ input the 2026-07-28 way (an `input_required` result, then a retry):
   work        progress and log messages, then "done <steps>"
   touch       bumps resource `counter://value` and notifies its subscribers
   echo        its text back
+
+MODERN_SLOW_START=SECONDS makes it wait that long before it reads anything (a
+server slower to start than the bridge's discover timeout).
 """
 
 from __future__ import annotations
 
 from typing import Annotated
 
+import os
+import time
 import warnings
 
 import anyio
@@ -109,4 +114,5 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
+    time.sleep(float(os.environ.get("MODERN_SLOW_START", "0")))
     anyio.run(main)
