@@ -182,6 +182,14 @@ async def test_a_modern_server_slower_than_the_timeout_is_found_modern(bridge):
         assert not b.named("message_dropped")
 
 
+async def test_a_legacy_server_configured_modern_is_restarted_saying_why(bridge):
+    async with bridge({"servers": {"demo": demo(mode="shared", era="modern")}}) as b:
+        event = await b.wait_for("server_era")
+        assert event["era"] == "modern" and "configured era modern, but server/discover refused" in event["reason"]
+        forced = await b.wait_for("server_restart_forced")
+        assert "initialize failed" in forced["reason"] and "configured era modern" in forced["reason"]
+
+
 async def test_configured_legacy_sends_no_discover(bridge):
     async with bridge({"servers": {"f": {**faulty(FAULTY_SILENT_DISCOVER="1"), "mode": "shared", "era": "legacy"}}}) as b:
         async with connect(b.url("f")) as c:
