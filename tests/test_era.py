@@ -15,7 +15,7 @@ import httpx2
 import pytest
 from conftest import PY, SERVERS, demo, faulty
 from mcp.shared.exceptions import MCPError
-from sdk import connect, prompt_text, text_of
+from sdk import connect, gather_sessions, prompt_text, text_of
 from test_operations import scrape
 
 pytestmark = [pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning")]
@@ -79,16 +79,33 @@ async def test_sampling_elicitation_and_roots_through_input_required(bridge, mod
 
 
 async def test_input_goes_to_the_calling_session_only(bridge):
+    n = 20
     async with bridge(config("shared")) as b:
 
-        async def one(i: int) -> str:
-            async with connect(b.url("m"), name=f"s{i}", elicit=lambda params: {"name": f"s{i}"}) as c:
-                result = text_of(await c.session.call_tool("greet", {}))
-                c.wire.check_own_traffic()
-                return result
+        async def one(client, i: int) -> str:
+            result = text_of(await client.session.call_tool("both", {"text": f"t{i}"}))
+            client.wire.check_own_traffic()
+            return result
 
-        results = await asyncio.gather(*(one(i) for i in range(5)))
-        assert results == [f"hello s{i}" for i in range(5)]
+        results = await gather_sessions(
+            b.url("m"), n, one, elicit=lambda params: {"name": "x"}, sampling=lambda c, params: f"{c.name} {prompt_text(params)}"
+        )
+        assert results == [f"x: s{i} summarize: t{i}" for i in range(n)]
+
+
+async def test_configured_roots_are_answered_by_the_bridge(bridge):
+    async with bridge(config("shared", roots=["file:///srv/data"])) as b, connect(b.url("m")) as c:
+        assert text_of(await c.session.call_tool("roots", {})) == "file:///srv/data"
+        assert not c.wire.server_requests()
+
+
+@pytest.mark.parametrize("streamable", TRANSPORTS)
+async def test_tool_list_changes_reach_every_session(bridge, streamable):
+    async with bridge(config("shared")) as b, connect(url(b, streamable), streamable=streamable) as c, connect(b.url("m")) as other:
+        start = len(other.wire.received)
+        await c.session.call_tool("grow", {})
+        await other.wire.wait_for(lambda m: m.get("method") == "notifications/tools/list_changed", start=start)
+        assert "grown" in {t.name for t in (await other.session.list_tools()).tools}
 
 
 async def test_a_client_unable_to_answer_gets_an_error(bridge):

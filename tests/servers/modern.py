@@ -10,6 +10,7 @@ input the 2026-07-28 way (an `input_required` result, then a retry):
   both        elicitation and sampling in one round
   work        progress and log messages, then "done <steps>"
   touch       bumps resource `counter://value` and notifies its subscribers
+  grow        adds a tool `grown` and announces that the tool list changed
   echo        its text back
 
 MODERN_SLOW_START=SECONDS makes it wait that long before it reads anything (a
@@ -100,6 +101,13 @@ async def touch(ctx: Context) -> str:
     _counter["value"] += 1
     await ctx.notify_resource_updated("counter://value")
     return str(_counter["value"])
+
+
+@server.tool()
+async def grow(ctx: Context) -> str:
+    server.add_tool(lambda: "grown", name="grown")
+    await ctx.notify_tools_changed()
+    return "grown"
 
 
 @server.resource("counter://value")
