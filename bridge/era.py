@@ -66,6 +66,7 @@ INPUT_METHODS = frozenset({"tools/call", "prompts/get", "resources/read"})
 # such answer may carry, and how many calls may wait for their clients' answers at once.
 MAX_ROUNDS, MAX_INPUTS, MAX_PARKED = 8, 16, 1024
 MAX_HELD = 256  # messages from the mux held while the era is being found out
+DISCOVER_TIMEOUT_S = 3.0  # then the held messages go out as to a legacy server (rule 1)
 ID_PREFIX = "mcp-bridge-era-"  # the ids of this module's own requests (never the mux's ints)
 _LIST_CHANGES = (("tools", "toolsListChanged"), ("prompts", "promptsListChanged"), ("resources", "resourcesListChanged"))
 
@@ -134,7 +135,7 @@ class Translator:
         *,
         client_info: tuple[str, str],
         era: Literal["auto", "modern"] = "auto",
-        discover_timeout: float = 3.0,
+        discover_timeout: float = DISCOVER_TIMEOUT_S,
     ) -> None:
         self.era = Era.DETECTING
         self.forced = era == "modern"
@@ -380,8 +381,7 @@ class Translator:
     def _answered(self, msg: Message) -> list[Out]:
         """A client's answer to one of our asks (the mux put our id back on it)."""
         ask_id = msg.get("id")
-        call = self._asks.pop(ask_id, None) if _ours(ask_id) else None
-        if call is None or not _ours(ask_id):
+        if not _ours(ask_id) or (call := self._asks.pop(ask_id, None)) is None:
             return []  # its call ended meanwhile
         key = call.waiting.pop(ask_id)
         if "error" in msg:

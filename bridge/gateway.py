@@ -39,7 +39,6 @@ KEEPALIVE_SLICE = 64  # keepalives written between yields to the event loop
 DROP_REASONS = frozenset({"slow", "idle", "server_gone", "shutdown", "ended"})  # ended: by an administrator
 RESTART_POLL_S = 0.05  # how often a graceful restart looks whether the calls in flight have ended
 NOT_READING = "server is not reading its input (limits.server_input_buffer)"
-DISCOVER_TIMEOUT_S = 3.0  # a server silent this long after server/discover is legacy (README, Protocol eras)
 
 
 class SessionLimitError(Exception):
@@ -144,7 +143,7 @@ class Upstream:
             self.era, self.translator = Era.LEGACY, None
         else:
             self.era = Era.DETECTING
-            self.translator = Translator(client_info=("mcp-bridge", __version__), era=era, discover_timeout=DISCOVER_TIMEOUT_S)
+            self.translator = Translator(client_info=("mcp-bridge", __version__), era=era)
             actions = self._carry(self.translator.start())
         self.gateway.apply(self, actions + self.mux.server_started())
 

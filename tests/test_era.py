@@ -108,10 +108,22 @@ async def test_tool_list_changes_reach_every_session(bridge, streamable):
         assert "grown" in {t.name for t in (await other.session.list_tools()).tools}
 
 
-async def test_a_client_unable_to_answer_gets_an_error(bridge):
-    async with bridge(config("shared")) as b, connect(b.url("m")) as c:
-        with pytest.raises(MCPError, match="could not give the input"):
+@pytest.mark.parametrize(
+    ("mode", "refusal"),
+    [
+        # The server sees the bridge's capabilities, asks, and the session cannot answer.
+        ("shared", "could not give the input"),
+        # The server sees the client's own capabilities, and says what is missing (-32021).
+        ("per-session", "elicitation"),
+    ],
+)
+async def test_a_client_unable_to_answer_gets_an_error(bridge, mode, refusal):
+    async with bridge(config(mode)) as b, connect(b.url("m")) as c:
+        with pytest.raises(MCPError, match=refusal) as raised:
             await c.session.call_tool("greet", {})
+        if mode == "per-session":
+            assert raised.value.error.code == -32021
+            assert not c.wire.server_requests()
         assert text_of(await c.session.call_tool("echo", {"text": "still here"})) == "still here"
 
 
