@@ -60,11 +60,13 @@ async def test_modern_server_serves_legacy_clients(bridge, mode, streamable):
             assert metrics.get("mcp_bridge_server_processes_by_era", server="m", era="modern") == 1
 
 
+@pytest.mark.parametrize("streamable", TRANSPORTS)
 @pytest.mark.parametrize("mode", MODES)
-async def test_sampling_elicitation_and_roots_through_input_required(bridge, mode):
+async def test_sampling_elicitation_and_roots_through_input_required(bridge, mode, streamable):
     async with bridge(config(mode)) as b:
         async with connect(
-            b.url("m"),
+            url(b, streamable),
+            streamable=streamable,
             sampling=lambda c, params: f"summary of {prompt_text(params)}",
             roots=["file:///work/a", "file:///work/b"],
             elicit=lambda params: {"name": "ada"},
@@ -127,9 +129,10 @@ async def test_a_client_unable_to_answer_gets_an_error(bridge, mode, refusal):
         assert text_of(await c.session.call_tool("echo", {"text": "still here"})) == "still here"
 
 
+@pytest.mark.parametrize("streamable", TRANSPORTS)
 @pytest.mark.parametrize("mode", MODES)
-async def test_resource_subscription_becomes_a_listen(bridge, mode):
-    async with bridge(config(mode)) as b, connect(b.url("m")) as c:
+async def test_resource_subscription_becomes_a_listen(bridge, mode, streamable):
+    async with bridge(config(mode)) as b, connect(url(b, streamable), streamable=streamable) as c:
         await c.session.subscribe_resource("counter://value")
         start = len(c.wire.received)
         await c.session.call_tool("touch", {})
