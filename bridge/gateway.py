@@ -138,6 +138,7 @@ class Upstream:
     def on_started(self, child: Child) -> None:
         self.child = child
         era = self.gateway.server.era
+        self.mux.attribution_window = self.gateway.server.attribution_window
         actions: list[Action] = []
         if era == "legacy":
             self.era, self.translator = Era.LEGACY, None
@@ -224,6 +225,10 @@ class Upstream:
                     self._log.info("server_era", era=era.value, reason=reason, final=final, pid=self._pid())
                     if era is Era.LEGACY and final:
                         self.translator = None
+                    elif era is Era.MODERN:
+                        # Its questions come as input_required for a known call: nothing to attribute,
+                        # so calls need not take turns.
+                        self.mux.attribution_window = 0.0
         return actions
 
     def _on_wake(self) -> None:

@@ -95,6 +95,18 @@ async def test_input_goes_to_the_calling_session_only(bridge):
         assert results == [f"x: s{i} summarize: t{i}" for i in range(n)]
 
 
+async def test_calls_to_a_modern_server_do_not_take_turns(bridge):
+    """A legacy server's questions must be attributed, so in shared mode calls that may ask go
+    one at a time for up to attribution_window each; a modern server's come with their call."""
+    async with bridge(config("shared", attribution_window="2s")) as b:
+        async with connect(b.url("m"), sampling=lambda c, params: "x") as c:
+            started = time.monotonic()
+            results = await asyncio.gather(*(c.session.call_tool("nap", {"seconds": 1}) for _ in range(4)))
+            took = time.monotonic() - started
+        assert [text_of(r) for r in results] == ["rested"] * 4
+        assert took < 3, f"4 calls of 1s took {took:.1f}s: they took turns (4s)"
+
+
 async def test_configured_roots_are_answered_by_the_bridge(bridge):
     async with bridge(config("shared", roots=["file:///srv/data"])) as b, connect(b.url("m")) as c:
         assert text_of(await c.session.call_tool("roots", {})) == "file:///srv/data"

@@ -11,6 +11,7 @@ input the 2026-07-28 way (an `input_required` result, then a retry):
   work        progress and log messages, then "done <steps>"
   touch       bumps resource `counter://value` and notifies its subscribers
   grow        adds a tool `grown` and announces that the tool list changed
+  nap         sleeps `seconds`, then "rested"
   echo        its text back
 
 MODERN_SLOW_START=SECONDS makes it wait that long before it reads anything (a
@@ -101,6 +102,12 @@ async def touch(ctx: Context) -> str:
     _counter["value"] += 1
     await ctx.notify_resource_updated("counter://value")
     return str(_counter["value"])
+
+
+@server.tool()
+async def nap(seconds: float) -> str:
+    await anyio.sleep(seconds)
+    return "rested"
 
 
 @server.tool()
