@@ -526,7 +526,17 @@ class Translator:
             out.append(_cancel(self._live, "replaced"))
         self._live = listen
         done, self._subscribes = self._subscribes, []
-        return out + [Deliver(jsonrpc.result(mux_id, {})) for mux_id, _ in done]
+        # The acknowledgment names what the server honors: a uri left out is refused.
+        agreed = (msg.get("params") or {}).get("notifications")
+        honored = agreed.get("resourceSubscriptions") if isinstance(agreed, dict) else None
+        honored = set(honored) if isinstance(honored, list) else set()
+        for mux_id, uri in done:
+            if uri in honored:
+                out.append(Deliver(jsonrpc.result(mux_id, {})))
+            else:
+                self._uris.discard(uri)
+                out.append(Deliver(jsonrpc.error(mux_id, jsonrpc.INVALID_PARAMS, f"the server does not offer updates of {uri}")))
+        return out
 
     def table_sizes(self) -> dict[str, int]:
         """How much each table holds (what a test checks is empty when nothing is under way)."""

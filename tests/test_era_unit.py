@@ -275,8 +275,13 @@ def test_a_retry_the_process_had_no_room_for_is_the_muxs_call() -> None:
 # ------------------------------------------------------------------ subscriptions
 
 
-def ack(listen: str) -> dict[str, Any]:
-    return jsonrpc.notification("notifications/subscriptions/acknowledged", {"_meta": {SUBSCRIPTION_ID: listen}})
+def ack(listen: dict[str, Any], honored: list[str] | None = None) -> dict[str, Any]:
+    """The acknowledgment of `listen`, agreeing to all it asked for (or to `honored` uris)."""
+    agreed = dict(listen["params"]["notifications"])
+    if honored is not None:
+        agreed["resourceSubscriptions"] = honored
+    params = {"_meta": {SUBSCRIPTION_ID: listen["id"]}, "notifications": agreed}
+    return jsonrpc.notification("notifications/subscriptions/acknowledged", params)
 
 
 def updated(listen: str, uri: str) -> dict[str, Any]:
@@ -289,7 +294,7 @@ def test_subscriptions_are_one_listen_replaced_when_the_set_changes() -> None:
     (first,) = writes(t.from_mux(req(2, "resources/subscribe", uri="a://1")))
     assert first["params"]["notifications"] == {"resourceSubscriptions": ["a://1"]}
     assert first["params"]["_meta"][PROTOCOL_VERSION] == "2026-07-28"
-    assert delivered(t.from_server(ack(first["id"]))) == [jsonrpc.result(2, {})]
+    assert delivered(t.from_server(ack(first))) == [jsonrpc.result(2, {})]
     assert delivered(t.from_server(updated(first["id"], "a://1"))) == [
         jsonrpc.notification("notifications/resources/updated", {"uri": "a://1"})
     ]
@@ -298,7 +303,7 @@ def test_subscriptions_are_one_listen_replaced_when_the_set_changes() -> None:
     # Until the new listen is acknowledged the old one still speaks; the new one not yet.
     assert delivered(t.from_server(updated(first["id"], "a://1")))
     assert not delivered(t.from_server(updated(second["id"], "a://2")))
-    outs = t.from_server(ack(second["id"]))
+    outs = t.from_server(ack(second))
     assert writes(outs) == [jsonrpc.notification("notifications/cancelled", {"requestId": first["id"], "reason": "replaced"})]
     assert delivered(outs) == [jsonrpc.result(3, {})]
     assert not delivered(t.from_server(updated(first["id"], "a://1")))
@@ -309,7 +314,17 @@ def test_subscriptions_are_one_listen_replaced_when_the_set_changes() -> None:
     # Nothing left to listen for: the one never acknowledged and the live one are cancelled.
     cancels = writes(t.from_mux(req(5, "resources/unsubscribe", uri="a://2")))
     assert [c["params"]["requestId"] for c in cancels] == [third["id"], second["id"]]
-    assert not delivered(t.from_server(ack(third["id"])))
+    assert not delivered(t.from_server(ack(third)))
+
+
+def test_a_subscription_the_server_does_not_honor_is_refused() -> None:
+    t, discover = started()
+    t.from_server(jsonrpc.result(discover, DISCOVERED))
+    (listen,) = writes(t.from_mux(req(2, "resources/subscribe", uri="a://1")))
+    (refused,) = delivered(t.from_server(ack(listen, honored=[])))
+    assert refused["id"] == 2 and refused["error"]["code"] == jsonrpc.INVALID_PARAMS
+    (again,) = writes(t.from_mux(req(3, "resources/subscribe", uri="a://1")))  # asked afresh, not assumed
+    assert again["params"]["notifications"]["resourceSubscriptions"] == ["a://1"]
 
 
 def test_a_refused_listen_fails_the_subscribes_waiting_for_it() -> None:
