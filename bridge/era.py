@@ -21,12 +21,13 @@ Rules
    absorbed.
 3. Per request. Every request gets the modern `_meta`: the version, the
    bridge's client info, the capabilities of the `initialize` the mux sent
-   (the bridge's own in shared mode, the client's per session), and the log
+   (the bridge's own in shared and per-principal mode, the client's per
+   session), and the log
    level `logging/setLevel` last set (answered here).
 4. Input. A `tools/call`, `prompts/get` or `resources/read` answered
    `input_required` becomes one server request per input request, each
-   about that call (`Ask`), with ids of this module's own (strings with a
-   prefix the server never sees). When all are answered the call is sent
+   about that call (`Ask`), under an id of this module's own (a string with
+   `ID_PREFIX`, which the mux's integer ids never are). When all are answered the call is sent
    again, under a new id, with `inputResponses` and the server's
    `requestState`; its final answer goes to the mux under the call's id. A
    client's error for any of them fails the call. Rounds per call, input
@@ -37,8 +38,8 @@ Rules
    of uris one `subscriptions/listen` request keeps open upstream, with the
    list-change notifications the server can send. A changed set opens a new
    listen; the old one is cancelled once the new one is acknowledged, and a
-   subscribe is answered then. Notifications of listens no longer wanted
-   are dropped.
+   subscribe is answered then (refused if the acknowledgment leaves its uri
+   out). Notifications of listens no longer wanted are dropped.
 """
 
 from __future__ import annotations
