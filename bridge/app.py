@@ -274,6 +274,7 @@ def server_status(gateway: Gateway) -> dict[str, object]:
                 "warm": upstream.warm and upstream in pool.warm,  # started ahead, not taken yet
                 "state": sup.status.value,
                 "protocol": upstream.mux.state.value,
+                "era": upstream.era.value,  # which MCP the process speaks: detecting, legacy or modern
                 "uptime_s": round(now - sup.started_at, 3) if child is not None and sup.started_at else None,
                 "restarts": sup.restarts,
                 "last_exit_code": sup.last_exit,

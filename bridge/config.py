@@ -264,6 +264,7 @@ class Server(Struct, frozen=True):
     group: UserId | None = None  # and group; None: the user's own
     sandbox: Sandbox | None = None
     pool: Pool = Pool()
+    era: Literal["auto", "legacy", "modern"] = "auto"  # which protocol the process speaks (README, Protocol eras)
     tools: Filter = Filter()  # which tools clients see and may call
     prompts: Filter = Filter()
     resources: Filter = Filter()  # by uri

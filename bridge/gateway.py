@@ -20,6 +20,8 @@ from typing import Any
 from . import __version__, confine, jsonrpc, logs
 from .child import Child, Write
 from .config import Limits, RateLimit, Server
+from .era import Ask, Decided, Deliver, Era, Out, Translator, Wake
+from .era import Write as WriteOut
 from .jsonrpc import Message, ProtocolError
 from .metrics import ServerMetrics
 from .mux import Abandoned, Action, Broadcast, Call, Discard, Mux, RestartServer, State, Timer, ToServer, ToSession
@@ -62,13 +64,14 @@ class Upstream:
         self.unchecked = False  # per-session, warm: its session's initialize not seen yet
         self.holds_slot = True  # one of the pool's slots, until it has stopped for good
         self._announce = False  # in the pool and not ready yet: tell the pool once it is
+        self._attribution_window = 0.0 if per_session else cfg.attribution_window
         self.mux = Mux(
             shared=not per_session or warm,
             roots=cfg.roots,
             max_inflight=limits.max_inflight,
             max_backlog=limits.server_backlog,
             max_subscriptions=limits.max_subscriptions,
-            attribution_window=0.0 if per_session else cfg.attribution_window,
+            attribution_window=self._attribution_window,
             client_info=("mcp-bridge", __version__),
             in_flight=gateway.in_flight,
         )
@@ -77,6 +80,11 @@ class Upstream:
         self.refused = 0  # messages not written since its input backed up
         self.child: Child | None = None
         self.last_limit: str | None = None  # the limit that most likely ended its last process
+        # The era of the running process (era.py); a translator only while it is
+        # found out, and for a modern server.
+        self.era = Era.DETECTING
+        self.translator: Translator | None = None
+        self._wake: asyncio.TimerHandle | None = None
         self.supervisor = Supervisor(
             server=label,
             make_child=self._make_child,
@@ -146,11 +154,25 @@ class Upstream:
     def on_started(self, child: Child) -> None:
         self.child = child
         self._announce = self.warm and self in self.gateway.pool.warm
-        self.gateway.apply(self, self.mux.server_started())
+        era = self.gateway.server.era
+        self.mux.attribution_window = self._attribution_window
+        actions: list[Action] = []
+        if era == "legacy":
+            self.era, self.translator = Era.LEGACY, None
+        else:
+            self.era = Era.DETECTING
+            self.translator = Translator(client_info=("mcp-bridge", __version__), era=era)
+            actions = self._carry(self.translator.start())
+        self.gateway.apply(self, actions + self.mux.server_started())
 
     def on_exited(self, code: int | None, delay: float) -> None:
         self.child = None
         self._cancel_stall()
+        if self.era is Era.DETECTING and self.translator is not None:
+            # A legacy server may die of a request it does not know: `era: legacy` spares it.
+            self._log.warning("server_exited_during_discover", exit_code=code)
+        self.translator = None
+        self._cancel_wake()
         self.gateway.metrics.restarts += 1
         reason = "server process could not be started" if code is None else f"server process exited with code {code}"
         rlimits = self.gateway.server.rlimits
@@ -187,7 +209,7 @@ class Upstream:
         for msg in payload if payload.__class__ is list else (payload,):
             count("from_server", msg.get("method", "response") if msg.__class__ is dict else None)
         try:
-            actions = self.mux.from_server(payload)
+            actions = self.mux.from_server(payload) if self.translator is None else self._through(payload)
         except Exception:
             # A bug must not stop this server's output from being read: log it, drop the line.
             self._log.exception("internal_error", where="from_server", size=len(line))
@@ -197,6 +219,60 @@ class Upstream:
             self._announce = False
             self._log.debug("server_warm", pid=self._pid())
             self.gateway.pool.slots.changed()  # a session may be waiting for it
+
+    # The era translator (only while the process has one).
+
+    def translate(self, message: Message) -> list[Action]:
+        """One message from the mux, through the translator, to the process (or back to the mux)."""
+        assert self.translator is not None
+        return self._carry(self.translator.from_mux(message))
+
+    def _through(self, payload: Any) -> list[Action]:
+        out: list[Action] = []
+        for msg in payload if payload.__class__ is list else (payload,):
+            translator = self.translator  # none from the message on that made the server legacy
+            out += self.mux.from_server(msg) if translator is None else self._carry(translator.from_server(msg))
+        return out
+
+    def _carry(self, outs: list[Out]) -> list[Action]:
+        """Do what the translator says; what is for the mux becomes the mux's actions."""
+        actions: list[Action] = []
+        for out in outs:
+            match out:
+                case WriteOut(message):
+                    if not self.send(encode(message) + b"\n"):
+                        self.gateway.metrics.dropped_messages += 1
+                        origin = self.translator.origin(message["id"]) if self.translator and "id" in message else None
+                        if "method" in message and origin is not None:
+                            actions += self.mux.not_written(origin, NOT_READING)
+                case Deliver(message):
+                    actions += self.mux.from_server(message)
+                case Ask(upstream_id, message):
+                    actions += self.mux.server_request_for(upstream_id, message)
+                case Wake(delay):
+                    self._cancel_wake()
+                    self._wake = asyncio.get_running_loop().call_later(delay, self._on_wake)
+                case Decided(era, reason, final):
+                    self.era = era
+                    self._cancel_wake()
+                    self._log.info("server_era", era=era.value, reason=reason, final=final, pid=self._pid())
+                    if era is Era.LEGACY and final:
+                        self.translator = None
+                    elif era is Era.MODERN:
+                        # Its questions come as input_required for a known call: nothing to attribute,
+                        # so calls need not take turns.
+                        self.mux.attribution_window = 0.0
+        return actions
+
+    def _on_wake(self) -> None:
+        self._wake = None
+        if self.translator is not None:
+            self.gateway.apply(self, self._carry(self.translator.wake()))
+
+    def _cancel_wake(self) -> None:
+        if self._wake is not None:
+            self._wake.cancel()
+            self._wake = None
 
     def on_oversize(self, size: int, head: bytes, tail: bytes) -> None:
         self.gateway.apply(self, self.mux.response_too_large(jsonrpc.sniff_id(head, tail), size))
@@ -221,6 +297,7 @@ class Upstream:
         if self._timer is not None:
             self._timer.cancel()
         self._cancel_stall()
+        self._cancel_wake()
         await self.supervisor.stop()
         if self.holds_slot:
             self.holds_slot = False
@@ -231,7 +308,9 @@ class Upstream:
         self._log.info("server_restarting", pid=self._pid(), reason=reason)
         await self.supervisor.stop()
         self.child = None
+        self.translator = None
         self._cancel_stall()
+        self._cancel_wake()
         self.gateway.apply(self, self.mux.server_exited(reason))
         # Meanwhile the gateway may have stopped (reload, shutdown) or, per session, its session
         # closed and this process retired: then it stays stopped.
@@ -557,6 +636,8 @@ class Gateway:
         unflushed = self._unflushed
         for action in actions:
             match action:
+                case ToServer(message) if upstream.translator is not None:
+                    actions += upstream.translate(message)
                 case ToServer(message):
                     if not upstream.send(encode(message) + b"\n"):
                         metrics.dropped_messages += 1
@@ -687,6 +768,9 @@ class Gateway:
 
     def pool_sizes(self) -> dict[str, int]:
         return self.pool.sizes()
+
+    def processes_by_era(self) -> dict[str, int]:
+        return dict(Counter(u.era.value for u in self.upstreams() if u.child is not None))
 
     def crash_looping(self) -> bool:
         return any(u.supervisor.status is Status.FAILED for u in self.upstreams())

@@ -76,6 +76,8 @@ class ServerView(Protocol):
 
     def processes_up(self) -> int: ...
 
+    def processes_by_era(self) -> dict[str, int]: ...
+
     def crash_looping(self) -> bool: ...
 
     def readiness(self) -> str | None: ...
@@ -330,6 +332,11 @@ class _Collector(Collector):
         )
         looping = GaugeMetricFamily(f"{PREFIX}_server_crash_looping", "1 while a server is in a crash loop.", labels=["server"])
         processes = GaugeMetricFamily(f"{PREFIX}_server_processes", "Server processes running.", labels=["server"])
+        by_era = GaugeMetricFamily(
+            f"{PREFIX}_server_processes_by_era",
+            "Server processes running, by the MCP era they speak (detecting, legacy, modern).",
+            labels=["server", "era"],
+        )
         memory = GaugeMetricFamily(
             f"{PREFIX}_server_resident_memory_bytes",
             "Resident memory of the server's running processes, all of them together.",
@@ -349,10 +356,12 @@ class _Collector(Collector):
                 sessions.add_metric([view.name, transport], counts.get(transport, 0))
             inflight.add_metric([view.name], view.inflight())
             processes.add_metric([view.name], view.processes_up())
+            for era, n in sorted(view.processes_by_era().items()):
+                by_era.add_metric([view.name, era], n)
             up.add_metric([view.name], 1 if view.readiness() is None else 0)
             looping.add_metric([view.name], 1 if view.crash_looping() else 0)
             memory.add_metric([view.name], rss[view.name])
-        yield from (sessions, inflight, up, looping, processes, memory, pool)
+        yield from (sessions, inflight, up, looping, processes, by_era, memory, pool)
 
 
 class Forwarding:

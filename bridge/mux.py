@@ -27,7 +27,9 @@ Rules
    A request about no call in flight goes to a session only when every
    session able to answer is one principal's. With no such session, or when
    that session leaves, the server gets an error at once. `ping` and, with
-   configured roots, `roots/list` are answered here.
+   configured roots, `roots/list` are answered here. A request whose call is
+   known (`server_request_for`: the era translator's form of a 2026-07-28
+   server's input_required) goes to that call's session with no guess.
 5. Shared state. In shared mode the bridge initializes the server itself,
    answers each client's `initialize` from the cached result and absorbs
    `notifications/initialized`; `ping` is answered here. Subscriptions are
@@ -856,7 +858,15 @@ class Mux:
                 out += self._answer_initialize(peer, client_id)
         return out
 
-    def _server_request(self, msg: Message) -> list[Action]:
+    def server_request_for(self, upstream_id: RequestId, msg: Message) -> list[Action]:
+        """A server request known to come from the call `upstream_id` (the era translator's
+        form of a modern server's input_required): it goes to that call's session, if able."""
+        call = self._calls.get(upstream_id) if upstream_id.__class__ is int else None
+        out = self._server_request(msg, self._asked_by(call, msg))
+        return self._settle(out) if self._held else out
+
+    def _server_request(self, msg: Message, asker: tuple[Peer | None, Call | None] | None = None) -> list[Action]:
+        """`asker`: the session and call it belongs to, when known; else they are guessed."""
         method = msg["method"]
         server_id = msg["id"]
         if method == "ping":
@@ -865,7 +875,7 @@ class Mux:
             return [ToServer(jsonrpc.result(server_id, {"roots": [{"uri": uri} for uri in self.roots]}))]
         if server_id in self._server_request_ids:
             return [Discard("server reused a request id still in flight", {"id": server_id, "method": method})]
-        peer, call = self._attribute(msg)
+        peer, call = self._attribute(msg) if asker is None else asker
         if peer is None:
             return [ToServer(jsonrpc.error(server_id, jsonrpc.METHOD_NOT_FOUND, f"no connected client can handle {method}"))]
         related = None
@@ -925,6 +935,13 @@ class Mux:
         if len({p.principal for p in able}) != 1:
             return None, None
         return max(able, key=lambda p: p.last_active), None
+
+    def _asked_by(self, call: Call | None, msg: Message) -> tuple[Peer | None, Call | None]:
+        if call is None or call.session is None:
+            return None, None
+        peer = self._peers[call.session]
+        wanted = _CAPABILITY_FOR.get(msg["method"])
+        return (peer, call) if wanted is None or _can_handle(peer.capabilities, wanted, msg) else (None, None)
 
     def _owner_of(self, msg: Message) -> Peer | None:
         params = msg.get("params")

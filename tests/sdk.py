@@ -206,6 +206,7 @@ async def connect(
     name: str = "",
     sampling: Callable[[Client, types.CreateMessageRequestParams], str | Awaitable[str]] | None = None,
     roots: list[str] | None = None,
+    elicit: Callable[[types.ElicitRequestParams], dict[str, Any]] | None = None,
     read_timeout: float | None = 30.0,
     initialize: bool = True,
     streamable: bool = False,
@@ -216,7 +217,8 @@ async def connect(
 
     `sampling(client, params)` returns (or awaits) the text of the assistant's answer;
     when given, the session declares the sampling capability. `roots` makes
-    the session declare roots and answer `roots/list` with those uris.
+    the session declare roots and answer `roots/list` with those uris. `elicit(params)`
+    returns the content the session accepts an elicitation with (declaring elicitation).
     Log notifications are collected in `client.logs`.
     """
     wire = Wire()
@@ -238,6 +240,10 @@ async def connect(
         client.roots_asked += 1
         return types.ListRootsResult(roots=[types.Root(uri=uri, name=uri.rsplit("/", 1)[-1]) for uri in roots or []])
 
+    async def on_elicit(ctx: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        assert elicit is not None
+        return types.ElicitResult(action="accept", content=elicit(params))
+
     async def on_log(params: types.LoggingMessageNotificationParams) -> None:
         if holder:
             holder[0].logs.append(params)
@@ -254,6 +260,7 @@ async def connect(
             read_timeout_seconds=read_timeout,
             sampling_callback=on_sampling if sampling is not None else None,
             list_roots_callback=on_roots if roots is not None else None,
+            elicitation_callback=on_elicit if elicit is not None else None,
             logging_callback=on_log,
         ) as session:
             client = Client(session, wire, None, name)  # type: ignore[arg-type]

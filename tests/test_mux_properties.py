@@ -292,6 +292,23 @@ class MuxMachine(RuleBasedStateMachine):
                 assert not any(isinstance(a, ToSession) for a in actions), "an unattributable request reached a session"
         self.run(actions)
 
+    @precondition(lambda self: self.server_pending and self.server_alive)
+    @rule(data=st.data())
+    def server_asks_about_a_call(self, data: st.DataObject) -> None:
+        """A request whose call is known (the era translator's, for a 2026-07-28 server's
+        input_required) reaches that call's session or nobody, never another."""
+        upstream_id = self.pick(data, self.server_pending)
+        caller = self.server_pending[upstream_id]["params"]["who"]
+        self.next_server_request += 1
+        sid = f"q{self.next_server_request}"
+        self.server_asked[sid] = 0
+        ask = {"jsonrpc": "2.0", "id": sid, "method": "sampling/createMessage", "params": {"messages": [], "maxTokens": 1}}
+        actions = self.mux.server_request_for(upstream_id, ask)
+        assert all(a.session == caller for a in actions if isinstance(a, ToSession)), "asked another session"
+        if not self.clients[caller].sampling:
+            assert not any(isinstance(a, ToSession) for a in actions), "asked a session without the capability"
+        self.run(actions)
+
     @precondition(lambda self: any(c.server_requests for c in self.clients.values()))
     @rule(data=st.data())
     def client_answers_sampling(self, data: st.DataObject) -> None:

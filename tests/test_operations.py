@@ -233,15 +233,16 @@ async def test_metrics_move_with_traffic(bridge: Any) -> None:
         for method, expected in client.items():
             got = m.count("mcp_bridge_messages_total", server="f", direction="from_client", method=method)
             assert got == expected, (method, got, expected)
-        # Responses from the server: the bridge's own initialize (twice: start and restart),
-        # echo, the tool error, vendor/x, echo again. Crash and hang never answered; ping was the bridge's.
-        assert m.count("mcp_bridge_messages_total", server="f", direction="from_server", method="response") == 6
+        # Responses from the server: the bridge's own server/discover and initialize (twice each:
+        # start and restart), echo, the tool error, vendor/x, echo again. Crash and hang never
+        # answered; ping was the bridge's.
+        assert m.count("mcp_bridge_messages_total", server="f", direction="from_server", method="response") == 8
         f_series = {
             (dict(labels)["direction"], dict(labels)["method"]): v
             for (name, labels), v in m.values.items()
             if name == "mcp_bridge_messages_total" and dict(labels)["server"] == "f"
         }
-        expected_series = {("from_client", k): float(v) for k, v in client.items()} | {("from_server", "response"): 6.0}
+        expected_series = {("from_client", k): float(v) for k, v in client.items()} | {("from_server", "response"): 8.0}
         assert f_series == expected_series, f_series
         assert "vendor/x" not in m.label_values("method")
         assert m.count("mcp_bridge_messages_total", server="lim", direction="from_client", method="ping") == 12

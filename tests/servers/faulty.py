@@ -19,6 +19,7 @@ killing the process; only `crash` exits.
 Environment switches:
   FAULTY_CRASH_ON_START=1  exit with code 4 before reading anything (crash loops)
   FAULTY_NO_INIT=1         never answer initialize (init timeouts)
+  FAULTY_SILENT_DISCOVER=1 never answer server/discover (a legacy server the era probe must wait out)
 """
 
 from __future__ import annotations
@@ -288,6 +289,8 @@ def handle(message: JSON) -> None:
                 "serverInfo": {"name": "faulty", "version": "1.0.0"},
             },
         )
+    elif method == "server/discover" and os.environ.get("FAULTY_SILENT_DISCOVER") == "1":
+        note("discover ignored")
     elif method == "ping":
         note(f"ping {json.dumps(request_id)}")
         reply(request_id, {})
