@@ -14,7 +14,7 @@ from .gateway import Gateway
 from .metrics import Metrics
 from .principals import OAuthVerifier
 from .security import WELL_KNOWN, Guard
-from .transports import http, sse, streamable
+from .transports import http, modern, sse, streamable
 from .transports.common import GATEWAYS, LIVE, METRICS, Live
 
 DRAIN_POLL_S = 0.05
@@ -32,6 +32,7 @@ def create_app(config: Config) -> web.Application:
     app[LIVE] = live
     app[METRICS] = metrics
     app[GATEWAYS] = gateways
+    app[modern.PARKING] = modern.Parking()
     limiter = policy.RateLimiter.of(config, live.in_flight, metrics.rate_limited)
     for name, server in config.servers.items():
         gateways[name] = Gateway(name, server, config.limits, metrics.server(name), config.sse.keepalive, live.in_flight)

@@ -40,7 +40,7 @@ KNOWN_METHODS = frozenset(
     }
 )  # fmt: skip
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
-TRANSPORTS = ("sse", "streamable")
+TRANSPORTS = ("sse", "streamable", "stateless")
 # JSON-RPC's codes, the bridge's own (README, Errors) and MCP's (-32002 resource not
 # found, -32042 URL elicitation required); any other code a server sends is `other`.
 ERROR_CODES = frozenset(

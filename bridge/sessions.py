@@ -20,6 +20,7 @@ def new_session_id() -> str:
 
 class Session:
     transport = "none"
+    logged = True  # its opening and closing are logged (not a stateless request's: one per call)
 
     def __init__(self, server: str, owner: str | None, session_id: str | None = None) -> None:
         self.id = session_id or new_session_id()

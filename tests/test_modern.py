@@ -1,0 +1,236 @@
+"""2026-07-28 clients at `/servers/{name}/mcp`, served from legacy stdio servers.
+
+Raw requests check every refusal (status, JSON-RPC code) on both HTTP paths: the fast
+path, and aiohttp's (a chunked body is always aiohttp's). The official `mcp` client,
+pinned to 2026-07-28 and in its default auto mode, checks that real clients work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from conftest import demo
+from mcp import Client
+
+pytestmark = [
+    # The SDK marks 2025-era features (logging, sampling, roots) deprecated for 2026-07-28.
+    pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning"),
+]
+
+MODERN = "2026-07-28"
+EVERYTHING_JS = Path(__file__).parent / "node" / "node_modules" / "@modelcontextprotocol" / "server-everything" / "dist" / "index.js"
+EVERYTHING = {"command": "node", "args": [str(EVERYTHING_JS), "stdio"]}
+PATHS = ["fast", "aiohttp"]
+
+
+def shared(**servers: dict[str, Any]) -> dict[str, Any]:
+    return {"servers": {name: {"mode": "shared", **cfg} for name, cfg in servers.items()}}
+
+
+def meta(capabilities: dict[str, Any] | None = None, version: str = MODERN, **extra: Any) -> dict[str, Any]:
+    return {
+        "io.modelcontextprotocol/protocolVersion": version,
+        "io.modelcontextprotocol/clientCapabilities": capabilities or {},
+        "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "0"},
+        **extra,
+    }
+
+
+def request(method: str, params: dict[str, Any] | None = None, rid: Any = 1, **meta_args: Any) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": rid, "method": method, "params": {**(params or {}), "_meta": meta(**meta_args)}}
+
+
+def headers_for(msg: dict[str, Any], **override: str | None) -> dict[str, str]:
+    """The headers a conforming client sends with `msg`, with `override` replacing (None: dropping) some."""
+    params = msg.get("params", {})
+    out = {
+        "Accept": "application/json, text/event-stream",
+        "Content-Type": "application/json",
+        "MCP-Protocol-Version": params.get("_meta", {}).get("io.modelcontextprotocol/protocolVersion", MODERN),
+        "Mcp-Method": msg.get("method", ""),
+    }
+    name = params.get("name", params.get("uri"))
+    if isinstance(name, str):
+        out["Mcp-Name"] = name
+    for key, value in override.items():
+        header = key.replace("_", "-")
+        out.pop(header, None)
+        if value is not None:
+            out[header] = value
+    return out
+
+
+class Answer:
+    def __init__(self, status: int, content_type: str, body: bytes, headers: Any) -> None:
+        self.status = status
+        self.content_type = content_type
+        self.body = body
+        self.headers = headers
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+    def events(self) -> list[dict[str, Any]]:
+        return [json.loads(line[6:]) for line in self.body.decode().splitlines() if line.startswith("data: ")]
+
+    def final(self) -> dict[str, Any]:
+        return self.json() if self.content_type == "application/json" else [e for e in self.events() if "id" in e][-1]
+
+
+async def post(url: str, msg: Any, headers: dict[str, str], path: str = "fast") -> Answer:
+    body = json.dumps(msg).encode()
+
+    async def chunks() -> AsyncIterator[bytes]:
+        yield body
+
+    async with aiohttp.ClientSession() as http, http.post(url, data=body if path == "fast" else chunks(), headers=headers) as resp:
+        return Answer(resp.status, resp.content_type, await resp.read(), resp.headers)
+
+
+def error_of(answer: Answer) -> dict[str, Any]:
+    body = answer.json()
+    assert "error" in body, body
+    return body["error"]
+
+
+# --------------------------------------------------------------- discovery
+
+
+async def test_discover_from_the_legacy_servers_initialize(bridge):
+    async with bridge(shared(demo=demo())) as b:
+        msg = request("server/discover")
+        answer = await post(b.url("demo", "mcp"), msg, headers_for(msg))
+        assert answer.status == 200 and "Mcp-Session-Id" not in answer.headers
+        result = answer.json()["result"]
+        assert result["supportedVersions"][0] == MODERN and "2025-11-25" in result["supportedVersions"]
+        assert result["capabilities"]["tools"] == {"listChanged": True}
+        assert result["instructions"].startswith("Demo server")
+        assert result["_meta"]["io.modelcontextprotocol/serverInfo"]["name"] == "mcp-bridge-demo"
+        assert result["resultType"] == "complete" and result["ttlMs"] == 0 and result["cacheScope"] == "private"
+
+
+async def test_cache_scope_public_when_configured(bridge):
+    async with bridge(shared(demo=demo(cache_scope="public"))) as b:
+        msg = request("tools/list")
+        result = (await post(b.url("demo", "mcp"), msg, headers_for(msg))).json()["result"]
+        assert result["cacheScope"] == "public" and result["ttlMs"] == 0
+        call = request("tools/call", {"name": "echo", "arguments": {"text": "x"}})
+        result = (await post(b.url("demo", "mcp"), call, headers_for(call))).json()["result"]
+        assert "cacheScope" not in result and result["resultType"] == "complete"
+
+
+# --------------------------------------------------------------- refusals
+
+
+@pytest.mark.parametrize("path", PATHS)
+async def test_every_refusal_has_its_status_and_code(bridge, path):
+    async with bridge(shared(demo=demo())) as b:
+        url = b.url("demo", "mcp")
+        call = request("tools/call", {"name": "echo", "arguments": {"text": "x"}}, rid=7)
+
+        async def refused(msg: Any, headers: dict[str, str], status: int, code: int) -> dict[str, Any]:
+            answer = await post(url, msg, headers, path)
+            assert answer.status == status, answer.body
+            error = error_of(answer)
+            assert error["code"] == code, error
+            return error
+
+        # the required _meta keys
+        no_caps = json.loads(json.dumps(call))
+        del no_caps["params"]["_meta"]["io.modelcontextprotocol/clientCapabilities"]
+        error = await refused(no_caps, headers_for(call), 400, -32602)
+        assert "clientCapabilities" in error["message"]
+        # headers that mirror the body
+        await refused(call, headers_for(call, MCP_Protocol_Version=None), 400, -32020)
+        await refused(call, headers_for(call, MCP_Protocol_Version="2025-11-25"), 400, -32020)
+        await refused(call, headers_for(call, Mcp_Method="tools/list"), 400, -32020)
+        await refused(call, headers_for(call, Mcp_Method=None), 400, -32020)
+        await refused(call, headers_for(call, Mcp_Name="add"), 400, -32020)
+        await refused(call, headers_for(call, Mcp_Name=None), 400, -32020)
+        assert (await post(url, call, headers_for(call, Mcp_Name="=?base64?ZWNobw==?="), path)).status == 200  # "echo"
+        # an unsupported version names the supported ones
+        old = request("tools/list", version="1900-01-01")
+        error = await refused(old, headers_for(old), 400, -32022)
+        assert error["data"]["requested"] == "1900-01-01" and MODERN in error["data"]["supported"]
+        # removed methods: 404 / -32601, and no session
+        for method in ("initialize", "ping", "logging/setLevel", "resources/subscribe", "resources/unsubscribe"):
+            removed = request(method, {"uri": "demo://greeting"} if "subscribe" in method else {"level": "info"})
+            answer = await post(url, removed, headers_for(removed), path)
+            assert answer.status == 404 and error_of(answer)["code"] == -32601, (method, answer.body)
+            assert "Mcp-Session-Id" not in answer.headers
+        # a method the server does not have: its -32601, as 404
+        unknown = request("nothing/here")
+        await refused(unknown, headers_for(unknown), 404, -32601)
+        # a response posted by a client
+        await refused({"jsonrpc": "2.0", "id": 1, "result": {"_meta": meta()}}, headers_for(call), 400, -32600)
+        # a notification is accepted and dropped
+        note = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 1, "_meta": meta()}}
+        assert (await post(url, note, headers_for(note), path)).status == 202
+        assert b.named("session_opened") == []  # none of these opened a (logged) session
+
+
+async def test_get_and_delete_without_a_session_are_405(bridge):
+    async with bridge(shared(demo=demo())) as b:
+        async with aiohttp.ClientSession() as http:
+            for method in ("GET", "DELETE"):
+                async with http.request(method, b.url("demo", "mcp"), headers={"Accept": "text/event-stream"}) as resp:
+                    assert resp.status == 405 and resp.headers["Allow"] == "POST"
+                    assert (await resp.json())["error"]["code"] == -32600
+
+
+async def test_mcp_param_headers_are_checked_for_tools_that_declare_them(bridge):
+    async with bridge(shared(demo=demo())) as b:
+        url = b.url("demo", "mcp")
+        listing = request("tools/list")
+        tools = (await post(url, listing, headers_for(listing))).json()["result"]["tools"]
+        echo = next(t for t in tools if t["name"] == "echo")
+        assert "x-mcp-header" not in json.dumps(echo)  # the demo declares none: nothing is asked for
+        call = request("tools/call", {"name": "echo", "arguments": {"text": "x"}})
+        assert (await post(url, call, headers_for(call, Mcp_Param_Text="y"))).status == 200
+
+
+# --------------------------------------------------------------- real clients
+
+
+@pytest.mark.parametrize("mode", [MODERN, "auto"])
+async def test_sdk_client_against_the_demo_server(bridge, mode):
+    async with bridge(shared(demo=demo())) as b:
+        async with Client(b.url("demo", "mcp"), mode=mode) as client:
+            assert client.session.discover_result is not None or mode == MODERN
+            names = {t.name for t in (await client.list_tools()).tools}
+            assert {"echo", "add", "countdown"} <= names
+            echoed = await client.call_tool("echo", {"text": "modern through the bridge"})
+            assert echoed.content[0].text == "modern through the bridge"
+            assert echoed.meta["io.modelcontextprotocol/serverInfo"]["name"] == "mcp-bridge-demo"
+            prompts = await client.list_prompts()
+            assert prompts.prompts
+            resources = await client.list_resources()
+            read = await client.read_resource(resources.resources[0].uri)
+            assert read.contents
+        assert b.named("session_opened") == []
+
+
+@pytest.mark.skipif(not EVERYTHING_JS.exists(), reason="server-everything is not installed: run `npm ci --prefix tests/node`")
+@pytest.mark.parametrize("mode", [MODERN, "auto"])
+async def test_sdk_client_against_server_everything(bridge, mode):
+    async with bridge(shared(everything=EVERYTHING)) as b:
+        async with Client(b.url("everything", "mcp"), mode=mode) as client:
+            echoed = await client.call_tool("echo", {"message": "hello"})
+            assert "hello" in echoed.content[0].text
+            summed = await client.call_tool("get-sum", {"a": 2, "b": 3})
+            assert "5" in summed.content[0].text
+            templates = await client.list_resource_templates()
+            assert templates.resource_templates is not None
+
+
+async def test_legacy_sessions_still_work_beside_modern_requests(bridge):
+    async with bridge(shared(demo=demo())) as b:
+        async with Client(b.url("demo", "mcp"), mode="legacy") as legacy, Client(b.url("demo", "mcp"), mode=MODERN) as modern:
+            a, c = await asyncio.gather(legacy.call_tool("echo", {"text": "old"}), modern.call_tool("echo", {"text": "new"}))
+            assert a.content[0].text == "old" and c.content[0].text == "new"
