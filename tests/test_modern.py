@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import mcp_types as types
 import pytest
-from conftest import demo
+from conftest import demo, faulty
 from mcp import Client
 
 pytestmark = [
@@ -234,3 +235,175 @@ async def test_legacy_sessions_still_work_beside_modern_requests(bridge):
         async with Client(b.url("demo", "mcp"), mode="legacy") as legacy, Client(b.url("demo", "mcp"), mode=MODERN) as modern:
             a, c = await asyncio.gather(legacy.call_tool("echo", {"text": "old"}), modern.call_tool("echo", {"text": "new"}))
             assert a.content[0].text == "old" and c.content[0].text == "new"
+
+
+# --------------------------------------------------------------- MRTR
+
+
+async def answer_sampling(ctx: Any, params: types.CreateMessageRequestParams) -> types.CreateMessageResult:
+    asked = params.messages[0].content.text
+    return types.CreateMessageResult(role="assistant", content=types.TextContent(type="text", text=f"sampled: {asked}"), model="m")
+
+
+async def answer_elicitation(ctx: Any, params: Any) -> types.ElicitResult:
+    return types.ElicitResult(action="accept", content={"name": "Ada", "color": "red", "email": "ada@example.com"})
+
+
+async def answer_roots(ctx: Any) -> types.ListRootsResult:
+    return types.ListRootsResult(roots=[types.Root(uri="file:///modern/root", name="root")])
+
+
+@pytest.mark.parametrize("mode", [MODERN, "auto"])
+async def test_sampling_through_input_required(bridge, mode):
+    async with bridge(shared(demo=demo())) as b:
+        async with Client(b.url("demo", "mcp"), mode=mode, sampling_callback=answer_sampling) as client:
+            result = await client.call_tool("sample", {"prompt": "what is 2+2"})
+            assert result.content[0].text == "sampled: what is 2+2", result
+            assert (await client.call_tool("echo", {"text": "after"})).content[0].text == "after"
+        assert b.named("input_expired") == []
+
+
+@pytest.mark.skipif(not EVERYTHING_JS.exists(), reason="server-everything is not installed: run `npm ci --prefix tests/node`")
+async def test_sampling_elicitation_and_roots_from_server_everything(bridge):
+    async with bridge(shared(everything=EVERYTHING)) as b:
+        async with Client(
+            b.url("everything", "mcp"),
+            mode=MODERN,
+            sampling_callback=answer_sampling,
+            elicitation_callback=answer_elicitation,
+            list_roots_callback=answer_roots,
+        ) as client:
+            sampled = await client.call_tool("trigger-sampling-request", {"prompt": "hi", "maxTokens": 10})
+            assert "sampled: Resource trigger-sampling-request context: hi" in json.dumps(sampled.model_dump())
+            elicited = await client.call_tool("trigger-elicitation-request", {})
+            assert "Ada" in json.dumps(elicited.model_dump()), elicited
+            roots = await client.call_tool("get-roots-list", {})
+            assert "file:///modern/root" in roots.content[0].text, roots
+
+
+async def first_round(url: str, prompt: str = "p", headers: dict[str, str] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A raw `sample` call declaring sampling: its request, and its input_required result."""
+    call = request("tools/call", {"name": "sample", "arguments": {"prompt": prompt}}, rid=1, capabilities={"sampling": {}})
+    answer = await post(url, call, {**headers_for(call), **(headers or {})})
+    result = answer.json()["result"]
+    assert result["resultType"] == "input_required", result
+    (key, asked), = result["inputRequests"].items()
+    assert asked["method"] == "sampling/createMessage" and asked["params"]["messages"][0]["content"]["text"] == prompt
+    return call, result
+
+
+def retry(call: dict[str, Any], result: dict[str, Any], text: str = "answer", rid: int = 2, **params: Any) -> dict[str, Any]:
+    again = json.loads(json.dumps(call))
+    again["id"] = rid
+    (key,) = result["inputRequests"]
+    answer = {"role": "assistant", "content": {"type": "text", "text": text}, "model": "m"}
+    again["params"].update({"inputResponses": {key: answer}, "requestState": result["requestState"], **params})
+    return again
+
+
+@pytest.mark.parametrize("path", PATHS)
+async def test_raw_round_trip_and_every_refused_state(bridge, path):
+    async with bridge(shared(demo=demo())) as b:
+        url = b.url("demo", "mcp")
+        call, result = await first_round(url)
+        # a state from another request's params, or altered: refused, and the parked call ends
+        other = retry(call, result)
+        other["params"]["arguments"]["prompt"] = "something else"
+        answer = await post(url, other, headers_for(other), path)
+        assert answer.status == 400 and error_of(answer)["code"] == -32602 and "does not match" in error_of(answer)["message"]
+        await b.wait_for("input_refused", timeout=5)
+        again = retry(call, result)
+        answer = await post(url, again, headers_for(again), path)
+        assert error_of(answer)["code"] == -32602 and "ended" in error_of(answer)["message"]
+
+        call, result = await first_round(url)
+        tampered = retry(call, result)
+        state = tampered["params"]["requestState"]
+        tampered["params"]["requestState"] = state[:-3] + ("AAA" if state[-3:] != "AAA" else "BBB")
+        answer = await post(url, tampered, headers_for(tampered), path)
+        assert answer.status == 400 and "not valid" in error_of(answer)["message"]
+        await b.wait_for("input_refused", timeout=5, where=lambda e: "altered" in e["reason"])
+
+        # a good round trip still works after all that: the server is not stuck
+        call, result = await first_round(url, "fine")
+        good = retry(call, result, "fine answer")
+        answer = await post(url, good, headers_for(good), path)
+        final = answer.final()
+        assert final["id"] == 2 and final["result"]["content"][0]["text"] == "fine answer", final
+        assert final["result"]["resultType"] == "complete"
+
+
+async def test_a_client_that_never_retries_lets_the_call_go_after_the_ttl(bridge):
+    config = shared(demo=demo())
+    config["limits"] = {"request_state_ttl": 1}
+    async with bridge(config) as b:
+        url = b.url("demo", "mcp")
+        call, result = await first_round(url)
+        expired = await b.wait_for("input_expired", timeout=10)
+        assert expired["method"] == "tools/call"
+        late = retry(call, result)
+        answer = await post(url, late, headers_for(late))
+        assert answer.status == 400 and "expired" in error_of(answer)["message"]
+        echo = request("tools/call", {"name": "echo", "arguments": {"text": "still here"}})
+        assert (await post(url, echo, headers_for(echo))).json()["result"]["content"][0]["text"] == "still here"
+
+
+async def test_a_state_is_bound_to_its_principal(bridge, tmp_path):
+    config = shared(demo=demo())
+    config["security"] = {"tokens": [{"name": "alice", "token": "a" * 32}, {"name": "bob", "token": "b" * 32}]}
+    async with bridge(config) as b:
+        url = b.url("demo", "mcp")
+        alice, bob = {"Authorization": "Bearer " + "a" * 32}, {"Authorization": "Bearer " + "b" * 32}
+        call, result = await first_round(url, headers=alice)
+        stolen = retry(call, result)
+        answer = await post(url, stolen, {**headers_for(stolen), **bob})
+        assert answer.status == 400 and "another client" in error_of(answer)["message"]
+        # alice's call is still hers to finish
+        answer = await post(url, stolen, {**headers_for(stolen), **alice})
+        assert answer.final()["result"]["content"][0]["text"] == "answer"
+
+
+# --------------------------------------------------------------- per-request streams
+
+
+async def test_log_messages_only_at_the_requested_level_and_progress_on_the_call(bridge):
+    async with bridge(shared(demo=demo())) as b:
+        url = b.url("demo", "mcp")
+        heard: list[Any] = []
+
+        async def on_log(params: types.LoggingMessageNotificationParams) -> None:
+            heard.append(params)
+
+        async with Client(url, mode=MODERN, log_level="warning", logging_callback=on_log) as client:
+            await client.call_tool("log", {"level": "info", "message": "too quiet"})
+            await client.call_tool("log", {"level": "error", "message": "loud enough"})
+            assert [p.data for p in heard] == ["loud enough"]
+            steps: list[float] = []
+
+            async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+                steps.append(progress)
+
+            done = await client.call_tool("countdown", {"steps": 3, "interval_ms": 10}, progress_callback=on_progress)
+            assert done.content[0].text == "done" and steps == [1, 2, 3]
+        async with Client(url, mode=MODERN, logging_callback=on_log) as quiet:
+            await quiet.call_tool("log", {"level": "emergency", "message": "unasked"})
+        assert [p.data for p in heard] == ["loud enough"]  # no logLevel in _meta: no log messages
+
+
+async def test_closing_a_requests_stream_cancels_it_upstream(bridge):
+    async with bridge(shared(f=faulty())) as b:
+        url = b.url("f", "mcp")
+        for path in PATHS:
+            mark = len(b.events)
+            call = request("tools/call", {"name": "hang", "arguments": {}}, rid="h")
+            task = asyncio.create_task(post(url, call, headers_for(call), path))
+            hang = await b.wait_for("server_stderr", where=lambda e: e.get("line", "").startswith("faulty: hang "), start=mark)
+            upstream_id = json.loads(hang["line"][len("faulty: hang ") :])
+            task.cancel()  # the client goes away
+
+            def cancelled(e: dict[str, Any]) -> bool:
+                prefix = "faulty: notification notifications/cancelled "
+                line = e.get("line", "")
+                return line.startswith(prefix) and json.loads(line[len(prefix) :]).get("requestId") == upstream_id
+
+            await b.wait_for("server_stderr", where=cancelled, start=mark)

@@ -328,8 +328,8 @@ async def _resume(head: PostHead, msg: Message, reply: ModernReply) -> Any:
     token = params.get("requestState")
     try:
         state = parking.keys.open(token, rid)
-    except ModernError:
-        _spoil(parking, stateless.StateKeys.peek(token), head, "requestState refused")
+    except ModernError as exc:
+        _spoil(parking, stateless.StateKeys.peek(token), head, exc.message)
         raise
     if state.server != gateway.name or state.principal != head.principal:
         # Never another principal's call to end: it stays parked for its owner.
