@@ -407,3 +407,58 @@ async def test_closing_a_requests_stream_cancels_it_upstream(bridge):
                 return line.startswith(prefix) and json.loads(line[len(prefix) :]).get("requestId") == upstream_id
 
             await b.wait_for("server_stderr", where=cancelled, start=mark)
+
+
+# --------------------------------------------------------------- subscriptions/listen
+
+
+async def test_listen_acknowledges_then_streams_only_what_was_asked(bridge):
+    from mcp.client.subscriptions import ResourceUpdated
+
+    async with bridge(shared(demo=demo())) as b:
+        url = b.url("demo", "mcp")
+        async with Client(url, mode=MODERN) as client, Client(url, mode=MODERN) as other:
+            async with client.listen(tools_list_changed=True, resource_subscriptions=["demo://counter"]) as sub:
+                assert sub.honored.tools_list_changed and sub.honored.resource_subscriptions == ["demo://counter"]
+                assert not sub.honored.prompts_list_changed
+                await other.call_tool("bump", {})
+                async with asyncio.timeout(10):
+                    event = await anext(aiter(sub))
+                assert event == ResourceUpdated(uri="demo://counter")
+
+
+async def test_listen_stream_closed_while_updates_arrive(bridge):
+    """A listen stream that goes away in the middle of a burst of updates: the bridge drops
+    its share of the subscription (a legacy session still subscribed keeps getting updates),
+    and a new listen works."""
+    async with bridge(shared(demo=demo())) as b:
+        url = b.url("demo", "mcp")
+        listen = request("subscriptions/listen", {"notifications": {"resourceSubscriptions": ["demo://counter"]}}, rid="L")
+        updates: list[Any] = []
+        updated = asyncio.Event()
+
+        async def on_message(message: Any) -> None:
+            if getattr(message, "method", "") == "notifications/resources/updated":
+                updates.append(message)
+                updated.set()
+
+        async with Client(url, mode="legacy", message_handler=on_message) as legacy, Client(url, mode=MODERN) as bumper:
+            await legacy.session.subscribe_resource("demo://counter")
+            for round_ in range(2):
+                async with aiohttp.ClientSession() as http, http.post(url, json=listen, headers=headers_for(listen)) as resp:
+                    assert resp.status == 200 and resp.content_type == "text/event-stream"
+                    first = json.loads((await resp.content.readuntil(b"\n\n")).decode().split("data: ", 1)[1])
+                    assert first["method"] == "notifications/subscriptions/acknowledged"
+                    assert first["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"] == "L"
+                    assert first["params"]["notifications"] == {"resourceSubscriptions": ["demo://counter"]}
+                    burst = asyncio.gather(*(bumper.call_tool("bump", {}) for _ in range(20)))
+                    event = json.loads((await resp.content.readuntil(b"\n\n")).decode().split("data: ", 1)[1])
+                    assert event["method"] == "notifications/resources/updated"
+                    assert event["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"] == "L"
+                    resp.close()  # gone in the middle of the burst
+                    await burst
+            assert updates  # the legacy session heard the bursts
+            updated.clear()
+            await bumper.call_tool("bump", {})
+            async with asyncio.timeout(10):
+                await updated.wait()
