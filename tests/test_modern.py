@@ -462,3 +462,55 @@ async def test_listen_stream_closed_while_updates_arrive(bridge):
             await bumper.call_tool("bump", {})
             async with asyncio.timeout(10):
                 await updated.wait()
+
+
+# --------------------------------------------------------------- both eras at once
+
+
+async def test_twenty_modern_and_twenty_legacy_clients_on_one_shared_process(bridge):
+    """Each client echoes its own text, samples with its own LLM and watches its own progress,
+    all at once on one process: every answer is its own."""
+    from sdk import connect, prompt_text, text_of
+
+    n = 20
+    async with bridge(shared(demo=demo())) as b:
+        url = b.url("demo", "mcp")
+        barrier = asyncio.Barrier(2 * n)
+
+        async def modern(i: int) -> None:
+            name = f"m{i}"
+
+            async def llm(ctx: Any, params: types.CreateMessageRequestParams) -> types.CreateMessageResult:
+                asked = params.messages[0].content.text
+                return types.CreateMessageResult(role="assistant", content=types.TextContent(type="text", text=f"{name} answers {asked}"), model=name)
+
+            steps: list[float] = []
+
+            async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+                steps.append(progress)
+
+            async with Client(url, mode=MODERN, sampling_callback=llm) as client:
+                async with asyncio.timeout(30):
+                    await barrier.wait()
+                echoed = await client.call_tool("echo", {"text": f"echo {name}"})
+                assert echoed.content[0].text == f"echo {name}"
+                sampled = await client.call_tool("sample", {"prompt": f"from {name}"})
+                assert sampled.content[0].text == f"{name} answers from {name}", sampled
+                counted = await client.call_tool("countdown", {"steps": 2 + i % 3, "interval_ms": 5}, progress_callback=on_progress)
+                assert counted.content[0].text == "done" and steps == list(range(1, 3 + i % 3))
+
+        async def legacy(i: int) -> None:
+            name = f"l{i}"
+            async with connect(url, name=name, streamable=True, sampling=lambda c, p: f"{c.name} answers {prompt_text(p)}") as client:
+                async with asyncio.timeout(30):
+                    await barrier.wait()
+                assert text_of(await client.session.call_tool("echo", {"text": f"echo {name}"})) == f"echo {name}"
+                sampled = await client.session.call_tool("sample", {"prompt": f"from {name}"})
+                assert text_of(sampled) == f"{name} answers from {name}"
+                client.wire.check_own_traffic()
+
+        async with asyncio.TaskGroup() as tg:
+            for i in range(n):
+                tg.create_task(modern(i))
+                tg.create_task(legacy(i))
+        assert len(b.server_pids()) == 1
