@@ -441,6 +441,7 @@ class Gateway:
         count = self.metrics.message
         for msg in payload if payload.__class__ is list else (payload,):
             count("from_client", msg.get("method", "response"))
+        self.metrics.eras[session.era] += len(payload) if payload.__class__ is list else 1
         self.apply(upstream, actions)
 
     # ------------------------------------------------------------------ actions

@@ -235,6 +235,12 @@ async def test_legacy_sessions_still_work_beside_modern_requests(bridge):
         async with Client(b.url("demo", "mcp"), mode="legacy") as legacy, Client(b.url("demo", "mcp"), mode=MODERN) as modern:
             a, c = await asyncio.gather(legacy.call_tool("echo", {"text": "old"}), modern.call_tool("echo", {"text": "new"}))
             assert a.content[0].text == "old" and c.content[0].text == "new"
+        async with aiohttp.ClientSession() as http, http.get(f"{b.base}/metrics") as resp:
+            lines = (await resp.text()).splitlines()
+        for era in ("legacy", MODERN):
+            (line,) = [x for x in lines if x.startswith(f'mcp_bridge_client_messages_total{{era="{era}",server="demo"}}')]
+            assert float(line.split()[-1]) >= 1, line
+        assert any(x.startswith('mcp_bridge_sessions_opened_total{server="demo",transport="stateless"}') for x in lines)
 
 
 # --------------------------------------------------------------- MRTR
@@ -514,3 +520,18 @@ async def test_twenty_modern_and_twenty_legacy_clients_on_one_shared_process(bri
                 tg.create_task(modern(i))
                 tg.create_task(legacy(i))
         assert len(b.server_pids()) == 1
+
+
+@pytest.mark.parametrize("mode", ["per-session", "per-principal"])
+async def test_other_modes(bridge, mode):
+    """Per-session: each modern request is a session with a process of its own, which the
+    bridge initializes itself; per-principal: the principal's process."""
+    async with bridge({"servers": {"demo": demo(mode=mode)}}) as b:
+        async with Client(b.url("demo", "mcp"), mode="auto", sampling_callback=answer_sampling) as client:
+            assert client.session.discover_result is not None
+            assert (await client.call_tool("echo", {"text": mode})).content[0].text == mode
+            assert (await client.call_tool("sample", {"prompt": "q"})).content[0].text == "sampled: q"
+        if mode == "per-session":
+            assert len(b.server_pids()) >= 3  # one per request (a sample and its retry share one)
+        else:
+            assert len(b.server_pids()) == 1

@@ -70,6 +70,7 @@ class StatelessSession(Session):
 
     transport = "stateless"
     logged = False
+    era = stateless.MODERN_VERSION
 
     def __init__(self, server: str, owner: str | None, queue_limit: int) -> None:
         super().__init__(server, owner)
