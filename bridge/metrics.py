@@ -49,6 +49,7 @@ ERROR_CODES = frozenset(
         jsonrpc.PARSE_ERROR, jsonrpc.INVALID_REQUEST, jsonrpc.METHOD_NOT_FOUND, jsonrpc.INVALID_PARAMS,
         jsonrpc.INTERNAL_ERROR, jsonrpc.SERVER_EXITED, jsonrpc.REQUEST_TIMEOUT, jsonrpc.SERVER_UNAVAILABLE,
         jsonrpc.TOO_MANY_REQUESTS, jsonrpc.SESSION_CLOSED, jsonrpc.RESPONSE_TOO_LARGE, -32002, -32042,
+        -32020, -32021, -32022,  # 2026-07-28: header mismatch, missing client capability, unsupported version
     }
 )  # fmt: skip
 
