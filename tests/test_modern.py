@@ -535,3 +535,26 @@ async def test_other_modes(bridge, mode):
             assert len(b.server_pids()) >= 3  # one per request (a sample and its retry share one)
         else:
             assert len(b.server_pids()) == 1
+
+
+TS_CLIENT = Path(__file__).parent / "node" / "modern_client.mjs"
+TS_CLIENT_PACKAGE = Path(__file__).parent / "node" / "node_modules" / "@modelcontextprotocol" / "client"
+
+
+@pytest.mark.skipif(not TS_CLIENT_PACKAGE.exists(), reason="@modelcontextprotocol/client is not installed: run `npm ci --prefix tests/node`")
+async def test_typescript_client_pinned_to_2026_07_28(bridge):
+    async with bridge(shared(demo=demo())) as b:
+        proc = await asyncio.create_subprocess_exec(
+            "node", str(TS_CLIENT), b.url("demo", "mcp"), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        )
+        try:
+            async with asyncio.timeout(60):
+                out, err = await proc.communicate()
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+        assert proc.returncode == 0, err.decode()[-2000:]
+        seen = json.loads(out.decode().strip().splitlines()[-1])
+        assert "echo" in seen["tools"] and seen["echoed"] == "from typescript"
+        assert seen["sampled"] == "ts answers ts prompt" and seen["serverInfo"] == "mcp-bridge-demo"
