@@ -247,6 +247,13 @@ async def _exchange(
                     asked[key] = {"method": msg["method"], **({"params": msg["params"]} if "params" in msg else {})}
                     ids[key] = msg["id"]
                     continue
+                if msg.get("method") == "notifications/cancelled":
+                    # The server withdrew a request of its own: the client never saw its id, so
+                    # it is not asked (again) rather than told.
+                    withdrawn = f"r{msg.get('params', {}).get('requestId')}"
+                    asked.pop(withdrawn, None)
+                    ids.pop(withdrawn, None)
+                    continue
                 if sink is None and can_stream and not asked:
                     sink = await reply.open_stream(None)
                 if sink is not None:
