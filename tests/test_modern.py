@@ -18,6 +18,7 @@ import mcp_types as types
 import pytest
 from conftest import demo, faulty
 from mcp import Client
+from multidict import CIMultiDict
 
 pytestmark = [
     # The SDK marks 2025-era features (logging, sampling, roots) deprecated for 2026-07-28.
@@ -155,6 +156,10 @@ async def test_every_refusal_has_its_status_and_code(bridge, path):
         await refused(call, headers_for(call, Mcp_Name="add"), 400, -32020)
         await refused(call, headers_for(call, Mcp_Name=None), 400, -32020)
         assert (await post(url, call, headers_for(call, Mcp_Name="=?base64?ZWNobw==?="), path)).status == 200  # "echo"
+        repeated = CIMultiDict(headers_for(call))
+        repeated.add("Mcp-Method", "tools/call")  # the same value twice is still ambiguous to whoever reads one
+        error = await refused(call, repeated, 400, -32020)
+        assert "more than once" in error["message"]
         # an unsupported version names the supported ones
         old = request("tools/list", version="1900-01-01")
         error = await refused(old, headers_for(old), 400, -32022)
@@ -185,15 +190,24 @@ async def test_get_and_delete_without_a_session_are_405(bridge):
                     assert (await resp.json())["error"]["code"] == -32600
 
 
-async def test_mcp_param_headers_are_checked_for_tools_that_declare_them(bridge):
-    async with bridge(shared(demo=demo())) as b:
-        url = b.url("demo", "mcp")
+@pytest.mark.parametrize("path", PATHS)
+async def test_mcp_param_headers_are_checked_for_tools_that_declare_them(bridge, path):
+    async with bridge(shared(f=faulty())) as b:
+        url = b.url("f", "mcp")
+        routed = request("tools/call", {"name": "routed", "arguments": {"region": "us-west1"}})
+        # before the bridge has seen the tool's schema, nothing is known to check
+        assert (await post(url, routed, headers_for(routed), path)).status == 200
         listing = request("tools/list")
-        tools = (await post(url, listing, headers_for(listing))).json()["result"]["tools"]
-        echo = next(t for t in tools if t["name"] == "echo")
-        assert "x-mcp-header" not in json.dumps(echo)  # the demo declares none: nothing is asked for
-        call = request("tools/call", {"name": "echo", "arguments": {"text": "x"}})
-        assert (await post(url, call, headers_for(call, Mcp_Param_Text="y"))).status == 200
+        assert (await post(url, listing, headers_for(listing), path)).status == 200
+        answer = await post(url, routed, headers_for(routed), path)
+        assert answer.status == 400 and error_of(answer)["code"] == -32020 and "Mcp-Param-region" in error_of(answer)["message"]
+        answer = await post(url, routed, headers_for(routed, Mcp_Param_Region="eu-west1"), path)
+        assert answer.status == 400 and error_of(answer)["code"] == -32020
+        answer = await post(url, routed, headers_for(routed, Mcp_Param_Region="us-west1"), path)
+        assert answer.status == 200 and answer.json()["result"]["content"][0]["text"] == "us-west1"
+        # a tool that declares none is not asked for any
+        echo = request("tools/call", {"name": "echo", "arguments": {"text": "x"}})
+        assert (await post(url, echo, headers_for(echo, Mcp_Param_Text="y"), path)).status == 200
 
 
 # --------------------------------------------------------------- real clients
