@@ -26,8 +26,11 @@ Rules
    next), so one principal's queue delays another's by one window at most.
    A request about no call in flight goes to a session only when every
    session able to answer is one principal's. With no such session, or when
-   that session leaves, the server gets an error at once. `ping` and, with
-   configured roots, `roots/list` are answered here.
+   that session leaves, the server gets an error at once; and when the one
+   call in flight is a stateless session's that did not declare the needed
+   capability, that call is what asked: it ends with -32021 and is
+   cancelled. `ping` and, with configured roots, `roots/list` are answered
+   here.
 5. Shared state. In shared mode the bridge initializes the server itself,
    answers each client's `initialize` from the cached result and absorbs
    `notifications/initialized`; `ping` is answered here. Subscriptions are
@@ -88,6 +91,7 @@ LATEST_PROTOCOL_VERSION = PROTOCOL_VERSIONS[-1]
 LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
 _LEVEL_INDEX = {name: i for i, name in enumerate(LOG_LEVELS)}
 RELATED_TASK = "io.modelcontextprotocol/related-task"
+MISSING_CAPABILITY = -32021  # 2026-07-28: a request needs a client capability it did not declare
 K = TypeVar("K")
 V = TypeVar("V")
 # Late replies to cancelled calls are expected; remember this many to drop them quietly.
@@ -916,7 +920,8 @@ class Mux:
             return [Discard("server reused a request id still in flight", {"id": server_id, "method": method})]
         peer, call = self._attribute(msg)
         if peer is None:
-            return [ToServer(jsonrpc.error(server_id, jsonrpc.METHOD_NOT_FOUND, f"no connected client can handle {method}"))]
+            refusal = ToServer(jsonrpc.error(server_id, jsonrpc.METHOD_NOT_FOUND, f"no connected client can handle {method}"))
+            return [refusal, *self._missing_capability(method)]
         related = None
         if call is not None:
             call.asked = next(self._seq)
@@ -932,6 +937,24 @@ class Mux:
             self._elicitation_owner[params["elicitationId"]] = peer.id
         msg["id"] = downstream_id
         return [ToSession(peer.id, msg, related)]
+
+    def _missing_capability(self, method: str) -> list[Action]:
+        """A server request nobody can answer, while the one call in flight is a stateless
+        session's that did not declare what it needs: that call is what asked, so it ends
+        with the 2026-07-28 error that says so (and is cancelled upstream)."""
+        wanted = _CAPABILITY_FOR.get(method)
+        sent = [c for c in self._calls.values() if c.sent and c.session is not None]
+        if wanted is None or len(sent) != 1:
+            return []
+        (call,) = sent
+        peer = self._peers[_caller(call)[0]]
+        if not peer.stateless or wanted in peer.capabilities:
+            return []
+        self._forget_call(call)
+        self._remember_cancelled(call.upstream_id)
+        message = f"the server asked for {wanted}, which this request did not declare in its client capabilities"
+        error = jsonrpc.error(call.client_id, MISSING_CAPABILITY, message, {"requiredCapabilities": {wanted: {}}})
+        return [ToServer(_cancelled(call.upstream_id, message)), ToSession(peer.id, error, call.client_id, True, call)]
 
     def _attribute(self, msg: Message) -> tuple[Peer | None, Call | None]:
         """The session (and call) a server request most likely belongs to.

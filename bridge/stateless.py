@@ -24,7 +24,7 @@ from typing import Any, Final
 
 from . import jsonrpc
 from .jsonrpc import Message, RequestId
-from .mux import LOG_LEVELS, PROTOCOL_VERSIONS
+from .mux import LOG_LEVELS, MISSING_CAPABILITY, PROTOCOL_VERSIONS
 
 MODERN_VERSION: Final = "2026-07-28"
 MODERN_VERSIONS: Final = (MODERN_VERSION,)
@@ -40,7 +40,6 @@ SERVER_INFO_KEY: Final = "io.modelcontextprotocol/serverInfo"
 SUBSCRIPTION_KEY: Final = "io.modelcontextprotocol/subscriptionId"
 
 HEADER_MISMATCH: Final = -32020
-MISSING_CAPABILITY: Final = -32021
 UNSUPPORTED_VERSION: Final = -32022
 RESOURCE_NOT_FOUND_2025: Final = -32002  # a legacy server's; 2026-07-28 says -32602
 

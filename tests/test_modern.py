@@ -353,6 +353,16 @@ async def test_raw_round_trip_and_every_refused_state(bridge, path):
         assert final["result"]["resultType"] == "complete"
 
 
+@pytest.mark.parametrize("path", PATHS)
+async def test_a_request_that_did_not_declare_what_the_server_asks_for_gets_32021(bridge, path):
+    async with bridge(shared(demo=demo())) as b:
+        call = request("tools/call", {"name": "sample", "arguments": {"prompt": "p"}})  # no sampling capability
+        answer = await post(b.url("demo", "mcp"), call, headers_for(call), path)
+        assert answer.status == 400, answer.body
+        error = error_of(answer)
+        assert error["code"] == -32021 and error["data"] == {"requiredCapabilities": {"sampling": {}}}
+
+
 async def test_a_client_that_never_retries_lets_the_call_go_after_the_ttl(bridge):
     config = shared(demo=demo())
     config["limits"] = {"request_state_ttl": 1}

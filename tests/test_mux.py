@@ -1107,3 +1107,19 @@ def test_per_session_mode_initializes_a_stateless_sessions_process_itself() -> N
     assert to_server(out)[0]["method"] == "notifications/initialized"
     (answer,) = to_session(out, "modern")
     assert answer["id"] == "d" and answer["result"] == INIT_RESULT
+
+
+def test_a_stateless_call_that_lacks_the_capability_the_server_asks_for_ends_with_32021() -> None:
+    mux = ready_mux()
+    mux.open_session("modern")
+    mux.adopt("modern", {}, "2026-07-28", None, None)
+    (call,) = to_server(mux.from_client("modern", req(7, "tools/call", name="needs-elicitation")))
+    out = mux.from_server(req("e1", "elicitation/create", message="name?", requestedSchema={}))
+    refusal, cancel = to_server(out)
+    assert refusal["id"] == "e1" and refusal["error"]["code"] == jsonrpc.METHOD_NOT_FOUND
+    assert cancel["method"] == "notifications/cancelled" and cancel["params"]["requestId"] == call["id"]
+    (answer,) = to_session(out, "modern")
+    assert answer["id"] == 7 and answer["error"]["code"] == -32021
+    assert answer["error"]["data"] == {"requiredCapabilities": {"elicitation": {}}}
+    assert mux.inflight("modern") == 0
+    assert to_session(mux.from_server(jsonrpc.result(call["id"], {})), "modern") == []  # its late answer is dropped
