@@ -30,9 +30,11 @@ for, each tagged with its subscription id, until the client closes the stream.
 from __future__ import annotations
 
 import asyncio
+import functools
 import secrets
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -200,7 +202,9 @@ async def _answer(head: PostHead, msg: Message, reply: ModernReply) -> Any:
     params = msg["params"]
     if "requestState" in params or "inputResponses" in params:
         return await _resume(head, msg, reply)
-    rid, digest = msg["id"], _digest(msg)  # before routing: the mux rewrites the message in place
+    # Before routing: the mux rewrites the id in place (and, of the params, only what is in _meta,
+    # which a digest leaves out), so the params are digested only if the call is ever parked.
+    rid, digest = msg["id"], functools.partial(stateless.digest, msg["params"])
     session = _open(head, env)
     try:
         common.route(gateway, session, msg)
@@ -223,7 +227,13 @@ def _digest(msg: Message) -> str:
 
 
 async def _exchange(
-    head: PostHead, session: StatelessSession, call_id: RequestId, method: str, reply_id: RequestId, reply: ModernReply, digest: str
+    head: PostHead,
+    session: StatelessSession,
+    call_id: RequestId,
+    method: str,
+    reply_id: RequestId,
+    reply: ModernReply,
+    digest: Callable[[], str],
 ) -> Any:
     """Carry the session's messages to this exchange until the call's final answer (the
     exchange's end), a server request (answered input_required, the session parked), or the
@@ -243,6 +253,11 @@ async def _exchange(
                     return await _finish(head, session, data, method, reply_id, reply, sink)
                 msg = jsonrpc.decode(data)
                 if "method" in msg and "id" in msg:  # a server request: MRTR
+                    if method not in stateless.MRTR_METHODS:
+                        # Only these may be answered input_required: the server's question gets an error.
+                        refusal = f"{msg['method']} during {method}: 2026-07-28 asks the client only during tools/call, prompts/get and resources/read"
+                        gateway.from_client(session, jsonrpc.error(msg["id"], jsonrpc.METHOD_NOT_FOUND, refusal))
+                        continue
                     key = f"r{msg['id']}"
                     asked[key] = {"method": msg["method"], **({"params": msg["params"]} if "params" in msg else {})}
                     ids[key] = msg["id"]
@@ -312,14 +327,15 @@ async def _input_required(
     sink: EventSink | None,
     asked: dict[str, Message],
     ids: dict[str, RequestId],
-    digest: str,
+    digest: Callable[[], str],
 ) -> Any:
     gateway = head.gateway
     parking = head.parking
     key = secrets.token_urlsafe(16)
     ttl = gateway.limits.request_state_ttl
-    parking.park(Parked(key, gateway, session, head.principal, method, digest, asked, ids, call_id), ttl)
-    token = parking.keys.seal(State(key, head.principal, method, digest, gateway.name), ttl)
+    salient = digest() if method in stateless.MRTR_METHODS else ""
+    parking.park(Parked(key, gateway, session, head.principal, method, salient, asked, ids, call_id), ttl)
+    token = parking.keys.seal(State(key, head.principal, method, salient, gateway.name), ttl)
     body = jsonrpc.encode(jsonrpc.result(reply_id, stateless.input_required(asked, token)))
     if sink is not None:
         await sink.write(_event(body))
@@ -369,7 +385,7 @@ async def _resume(head: PostHead, msg: Message, reply: ModernReply) -> Any:
     # What was asked and not answered is asked again, first thing.
     for key, request in parked.asked.items():
         session.queue.appendleft((jsonrpc.encode({"jsonrpc": "2.0", "id": parked.ids[key], **request}), None, False))
-    return await _exchange(head, session, parked.call_id, parked.method, rid, reply, parked.digest)
+    return await _exchange(head, session, parked.call_id, parked.method, rid, reply, lambda: parked.digest)
 
 
 def _spoil(parking: Parking, key: str | None, head: PostHead, why: str) -> None:
