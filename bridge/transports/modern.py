@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from aiohttp import web
 
-from .. import jsonrpc, logs, stateless
+from .. import jsonrpc, stateless
 from ..gateway import Gateway
 from ..jsonrpc import Message, RequestId
 from ..sessions import Session
