@@ -142,6 +142,19 @@ def envelope(msg: Message) -> Envelope:
     return Envelope(version, capabilities, meta.get(CLIENT_INFO_KEY), level)
 
 
+_ENVELOPE_KEYS = (VERSION_KEY, CAPABILITIES_KEY, CLIENT_INFO_KEY, LOG_LEVEL_KEY)
+
+
+def strip_envelope(params: dict[str, Any]) -> None:
+    """Take the envelope out of a request for a legacy server: servers on the newer SDKs
+    refuse a request that carries it on a connection that began with initialize."""
+    meta = params["_meta"]
+    for key in _ENVELOPE_KEYS:
+        meta.pop(key, None)
+    if not meta:
+        del params["_meta"]
+
+
 def check_headers(msg: Message, env: Envelope, headers: Headers, tool_headers: Mapping[str, tuple[str, ...]] | None) -> None:
     """-32020 when a header that mirrors the body is missing, repeated or differs from it.
     `tool_headers`: the called tool's `x-mcp-header` names (lower case) and the argument

@@ -582,3 +582,13 @@ async def test_typescript_client_pinned_to_2026_07_28(bridge):
         seen = json.loads(out.decode().strip().splitlines()[-1])
         assert "echo" in seen["tools"] and seen["echoed"] == "from typescript"
         assert seen["sampled"] == "ts answers ts prompt" and seen["serverInfo"] == "mcp-bridge-demo"
+
+
+async def test_sdk_client_against_mcp_server_time(bridge):
+    from sdk import TIME_SERVER
+
+    async with bridge(shared(time=TIME_SERVER)) as b:
+        async with Client(b.url("time", "mcp"), mode=MODERN) as client:
+            assert {"get_current_time", "convert_time"} <= {t.name for t in (await client.list_tools()).tools}
+            now = await client.call_tool("get_current_time", {"timezone": "UTC"})
+            assert json.loads(now.content[0].text)["timezone"] == "UTC"

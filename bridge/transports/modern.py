@@ -204,7 +204,8 @@ async def _answer(head: PostHead, msg: Message, reply: ModernReply) -> Any:
         return await _resume(head, msg, reply)
     # Before routing: the mux rewrites the id in place (and, of the params, only what is in _meta,
     # which a digest leaves out), so the params are digested only if the call is ever parked.
-    rid, digest = msg["id"], functools.partial(stateless.digest, msg["params"])
+    rid, digest = msg["id"], functools.partial(stateless.digest, params)
+    stateless.strip_envelope(params)
     session = _open(head, env)
     try:
         common.route(gateway, session, msg)
