@@ -592,3 +592,19 @@ async def test_sdk_client_against_mcp_server_time(bridge):
             assert {"get_current_time", "convert_time"} <= {t.name for t in (await client.list_tools()).tools}
             now = await client.call_tool("get_current_time", {"timezone": "UTC"})
             assert json.loads(now.content[0].text)["timezone"] == "UTC"
+
+
+async def test_browsers_may_send_the_mirroring_headers(bridge):
+    origin = "https://app.example"
+    config = shared(demo=demo())
+    config["security"] = {"allowed_origins": [origin]}
+    async with bridge(config) as b:
+        preflight = {
+            "Origin": origin,
+            "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "content-type, mcp-protocol-version, mcp-method, mcp-name",
+        }
+        async with aiohttp.ClientSession() as http, http.options(b.url("demo", "mcp"), headers=preflight) as resp:
+            assert resp.status == 204
+            allowed = {h.strip().lower() for h in resp.headers["Access-Control-Allow-Headers"].split(",")}
+        assert {"mcp-protocol-version", "mcp-method", "mcp-name"} <= allowed
