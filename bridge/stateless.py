@@ -22,6 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+import msgspec
+
 from . import jsonrpc
 from .jsonrpc import Message, RequestId
 from .mux import LOG_LEVELS, MISSING_CAPABILITY, PROTOCOL_VERSIONS
@@ -292,36 +294,48 @@ def discover(init_result: Mapping[str, Any]) -> dict[str, Any]:
     return result
 
 
-def complete(msg: Message, method: str, server: Server) -> Message:
-    """A legacy server's answer as a modern client reads it: every result has a `resultType`
-    and the server's info; cacheable ones a `ttlMs` and `cacheScope`; the 2025 code for a
+# An object with its members left unparsed: a result is decorated without decoding its
+# content (a 1 MiB tool result: 0.7 ms rather than 1.9 ms for a full decode and encode).
+_MEMBERS = msgspec.json.Decoder(dict[str, msgspec.Raw])
+
+
+def answer(data: bytes, method: str, reply_id: RequestId, server: Server) -> tuple[bytes, int]:
+    """A legacy server's final answer (as the mux delivered it) as a modern client reads it,
+    with the HTTP status it goes with: the retry's id; every result with a `resultType` and
+    the server's info, cacheable ones with `ttlMs` and `cacheScope`; the 2025 code for a
     missing resource becomes the one 2026-07-28 uses."""
-    result = msg.get("result")
-    if result.__class__ is dict:
-        result.setdefault("resultType", "complete")
-        meta = result.get("_meta")
-        if meta.__class__ is not dict:
-            meta = result["_meta"] = {}
-        if server.info is not None:
-            meta[SERVER_INFO_KEY] = server.info
-        if method in CACHEABLE and result["resultType"] == "complete":
-            result.setdefault("ttlMs", 0)  # the bridge cannot know how long a legacy server's answer holds
-            result["cacheScope"] = server.cache_scope
-    else:
-        error = msg.get("error")
-        if error.__class__ is dict and error.get("code") == RESOURCE_NOT_FOUND_2025:
+    message: dict[str, Any] = dict(_MEMBERS.decode(data))
+    message["id"] = reply_id
+    raw = message.get("result")
+    if raw is None:
+        error = jsonrpc.decode(message["error"]) if "error" in message else None
+        if isinstance(error, dict) and error.get("code") == RESOURCE_NOT_FOUND_2025:
             error["code"] = jsonrpc.INVALID_PARAMS
-    return msg
+            message["error"] = error
+        code = error.get("code") if isinstance(error, dict) else None
+        return jsonrpc.encode(message), STATUS_FOR.get(code, 200) if isinstance(code, int) else 200
+    try:
+        result: dict[str, Any] = dict(_MEMBERS.decode(raw))
+    except msgspec.ValidationError:
+        return jsonrpc.encode(message), 200  # not an object: nothing to decorate
+    kind = jsonrpc.decode(result["resultType"]) if "resultType" in result else "complete"
+    result["resultType"] = kind
+    meta = jsonrpc.decode(result["_meta"]) if "_meta" in result else None
+    meta = meta if isinstance(meta, dict) else {}
+    if server.info is not None:
+        meta[SERVER_INFO_KEY] = server.info
+    result["_meta"] = meta
+    if method in CACHEABLE and kind == "complete":
+        result.setdefault("ttlMs", 0)  # the bridge cannot know how long a legacy server's answer holds
+        result["cacheScope"] = server.cache_scope
+    message["result"] = result
+    return jsonrpc.encode(message), 200
 
 
 def input_required(requests: Mapping[str, Any], state: str) -> dict[str, Any]:
     return {"resultType": "input_required", "inputRequests": dict(requests), "requestState": state}
 
 
-def status_of(msg: Message) -> int:
-    error = msg.get("error")
-    code = error.get("code") if isinstance(error, dict) else None
-    return STATUS_FOR.get(code, 200) if isinstance(code, int) else 200
 
 
 # ------------------------------------------------------------- requestState

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from bridge import stateless
+from bridge import jsonrpc, stateless
 from bridge.stateless import Headers, ModernError, State, StateKeys
 
 META = {stateless.VERSION_KEY: "2026-07-28", stateless.CAPABILITIES_KEY: {}}
@@ -61,14 +61,27 @@ def test_mcp_param_headers_must_mirror_the_arguments() -> None:
         assert refused.value.code == stateless.HEADER_MISMATCH and refused.value.status == 400
 
 
+def answered(message: dict[str, Any], method: str, server: stateless.Server) -> tuple[dict[str, Any], int]:
+    body, status = stateless.answer(jsonrpc.encode(message), method, "retry-7", server)
+    return jsonrpc.decode(body), status
+
+
 def test_results_are_decorated_and_old_codes_mapped() -> None:
     server = stateless.Server({"name": "s", "version": "1"}, "private")
-    listed = stateless.complete({"jsonrpc": "2.0", "id": 1, "result": {"tools": []}}, "tools/list", server)["result"]
-    assert listed == {"tools": [], "resultType": "complete", "_meta": {stateless.SERVER_INFO_KEY: server.info}, "ttlMs": 0, "cacheScope": "private"}
-    called = stateless.complete({"jsonrpc": "2.0", "id": 1, "result": {"content": []}}, "tools/call", server)["result"]
-    assert "ttlMs" not in called and called["resultType"] == "complete"
-    missing = stateless.complete({"jsonrpc": "2.0", "id": 1, "error": {"code": -32002, "message": "no"}}, "resources/read", server)
-    assert missing["error"]["code"] == -32602 and stateless.status_of(missing) == 400
+    listed, status = answered({"jsonrpc": "2.0", "id": 1, "result": {"tools": [{"name": "t"}]}}, "tools/list", server)
+    assert status == 200 and listed["id"] == "retry-7"
+    assert listed["result"] == {
+        "tools": [{"name": "t"}], "resultType": "complete", "_meta": {stateless.SERVER_INFO_KEY: server.info}, "ttlMs": 0, "cacheScope": "private",
+    }  # fmt: skip
+    kept = {"_meta": {"progress": 1}, "content": [], "resultType": "complete"}
+    called, _ = answered({"jsonrpc": "2.0", "id": 1, "result": kept}, "tools/call", server)
+    assert "ttlMs" not in called["result"] and called["result"]["_meta"] == {"progress": 1, stateless.SERVER_INFO_KEY: server.info}
+    missing, status = answered({"jsonrpc": "2.0", "id": 1, "error": {"code": -32002, "message": "no"}}, "resources/read", server)
+    assert missing["error"]["code"] == -32602 and status == 400
+    unknown, status = answered({"jsonrpc": "2.0", "id": 1, "error": {"code": -32601, "message": "no"}}, "x/y", server)
+    assert unknown["error"]["code"] == -32601 and status == 404
+    odd, status = answered({"jsonrpc": "2.0", "id": 1, "result": None}, "tools/call", server)
+    assert odd["result"] is None and status == 200
 
 
 def test_request_state_is_sealed_bound_and_expires() -> None:

@@ -302,20 +302,20 @@ async def _exchange(
 async def _finish(
     head: PostHead, session: StatelessSession, data: bytes, method: str, reply_id: RequestId, reply: ModernReply, sink: EventSink | None
 ) -> Any:
-    msg = jsonrpc.decode(data)
-    msg["id"] = reply_id
-    result = msg.get("result")
-    if method == "server/discover" and result.__class__ is dict:
-        msg["result"] = result = stateless.discover(result)
-    elif method == "tools/list" and result.__class__ is dict:
-        head.parking.learn_tools(head.gateway.name, result)
+    if method == "server/discover":
+        msg = jsonrpc.decode(data)
+        if msg.get("result").__class__ is dict:
+            msg["result"] = stateless.discover(msg["result"])
+            data = jsonrpc.encode(msg)
+    elif method == "tools/list":
+        head.parking.learn_tools(head.gateway.name, jsonrpc.decode(data).get("result"))
     init = head.gateway.init_result(session)
     server = stateless.Server(init.get("serverInfo") if init else None, head.gateway.server.cache_scope)
-    body = jsonrpc.encode(stateless.complete(msg, method, server))
+    body, status = stateless.answer(data, method, reply_id, server)
     if sink is not None:
         await sink.write(_event(body))
         return None
-    return reply.plain(stateless.status_of(msg), body)
+    return reply.plain(status, body)
 
 
 async def _input_required(
