@@ -175,6 +175,10 @@ async def test_every_refusal_has_its_status_and_code(bridge, path):
         await refused(unknown, headers_for(unknown), 404, -32601)
         # a response posted by a client
         await refused({"jsonrpc": "2.0", "id": 1, "result": {"_meta": meta()}}, headers_for(call), 400, -32600)
+        # an Accept that takes neither answer, or no stream for a listen
+        await refused(call, {**headers_for(call), "Accept": "text/html"}, 406, -32600)
+        listen = request("subscriptions/listen", {"notifications": {}})
+        await refused(listen, {**headers_for(listen), "Accept": "application/json"}, 406, -32600)
         # a notification is accepted and dropped
         note = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 1, "_meta": meta()}}
         assert (await post(url, note, headers_for(note), path)).status == 202

@@ -197,6 +197,10 @@ async def _answer(head: PostHead, msg: Message, reply: ModernReply) -> Any:
     method = msg["method"]
     if method in stateless.REMOVED:
         raise stateless.removed(msg)
+    accept = head.accept
+    if accept and not http.quality(accept, http.SSE) and (method == _LISTEN or not http.quality(accept, http.JSON)):
+        wanted = http.SSE if method == _LISTEN else f"{http.JSON} or {http.SSE}"
+        raise HttpError(406, f"{method} needs Accept: {wanted}", request_id=msg["id"])
     if method == _LISTEN:
         return await _listen(head, msg, env, reply)
     params = msg["params"]
