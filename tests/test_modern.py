@@ -348,9 +348,15 @@ async def test_raw_round_trip_and_every_refused_state(bridge, path):
         assert answer.status == 400 and "not valid" in error_of(answer)["message"]
         await b.wait_for("input_refused", timeout=5, where=lambda e: "altered" in e["reason"])
 
-        # a good round trip still works after all that: the server is not stuck
+        # a good round trip still works after all that: the server is not stuck; what a retry
+        # leaves unanswered is asked again
         call, result = await first_round(url, "fine")
-        good = retry(call, result, "fine answer")
+        empty = retry(call, result, rid=3)
+        empty["params"]["inputResponses"] = {}
+        again = (await post(url, empty, headers_for(empty), path)).final()
+        assert again["id"] == 3 and again["result"]["resultType"] == "input_required"
+        assert again["result"]["inputRequests"] == result["inputRequests"]
+        good = retry(call, again["result"], "fine answer")
         answer = await post(url, good, headers_for(good), path)
         final = answer.final()
         assert final["id"] == 2 and final["result"]["content"][0]["text"] == "fine answer", final

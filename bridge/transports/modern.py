@@ -227,10 +227,6 @@ def _open(head: PostHead, env: Envelope, notices: frozenset[str] = frozenset()) 
     return session
 
 
-def _digest(msg: Message) -> str:
-    return stateless.digest(msg["params"]) if msg["method"] in stateless.MRTR_METHODS else ""
-
-
 async def _exchange(
     head: PostHead,
     session: StatelessSession,
@@ -338,7 +334,7 @@ async def _input_required(
     parking = head.parking
     key = secrets.token_urlsafe(16)
     ttl = gateway.limits.request_state_ttl
-    salient = digest() if method in stateless.MRTR_METHODS else ""
+    salient = digest()
     parking.park(Parked(key, gateway, session, head.principal, method, salient, asked, ids, call_id), ttl)
     token = parking.keys.seal(State(key, head.principal, method, salient, gateway.name), ttl)
     body = jsonrpc.encode(jsonrpc.result(reply_id, stateless.input_required(asked, token)))
@@ -363,7 +359,7 @@ async def _resume(head: PostHead, msg: Message, reply: ModernReply) -> Any:
     if state.server != gateway.name or state.principal != head.principal:
         # Never another principal's call to end: it stays parked for its owner.
         raise ModernError(jsonrpc.INVALID_PARAMS, "requestState was issued to another client or server", request_id=rid)
-    if state.method != msg["method"] or state.digest != _digest(msg):
+    if state.method != msg["method"] or state.digest != stateless.digest(params):
         _spoil(parking, state.park, head, "retry does not match the original request")
         raise ModernError(
             jsonrpc.INVALID_PARAMS, "requestState does not match this request: a retry repeats the original method and params", request_id=rid
@@ -388,8 +384,8 @@ async def _resume(head: PostHead, msg: Message, reply: ModernReply) -> Any:
     if answers and not session.ended:
         gateway.from_client(session, answers)
     # What was asked and not answered is asked again, first thing.
-    for key, request in parked.asked.items():
-        session.queue.appendleft((jsonrpc.encode({"jsonrpc": "2.0", "id": parked.ids[key], **request}), None, False))
+    again = [(jsonrpc.encode({"jsonrpc": "2.0", "id": parked.ids[k], **request}), None, False) for k, request in parked.asked.items()]
+    session.queue.extendleft(reversed(again))
     return await _exchange(head, session, parked.call_id, parked.method, rid, reply, lambda: parked.digest)
 
 
