@@ -8,7 +8,8 @@ connection starts with: it serves the plain message POST of both transports
 itself (`POST .../messages` of HTTP+SSE, `POST .../mcp` of Streamable HTTP),
 with the same HTTP layer as aiohttp's handlers (`http.check_access`, errors
 as `http.HttpError`, Streamable events to an `http.EventSink`), the same
-handler code (`sse.posted_session` and `sse.take`; `streamable.answer_post`),
+handler code (`sse.posted_session` and `sse.take`; `streamable.answer_post`, which
+hands 2026-07-28 requests to `modern.answer`),
 and writes the response itself. A Streamable POST whose answer
 is a stream holds the connection until the stream ends; requests that come
 meanwhile wait their turn.

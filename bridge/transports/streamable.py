@@ -9,6 +9,9 @@ goes to the session's standalone stream, which one GET at a time may read;
 a second GET takes it over and the first ends. Every event has an id
 `<stream>_<n>`, and a GET with `Last-Event-ID` replays, from a bounded
 per-session buffer, what that stream sent after it, then continues it.
+
+A POST whose body carries the 2026-07-28 `_meta` is no session's: it goes to
+`modern.answer` before any of this.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from aiohttp import web
+from multidict import CIMultiDictProxy
 
 from .. import jsonrpc, stateless
 from ..gateway import Gateway
@@ -331,7 +335,7 @@ def _session_header(request: web.Request) -> str:
 _MIRRORING = ("MCP-Protocol-Version", "Mcp-Method", "Mcp-Name")
 
 
-def _mirrored(headers: Any) -> stateless.Headers:
+def _mirrored(headers: CIMultiDictProxy[str]) -> stateless.Headers:
     repeated = next((name for name in _MIRRORING if len(headers.getall(name, ())) > 1), None)
     params: dict[str, str] = {}
     for name, value in headers.items():
