@@ -643,3 +643,17 @@ async def test_inspector_cli_with_the_modern_era(bridge):
         result = json.loads(out)
         assert result["content"][0]["text"] == "hello-inspector"
         assert result["_meta"]["io.modelcontextprotocol/serverInfo"]["name"] == "mcp-bridge-demo"
+
+
+def test_a_requests_queue_is_bounded_by_count_and_bytes() -> None:
+    from bridge.transports.modern import StatelessSession
+
+    session = StatelessSession("s", None, 3, 100)
+    assert session.deliver(b"a" * 60, None, False)
+    assert not session.deliver(b"b" * 60, None, False)  # over the bytes: the gateway drops it as too slow
+    assert session.pop() == (b"a" * 60, None, False)
+    assert all(session.deliver(b"c", None, False) for _ in range(3))
+    assert not session.deliver(b"d", None, False)  # over the count
+    session.ask_again([b"x" * 97])
+    assert [item[0] for item in session.queue] == [b"x" * 97, b"c", b"c", b"c"]
+    assert not session.deliver(b"", None, False)

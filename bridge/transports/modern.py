@@ -74,19 +74,32 @@ class StatelessSession(Session):
     logged = False
     era = stateless.MODERN_VERSION
 
-    def __init__(self, server: str, owner: str | None, queue_limit: int) -> None:
+    def __init__(self, server: str, owner: str | None, queue_limit: int, queue_bytes: int) -> None:
         super().__init__(server, owner)
         self.queue: deque[tuple[bytes, RequestId | None, bool]] = deque()
         self._limit = queue_limit
+        self._byte_limit = queue_bytes
+        self._bytes = 0  # of the messages in queue
         self.ping_due = False
         self._waiter: asyncio.Future[None] | None = None
 
     def deliver(self, data: bytes, related: RequestId | None, final: bool) -> bool:
-        if len(self.queue) >= self._limit:
-            return False
+        if len(self.queue) >= self._limit or self._bytes + len(data) > self._byte_limit:
+            return False  # limits.session_queue(_bytes): the gateway drops the session as too slow
         self.queue.append((data, related, final))
+        self._bytes += len(data)
         self._wake()
         return True
+
+    def pop(self) -> tuple[bytes, RequestId | None, bool]:
+        item = self.queue.popleft()
+        self._bytes -= len(item[0])
+        return item
+
+    def ask_again(self, requests: list[bytes]) -> None:
+        """Put server requests a retry left unanswered back in front, in order."""
+        self.queue.extendleft((data, None, False) for data in reversed(requests))
+        self._bytes += sum(len(data) for data in requests)
 
     def attached(self) -> bool:
         return True  # its exchange, or its parking's expiry, decides when it ends: never idle-reaped
@@ -221,7 +234,8 @@ async def _answer(head: PostHead, msg: Message, reply: ModernReply) -> Any:
 
 def _open(head: PostHead, env: Envelope, notices: frozenset[str] = frozenset()) -> StatelessSession:
     gateway = head.gateway
-    session = StatelessSession(gateway.name, head.principal, gateway.limits.session_queue)
+    limits = gateway.limits
+    session = StatelessSession(gateway.name, head.principal, limits.session_queue, limits.slow_bytes)
     common.open_session(gateway, session)
     gateway.adopt(session, env.capabilities, env.version, env.client_info, env.log_level, notices)
     return session
@@ -249,7 +263,7 @@ async def _exchange(
     try:
         while True:
             while session.queue:
-                data, related, final = session.queue.popleft()
+                data, related, final = session.pop()
                 if final and related == call_id:
                     return await _finish(head, session, data, method, reply_id, reply, sink)
                 msg = jsonrpc.decode(data)
@@ -384,8 +398,7 @@ async def _resume(head: PostHead, msg: Message, reply: ModernReply) -> Any:
     if answers and not session.ended:
         gateway.from_client(session, answers)
     # What was asked and not answered is asked again, first thing.
-    again = [(jsonrpc.encode({"jsonrpc": "2.0", "id": parked.ids[k], **request}), None, False) for k, request in parked.asked.items()]
-    session.queue.extendleft(reversed(again))
+    session.ask_again([jsonrpc.encode({"jsonrpc": "2.0", "id": parked.ids[k], **request}) for k, request in parked.asked.items()])
     return await _exchange(head, session, parked.call_id, parked.method, rid, reply, lambda: parked.digest)
 
 
@@ -427,7 +440,7 @@ async def _listen(head: PostHead, msg: Message, env: Envelope, reply: ModernRepl
         await sink.write(_event(jsonrpc.encode(ack)))
         while not sink.gone:
             while session.queue:
-                data, related, _ = session.queue.popleft()
+                data, related, _ = session.pop()
                 if related is not None:
                     continue  # a late answer to the bridge's own subscribe
                 note = jsonrpc.decode(data)
@@ -464,7 +477,7 @@ async def _subscribe(gateway: Gateway, session: StatelessSession, wanted: dict[s
     deadline = time.monotonic() + gateway.limits.request_timeout
     while pending:
         while session.queue and pending:
-            data, related, final = session.queue.popleft()
+            data, related, final = session.pop()
             if final and related is not None and related in pending:
                 pending.discard(related)
                 answers[related] = jsonrpc.decode(data)
