@@ -332,8 +332,11 @@ def answer(data: bytes, method: str, reply_id: RequestId, server: Server) -> tup
     return jsonrpc.encode(message), 200
 
 
-def input_required(requests: Mapping[str, Any], state: str) -> dict[str, Any]:
-    return {"resultType": "input_required", "inputRequests": dict(requests), "requestState": state}
+def input_required(requests: Mapping[str, Any], state: str, server: Server) -> dict[str, Any]:
+    result = {"resultType": "input_required", "inputRequests": dict(requests), "requestState": state}
+    if server.info is not None:
+        result["_meta"] = {SERVER_INFO_KEY: server.info}
+    return result
 
 
 

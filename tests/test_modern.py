@@ -311,6 +311,7 @@ async def first_round(url: str, prompt: str = "p", headers: dict[str, str] | Non
     answer = await post(url, call, {**headers_for(call), **(headers or {})})
     result = answer.json()["result"]
     assert result["resultType"] == "input_required", result
+    assert result["_meta"]["io.modelcontextprotocol/serverInfo"]["name"] == "mcp-bridge-demo"
     (key, asked), = result["inputRequests"].items()
     assert asked["method"] == "sampling/createMessage" and asked["params"]["messages"][0]["content"]["text"] == prompt
     return call, result

@@ -323,13 +323,16 @@ async def _finish(
             data = jsonrpc.encode(msg)
     elif method == "tools/list":
         head.parking.learn_tools(head.gateway.name, jsonrpc.decode(data).get("result"))
-    init = head.gateway.init_result(session)
-    server = stateless.Server(init.get("serverInfo") if init else None, head.gateway.server.cache_scope)
-    body, status = stateless.answer(data, method, reply_id, server)
+    body, status = stateless.answer(data, method, reply_id, _server(head, session))
     if sink is not None:
         await sink.write(_event(body))
         return None
     return reply.plain(status, body)
+
+
+def _server(head: PostHead, session: StatelessSession) -> stateless.Server:
+    init = head.gateway.init_result(session)
+    return stateless.Server(init.get("serverInfo") if init else None, head.gateway.server.cache_scope)
 
 
 async def _input_required(
@@ -351,7 +354,7 @@ async def _input_required(
     salient = digest()
     parking.park(Parked(key, gateway, session, head.principal, method, salient, asked, ids, call_id), ttl)
     token = parking.keys.seal(State(key, head.principal, method, salient, gateway.name), ttl)
-    body = jsonrpc.encode(jsonrpc.result(reply_id, stateless.input_required(asked, token)))
+    body = jsonrpc.encode(jsonrpc.result(reply_id, stateless.input_required(asked, token, _server(head, session))))
     if sink is not None:
         await sink.write(_event(body))
         return None
