@@ -387,6 +387,10 @@ async def test_a_client_that_never_retries_lets_the_call_go_after_the_ttl(bridge
         assert answer.status == 400 and "expired" in error_of(answer)["message"]
         echo = request("tools/call", {"name": "echo", "arguments": {"text": "still here"}})
         assert (await post(url, echo, headers_for(echo))).json()["result"]["content"][0]["text"] == "still here"
+        # the server's sampling request got an error and the call was cancelled: it samples again
+        call, result = await first_round(url, "again")
+        good = retry(call, result, "answered in time")
+        assert (await post(url, good, headers_for(good))).final()["result"]["content"][0]["text"] == "answered in time"
 
 
 async def test_a_state_is_bound_to_its_principal(bridge, tmp_path):
