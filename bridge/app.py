@@ -18,7 +18,7 @@ from .metrics import Forwarding, Metrics
 from .pool import Slots
 from .principals import OAuthVerifier
 from .security import WELL_KNOWN, Guard
-from .transports import forward, http, sse, streamable
+from .transports import forward, http, modern, sse, streamable
 from .transports.common import GATEWAYS, LIVE, METRICS, Live
 
 DRAIN_POLL_S = 0.05
@@ -38,6 +38,7 @@ def create_app(config: Config) -> web.Application:
     app[GATEWAYS] = gateways
     if config.cluster is not None:
         _add_cluster(app, config)
+    app[modern.PARKING] = modern.Parking()
     limiter = policy.RateLimiter.of(config, live.in_flight, metrics.rate_limited)
     for name, server in config.servers.items():
         gateways[name] = Gateway(

@@ -173,6 +173,7 @@ class Limits(Struct, frozen=True):
     server_input_buffer: Size | None = None  # bytes written to a server that it has not read; None: 16 x max_message_bytes
     server_input_stall: Duration = Duration(30)  # a server whose input stays over half the bound this long is restarted
     max_processes: PositiveInt | None = 256  # server processes of the whole daemon, warm ones included; None: no cap
+    request_state_ttl: Duration = Duration(300)  # a 2026-07-28 call waiting for its client's input (MRTR) ends after this
 
     def input_buffer(self) -> int:
         return self.server_input_buffer if self.server_input_buffer is not None else 16 * self.max_message_bytes
@@ -268,6 +269,7 @@ class Server(Struct, frozen=True):
     tools: Filter = Filter()  # which tools clients see and may call
     prompts: Filter = Filter()
     resources: Filter = Filter()  # by uri
+    cache_scope: Literal["private", "public"] = "private"  # what 2026-07-28 clients may share of cacheable results
 
 
 class Cluster(Struct, frozen=True):

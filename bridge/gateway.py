@@ -454,9 +454,10 @@ class Gateway:
         self._upstreams[session.id] = upstream
         upstream.mux.open_session(session.id, session.owner, self.view(session.owner))
         self.metrics.sessions_opened[session.transport] += 1
-        # Per-session: whether its process was started ahead (warm) or for it (cold).
-        source = {"process": "warm" if upstream.warm else "cold"} if self.server.mode == "per-session" else {}
-        self.log.info("session_opened", session=session.id, transport=session.transport, owner=session.owner, **source)
+        if session.logged:
+            # Per-session: whether its process was started ahead (warm) or for it (cold).
+            source = {"process": "warm" if upstream.warm else "cold"} if self.server.mode == "per-session" else {}
+            self.log.info("session_opened", session=session.id, transport=session.transport, owner=session.owner, **source)
 
     def session(self, session_id: str | None, owner: str | None) -> Session | None:
         """The live session with this id, if `owner` opened it; anyone else gets None."""
@@ -479,6 +480,8 @@ class Gateway:
             self._retiring[session.owner] = asyncio.get_running_loop().call_later(
                 self.server.principal_idle_timeout, self._retire, session.owner
             )
+        if not session.logged:
+            return
         self.log.info(
             "session_closed",
             session=session.id,
@@ -606,6 +609,17 @@ class Gateway:
         peer = upstream.mux.peer(session.id)
         return peer.protocol_version if peer.initialized else None
 
+    def adopt(self, session: Session, capabilities: dict[str, Any], version: str, client_info: Any, level: str | None,
+              notices: frozenset[str] = frozenset()) -> None:  # fmt: skip
+        """Make an open session a stateless (2026-07-28) one: see `Mux.adopt`."""
+        upstream = self._upstreams[session.id]
+        self.apply(upstream, upstream.mux.adopt(session.id, capabilities, version, client_info, level, notices))
+
+    def init_result(self, session: Session) -> dict[str, Any] | None:
+        """The initialize result of the process serving this session, once it has one."""
+        upstream = self._upstreams.get(session.id)
+        return upstream.mux.init_result if upstream is not None else None
+
     def from_client(self, session: Session, payload: Any) -> None:
         """Route one decoded client message (or batch); raises ProtocolError if invalid, and
         Throttled, with nothing of it taken, when it carries calls over its principal's limits."""
@@ -624,6 +638,7 @@ class Gateway:
         count = self.metrics.message
         for msg in payload if payload.__class__ is list else (payload,):
             count("from_client", msg.get("method", "response"))
+        self.metrics.eras[session.era] += len(payload) if payload.__class__ is list else 1
         self.apply(upstream, actions)
 
     # ------------------------------------------------------------------ actions

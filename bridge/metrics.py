@@ -40,7 +40,8 @@ KNOWN_METHODS = frozenset(
     }
 )  # fmt: skip
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
-TRANSPORTS = ("sse", "streamable")
+TRANSPORTS = ("sse", "streamable", "stateless")
+ERAS = ("legacy", "2026-07-28")
 # JSON-RPC's codes, the bridge's own (README, Errors) and MCP's (-32002 resource not
 # found, -32042 URL elicitation required); any other code a server sends is `other`.
 ERROR_CODES = frozenset(
@@ -48,6 +49,7 @@ ERROR_CODES = frozenset(
         jsonrpc.PARSE_ERROR, jsonrpc.INVALID_REQUEST, jsonrpc.METHOD_NOT_FOUND, jsonrpc.INVALID_PARAMS,
         jsonrpc.INTERNAL_ERROR, jsonrpc.SERVER_EXITED, jsonrpc.REQUEST_TIMEOUT, jsonrpc.SERVER_UNAVAILABLE,
         jsonrpc.TOO_MANY_REQUESTS, jsonrpc.SESSION_CLOSED, jsonrpc.RESPONSE_TOO_LARGE, -32002, -32042,
+        -32020, -32021, -32022,  # 2026-07-28: header mismatch, missing client capability, unsupported version
     }
 )  # fmt: skip
 
@@ -123,6 +125,7 @@ class ServerMetrics:
         self.restarts = 0
         self.dropped_messages = 0
         self.sessions_opened: Counter[str] = Counter()
+        self.eras: Counter[str] = Counter()  # messages from clients, by the protocol era they speak
         self.sessions_dropped: Counter[str] = Counter()
         self.errors: Counter[str] = Counter()  # by code_label
         self.limit_kills: Counter[str] = Counter()  # processes ended by a limit, by rlimits key
@@ -258,6 +261,12 @@ class _Collector(Collector):
             "JSON-RPC messages by direction (from_client, from_server) and method (responses: 'response').",
             labels=["server", "direction", "method"],
         )
+        eras = CounterMetricFamily(
+            f"{PREFIX}_client_messages",
+            "JSON-RPC messages from clients by protocol era: legacy (2024-11-05 to 2025-11-25, with sessions) "
+            "or 2026-07-28 (stateless).",
+            labels=["server", "era"],
+        )
         traffic = CounterMetricFamily(f"{PREFIX}_bytes", "Bytes of messages from_client and to_client.", labels=["server", "direction"])
         duration = HistogramMetricFamily(
             f"{PREFIX}_request_duration_seconds",
@@ -307,6 +316,8 @@ class _Collector(Collector):
                 dropped.add_metric([m.server, reason], n)
             for (direction, method), n in sorted(m.messages.items()):
                 messages.add_metric([m.server, direction, method], n)
+            for era in ERAS:
+                eras.add_metric([m.server, era], m.eras[era])
             traffic.add_metric([m.server, "from_client"], m.bytes_in)
             traffic.add_metric([m.server, "to_client"], m.bytes_out)
             for method, latency in sorted(m.durations.items()):
@@ -320,7 +331,7 @@ class _Collector(Collector):
                 waits.add_metric([m.server, outcome], n)
             for source, n in sorted(m.pool_starts.items()):
                 starts.add_metric([m.server, source], n)
-        yield from (opened, dropped, messages, traffic, duration, restarts, dropped_messages, errors, cpu, limit_kills, waits, starts)
+        yield from (opened, dropped, messages, eras, traffic, duration, restarts, dropped_messages, errors, cpu, limit_kills, waits, starts)
 
     def _state(self, views: list[ServerView], rss: dict[str, int]) -> Iterator[Metric]:
         sessions = GaugeMetricFamily(f"{PREFIX}_sessions_open", "Client sessions open now.", labels=["server", "transport"])

@@ -26,16 +26,26 @@ Rules
    next), so one principal's queue delays another's by one window at most.
    A request about no call in flight goes to a session only when every
    session able to answer is one principal's. With no such session, or when
-   that session leaves, the server gets an error at once. `ping` and, with
-   configured roots, `roots/list` are answered here. A request whose call is
-   known (`server_request_for`: the era translator's form of a 2026-07-28
-   server's input_required) goes to that call's session with no guess.
+   that session leaves, the server gets an error at once; and when the one
+   call in flight is a stateless session's that did not declare the needed
+   capability, that call is what asked: it ends with -32021 and is
+   cancelled. `ping` and, with configured roots, `roots/list` are answered
+   here. A request whose call is known (`server_request_for`: the era
+   translator's form of a 2026-07-28 server's input_required) goes to that
+   call's session with no guess.
 5. Shared state. In shared mode the bridge initializes the server itself,
    answers each client's `initialize` from the cached result and absorbs
    `notifications/initialized`; `ping` is answered here. Subscriptions are
    reference-counted per uri; the server's log level is the most verbose any
    session asked for, and each session only sees messages at its level.
-   Tasks belong to the session that created them.
+   Tasks belong to the session that created them. A stateless session (a
+   2026-07-28 request, see `adopt`) has no handshake: it is initialized from
+   its request's own capabilities, and its `server/discover` is answered from
+   the cached result like `initialize` (in per-session mode the bridge then
+   initializes the process itself). It hears only about its own calls: log
+   messages at the level its request asked for (none without one), and of
+   list changes only those it listens to; a server request with no call in
+   flight never goes to it.
 6. Notifications from the server go to the sessions they concern: progress
    to the caller, `resources/updated` to subscribers, task and elicitation
    notices to their owner, list changes to every initialized session. Log
@@ -87,6 +97,7 @@ LATEST_PROTOCOL_VERSION = PROTOCOL_VERSIONS[-1]
 LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
 _LEVEL_INDEX = {name: i for i, name in enumerate(LOG_LEVELS)}
 RELATED_TASK = "io.modelcontextprotocol/related-task"
+MISSING_CAPABILITY = -32021  # 2026-07-28: a request needs a client capability it did not declare
 K = TypeVar("K")
 V = TypeVar("V")
 # Late replies to cancelled calls are expected; remember this many to drop them quietly.
@@ -204,6 +215,10 @@ class Peer:
     elicitations: set[str] = field(default_factory=set)
     last_active: int = 0
     waiting_init: RequestId | None = None
+    # A 2026-07-28 request (or subscriptions/listen): adopted, never initialized by a
+    # handshake; it hears only its own calls and the notifications in `notices`.
+    stateless: bool = False
+    notices: frozenset[str] | None = None  # None: every list change (handshake-era sessions)
 
 
 _CAPABILITY_FOR = {
@@ -336,6 +351,8 @@ class Mux:
         self._cancelled: OrderedDict[int, None] = OrderedDict()
         # Per-session mode replays the client's own initialize after a restart.
         self._client_init: dict[str, Any] | None = None
+        # Per-session mode for a stateless request: the bridge initializes the process itself.
+        self._own_init = False
         self._failure = "server unavailable"
         # How the server answers a request for a tool, prompt or resource it does not have,
         # learned by asking (see `_hidden`): kind -> the answer, with the probe's name in it.
@@ -350,6 +367,33 @@ class Mux:
         if session in self._peers:
             raise ValueError(f"session {session!r} already open")
         self._peers[session] = Peer(session, principal, view, last_active=next(self._seq))
+
+    def adopt(
+        self,
+        session: str,
+        capabilities: dict[str, Any],
+        version: str,
+        client_info: Any,
+        level: str | None,
+        notices: frozenset[str] = frozenset(),
+    ) -> list[Action]:
+        """Make an open session a stateless one (a 2026-07-28 request carries its version and
+        capabilities itself): initialized, with no handshake; it hears log messages only at
+        `level` (none without one) and, of what is not about its calls, only `notices`."""
+        peer = self._peers[session]
+        peer.capabilities = capabilities
+        peer.can_answer = any(name in capabilities for name in _CAPABILITY_FOR.values())
+        peer.protocol_version = version
+        peer.initialized = peer.stateless = True
+        peer.notices = notices
+        if not self.shared and self._client_init is None:
+            info = client_info if client_info.__class__ is dict else {"name": "mcp-bridge-client", "version": "0"}
+            self._client_init = {"protocolVersion": LATEST_PROTOCOL_VERSION, "capabilities": capabilities, "clientInfo": info}
+            self._own_init = True
+        if level is None:
+            return []
+        peer.level = _LEVEL_INDEX[level]
+        return self._sync_level()
 
     def set_view(self, session: str, view: View | None) -> None:
         """A reload changed what the session's principal may see: from its next message on."""
@@ -609,6 +653,8 @@ class Mux:
 
     def _answer_initialize(self, peer: Peer, client_id: RequestId) -> list[Action]:
         assert self.init_result is not None
+        if peer.stateless:  # server/discover: the shell makes it from the server's initialize result
+            return [self._reply(peer, client_id, self.init_result)]
         version = negotiate(peer.protocol_version, self.init_result.get("protocolVersion", LATEST_PROTOCOL_VERSION))
         peer.protocol_version = version
         peer.initialized = True
@@ -617,6 +663,17 @@ class Mux:
             # The server may have asked for roots before anyone could answer.
             out += self._to_server(jsonrpc.notification("notifications/roots/list_changed"))
         return out
+
+    def _discover(self, peer: Peer, msg: Message) -> list[Action]:
+        """A stateless session's server/discover is answered, like initialize, from the cached result."""
+        if not peer.stateless:
+            return self._forward_call(peer, msg)
+        if self.state is State.FAILED:
+            return [self._reply_error(peer, msg["id"], jsonrpc.SERVER_UNAVAILABLE, self._failure)]
+        if self.state is not State.READY or self.init_result is None:
+            peer.waiting_init = msg["id"]
+            return []
+        return self._answer_initialize(peer, msg["id"])
 
     def _passthrough_initialize(self, peer: Peer, msg: Message) -> list[Action]:
         params = msg.get("params")
@@ -846,7 +903,7 @@ class Mux:
         result = msg.get("result")
         if result.__class__ is not dict:
             return [RestartServer(f"initialize failed: {msg.get('error')}")]
-        if self.shared:
+        if self.shared or self._own_init:
             self.init_result = result
         out: list[Action] = [ToServer(jsonrpc.notification("notifications/initialized"))]
         out += self._replay()
@@ -877,7 +934,8 @@ class Mux:
             return [Discard("server reused a request id still in flight", {"id": server_id, "method": method})]
         peer, call = self._attribute(msg) if asker is None else asker
         if peer is None:
-            return [ToServer(jsonrpc.error(server_id, jsonrpc.METHOD_NOT_FOUND, f"no connected client can handle {method}"))]
+            refusal = ToServer(jsonrpc.error(server_id, jsonrpc.METHOD_NOT_FOUND, f"no connected client can handle {method}"))
+            return [refusal, *self._missing_capability(method)]
         related = None
         if call is not None:
             call.asked = next(self._seq)
@@ -893,6 +951,24 @@ class Mux:
             self._elicitation_owner[params["elicitationId"]] = peer.id
         msg["id"] = downstream_id
         return [ToSession(peer.id, msg, related)]
+
+    def _missing_capability(self, method: str) -> list[Action]:
+        """A server request nobody can answer, while the one call in flight is a stateless
+        session's that did not declare what it needs: that call is what asked, so it ends
+        with the 2026-07-28 error that says so (and is cancelled upstream)."""
+        wanted = _CAPABILITY_FOR.get(method)
+        sent = [c for c in self._calls.values() if c.sent and c.session is not None]
+        if wanted is None or len(sent) != 1:
+            return []
+        (call,) = sent
+        peer = self._peers[_caller(call)[0]]
+        if not peer.stateless or wanted in peer.capabilities:
+            return []
+        self._forget_call(call)
+        self._remember_cancelled(call.upstream_id)
+        message = f"the server asked for {wanted}, which this request did not declare in its client capabilities"
+        error = jsonrpc.error(call.client_id, MISSING_CAPABILITY, message, {"requiredCapabilities": {wanted: {}}})
+        return [ToServer(_cancelled(call.upstream_id, message)), ToSession(peer.id, error, call.client_id, True, call)]
 
     def _attribute(self, msg: Message) -> tuple[Peer | None, Call | None]:
         """The session (and call) a server request most likely belongs to.
@@ -931,7 +1007,10 @@ class Mux:
             return self._peers[_caller(chosen)[0]], chosen
         # No call in flight: the request is about no one's call. It may still go to a session
         # when every session able to answer is one principal's; never across principals.
-        able = [p for p in self._peers.values() if p.initialized and (wanted is None or _can_handle(p.capabilities, wanted, msg))]
+        able = [
+            p for p in self._peers.values()
+            if p.initialized and not p.stateless and (wanted is None or _can_handle(p.capabilities, wanted, msg))
+        ]  # fmt: skip
         if len({p.principal for p in able}) != 1:
             return None, None
         return max(able, key=lambda p: p.last_active), None
@@ -960,7 +1039,8 @@ class Mux:
 
     def _broadcast(self, msg: Message) -> list[Action]:
         """A server-level notice (a list changed): every session may know it."""
-        targets = tuple(p.id for p in self._peers.values() if p.initialized)
+        method = msg["method"]
+        targets = tuple(p.id for p in self._peers.values() if p.initialized and (p.notices is None or method in p.notices))
         return [Broadcast(targets, msg)] if targets else []
 
     def _unowned_notification(self, msg: Message, level: int | None = None) -> list[Action]:
@@ -975,7 +1055,7 @@ class Mux:
         targets = tuple(
             p.id
             for p in self._peers.values()
-            if p.initialized and (not busy or p.principal in busy) and (level is None or p.level is None or level >= p.level)
+            if p.initialized and (not busy or p.principal in busy) and _hears(p, level)
         )
         return [Broadcast(targets, msg)] if targets else []
 
@@ -1064,7 +1144,7 @@ class Mux:
         self._cancelled.clear()
         if self.shared:
             params = bridge_initialize_params(*self._client_info)
-        elif self._client_init is not None and self.init_result is not None:
+        elif self._client_init is not None and (self.init_result is not None or self._own_init):
             # Only an initialize the last process answered is replayed: one still
             # queued for this process reaches it by itself, and must be the only one.
             params = self._client_init
@@ -1290,6 +1370,16 @@ def _id(msg: Message, name: str) -> RequestId | None:
     return value if jsonrpc.is_id(value) else None
 
 
+def _hears(peer: Peer, level: int | None) -> bool:
+    """Whether a notification about no one in particular (a log message at `level`, or
+    another when None) reaches `peer`. A stateless session hears only while its own call is
+    in flight, and log messages only at the level it asked for, if any."""
+    if peer.stateless:
+        if not peer.calls or (level is not None and peer.level is None):
+            return False
+    return level is None or peer.level is None or level >= peer.level
+
+
 def _lookup(table: Mapping[K, V], key: K | None) -> V | None:
     return None if key is None else table.get(key)
 
@@ -1355,6 +1445,7 @@ def _can_handle(capabilities: dict[str, Any], wanted: str, msg: Message) -> bool
 
 _CLIENT_REQUESTS: dict[str, Callable[[Mux, Peer, Message], list[Action]]] = {
     "initialize": Mux._initialize,
+    "server/discover": Mux._discover,
     "ping": Mux._ping,
     "resources/subscribe": Mux._subscribe,
     "resources/unsubscribe": Mux._unsubscribe,
@@ -1368,6 +1459,7 @@ _CLIENT_REQUESTS: dict[str, Callable[[Mux, Peer, Message], list[Action]]] = {
 # routed by the same rule as in shared mode and a restarted process gets them replayed.
 _PASSTHROUGH_REQUESTS: dict[str, Callable[[Mux, Peer, Message], list[Action]]] = {
     "initialize": Mux._passthrough_initialize,
+    "server/discover": Mux._discover,
     "resources/subscribe": Mux._subscribe,
     "resources/unsubscribe": Mux._unsubscribe,
     "logging/setLevel": Mux._set_level,

@@ -29,7 +29,7 @@ Forwarded = tuple[str | None, str | None, str | None]  # X-Forwarded-Proto, -Hos
 NOT_FORWARDED: Forwarded = (None, None, None)
 HOST_CACHE = 256
 CORS_METHODS = "GET, POST, DELETE, OPTIONS"
-CORS_HEADERS = "Authorization, Content-Type, Accept, Mcp-Session-Id, MCP-Protocol-Version, Last-Event-ID"
+CORS_HEADERS = "Authorization, Content-Type, Accept, Mcp-Session-Id, MCP-Protocol-Version, Last-Event-ID, Mcp-Method, Mcp-Name"
 CORS_EXPOSE = "Mcp-Session-Id, MCP-Protocol-Version, WWW-Authenticate"
 WWW_AUTHENTICATE = 'Bearer realm="mcp-bridge"'
 

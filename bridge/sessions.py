@@ -20,6 +20,8 @@ def new_session_id() -> str:
 
 class Session:
     transport = "none"
+    logged = True  # its opening and closing are logged (not a stateless request's: one per call)
+    era = "legacy"  # the protocol era it speaks: "legacy" (2024-11-05 to 2025-11-25) or "2026-07-28"
 
     def __init__(self, server: str, owner: str | None, session_id: str | None = None) -> None:
         self.id = session_id or new_session_id()

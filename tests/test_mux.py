@@ -1059,3 +1059,67 @@ def test_a_per_session_process_with_no_initialize_to_replay_is_told_nothing_it_d
     assert mux.table_sizes()["subscriptions"] == 0
     actions = mux.from_client("a", req(3, "resources/unsubscribe", uri="res://a"))
     assert to_server(actions) == [] and to_session(actions) == [jsonrpc.result(3, {})]
+
+
+# ------------------------------------------------------------- stateless sessions (2026-07-28)
+
+
+def test_a_stateless_session_hears_only_about_its_own_call() -> None:
+    mux = ready_mux("legacy")
+    mux.open_session("modern")
+    assert mux.adopt("modern", {"sampling": {}}, "2026-07-28", {"name": "c", "version": "1"}, None) == []
+    (answer,) = to_session(mux.from_client("modern", req("d", "server/discover")), "modern")
+    assert answer["result"] == INIT_RESULT  # from the cache, not the server
+    # list changes: not asked for
+    assert to_session(mux.from_server(note("notifications/tools/list_changed")), "modern") == []
+    # a log message during its call, without a level in its request: not for it
+    (call,) = to_server(mux.from_client("modern", req(1, "tools/call", name="t")))
+    assert to_session(mux.from_server(note("notifications/message", level="error", data="x")), "modern") == []
+    # a server request during its call: its own
+    asked = mux.from_server(req("s1", "sampling/createMessage", messages=[]))
+    assert [a.session for a in asked if isinstance(a, ToSession)] == ["modern"]
+    mux.from_server(jsonrpc.result(call["id"], {}))
+    # with no call in flight, a server request never goes to it
+    refused = to_server(mux.from_server(req("s2", "sampling/createMessage", messages=[])))
+    assert refused and refused[0]["error"]["code"] == jsonrpc.METHOD_NOT_FOUND
+
+
+def test_a_stateless_session_with_a_level_hears_its_calls_logs_and_sets_the_servers_level() -> None:
+    mux = ready_mux()
+    mux.open_session("modern")
+    (set_level,) = to_server(mux.adopt("modern", {}, "2026-07-28", None, "warning", frozenset({"notifications/tools/list_changed"})))
+    assert set_level["method"] == "logging/setLevel" and set_level["params"] == {"level": "warning"}
+    mux.from_client("modern", req(1, "tools/call", name="t"))
+    assert to_session(mux.from_server(note("notifications/message", level="info", data="quiet")), "modern") == []
+    assert len(to_session(mux.from_server(note("notifications/message", level="error", data="loud")), "modern")) == 1
+    assert len(to_session(mux.from_server(note("notifications/tools/list_changed")), "modern")) == 1
+    assert to_session(mux.from_server(note("notifications/prompts/list_changed")), "modern") == []
+
+
+def test_per_session_mode_initializes_a_stateless_sessions_process_itself() -> None:
+    mux = Mux(shared=False)
+    mux.open_session("modern")
+    mux.adopt("modern", {"roots": {}}, "2026-07-28", {"name": "c", "version": "1"}, None)
+    mux.from_client("modern", req("d", "server/discover"))  # waits for the process
+    (init,) = to_server(mux.server_started())
+    assert init["method"] == "initialize" and init["params"]["capabilities"] == {"roots": {}}
+    out = mux.from_server(jsonrpc.result(init["id"], INIT_RESULT))
+    assert to_server(out)[0]["method"] == "notifications/initialized"
+    (answer,) = to_session(out, "modern")
+    assert answer["id"] == "d" and answer["result"] == INIT_RESULT
+
+
+def test_a_stateless_call_that_lacks_the_capability_the_server_asks_for_ends_with_32021() -> None:
+    mux = ready_mux()
+    mux.open_session("modern")
+    mux.adopt("modern", {}, "2026-07-28", None, None)
+    (call,) = to_server(mux.from_client("modern", req(7, "tools/call", name="needs-elicitation")))
+    out = mux.from_server(req("e1", "elicitation/create", message="name?", requestedSchema={}))
+    refusal, cancel = to_server(out)
+    assert refusal["id"] == "e1" and refusal["error"]["code"] == jsonrpc.METHOD_NOT_FOUND
+    assert cancel["method"] == "notifications/cancelled" and cancel["params"]["requestId"] == call["id"]
+    (answer,) = to_session(out, "modern")
+    assert answer["id"] == 7 and answer["error"]["code"] == -32021
+    assert answer["error"]["data"] == {"requiredCapabilities": {"elicitation": {}}}
+    assert mux.inflight("modern") == 0
+    assert to_session(mux.from_server(jsonrpc.result(call["id"], {})), "modern") == []  # its late answer is dropped

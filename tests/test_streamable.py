@@ -181,15 +181,16 @@ async def test_initialize_and_requests_as_json(bridge: Any) -> None:
 
 
 async def test_missing_session_header_400(bridge: Any) -> None:
+    """A POST without a session is 400; a GET or DELETE 405 (2026-07-28 has only POSTs)."""
     async with bridge(DEMO) as b, RawStreamable(b.url("demo", "mcp")) as c:
         await c.initialize()
-        for reply in (
-            await c.post(request("tools/list", None, 1), session=False),
-            await c.post(notification("notifications/initialized"), session=False),
-            await c.get(session=False),
-            await c.delete(session=False),
+        for reply, status in (
+            (await c.post(request("tools/list", None, 1), session=False), 400),
+            (await c.post(notification("notifications/initialized"), session=False), 400),
+            (await c.get(session=False), 405),
+            (await c.delete(session=False), 405),
         ):
-            assert reply.status == 400, (reply.status, reply.text)
+            assert reply.status == status, (reply.status, reply.text)
             assert "error" in reply.json, reply.text
         # The session is untouched by all that.
         response, _ = await c.request("tools/list")

@@ -8,7 +8,8 @@ connection starts with: it serves the plain message POST of both transports
 itself (`POST .../messages` of HTTP+SSE, `POST .../mcp` of Streamable HTTP),
 with the same HTTP layer as aiohttp's handlers (`http.check_access`, errors
 as `http.HttpError`, Streamable events to an `http.EventSink`), the same
-handler code (`sse.posted_session` and `sse.take`; `streamable.answer_post`),
+handler code (`sse.posted_session` and `sse.take`; `streamable.answer_post`, which
+hands 2026-07-28 requests to `modern.answer`),
 and writes the response itself. A Streamable POST whose answer
 is a stream holds the connection until the stream ends; requests that come
 meanwhile wait their turn.
@@ -36,12 +37,12 @@ from typing import Any
 
 from aiohttp import web
 
-from .. import logs
+from .. import logs, stateless
 from ..gateway import Gateway
 from ..principals import NeedsFetch
 from ..security import NOT_FORWARDED, Forwarded, cors_headers
 from ..sessions import Session
-from . import common, forward, sse, streamable
+from . import common, forward, modern, sse, streamable
 from .http import INTERNAL_ERROR, HttpError, check_access
 
 MAX_HEAD = 8190  # aiohttp's limit on one line; a longer head (of any shape) is aiohttp's to judge
@@ -62,9 +63,11 @@ _TARGET = re.compile(rb"/[!-~]*")  # visible ASCII only: no controls, no spaces,
 _HAND_OFF_FIELDS = frozenset({b"transfer-encoding", b"expect", b"upgrade"})
 # The headers read here: each may appear once.
 _WATCHED = frozenset(
-    {b"host", b"origin", b"authorization", b"content-length", b"connection", b"accept", b"mcp-session-id", b"mcp-protocol-version"}
+    {b"host", b"origin", b"authorization", b"content-length", b"connection", b"accept", b"mcp-session-id", b"mcp-protocol-version",
+     b"mcp-method", b"mcp-name"}
 ) | _HAND_OFF_FIELDS | {b"x-forwarded-proto", b"x-forwarded-host", b"x-forwarded-prefix"}  # fmt: skip
 _ACCEPTED_BODY = b"Accepted"
+_NOT_MIRRORED = stateless.Headers(None, None, None, {})
 
 
 class Head:
@@ -72,7 +75,7 @@ class Head:
 
     __slots__ = (
         "accept", "authorization", "close", "content_length", "forwarded", "gateway", "host", "mcp", "mcp_version",
-        "origin", "principal", "refusal", "server", "session", "session_id",
+        "mirrored", "origin", "principal", "refusal", "server", "session", "session_id",
     )  # fmt: skip
 
     def __init__(self) -> None:
@@ -81,6 +84,7 @@ class Head:
         self.principal: str | None = None
         self.accept = ""
         self.mcp_version: str | None = None
+        self.mirrored = _NOT_MIRRORED
         self.gateway: Gateway | None = None  # these two once admitted
         self.session: Session | None = None
         self.refusal: HttpError | None = None  # the answer, when refused
@@ -107,7 +111,7 @@ def read_head(head: bytes) -> tuple[bytes, dict[bytes, bytes]] | None:
     found: dict[bytes, bytes] = {}
     for name, value in _FIELD.findall(fields):
         name = name.lower()
-        if name in _WATCHED:
+        if name in _WATCHED or name.startswith(b"mcp-param-"):
             if name in found or name in _HAND_OFF_FIELDS:
                 return None  # a repeat is ambiguous: aiohttp says what it means
             found[name] = value.strip(b" \t")
@@ -152,6 +156,10 @@ def message_head(target: bytes, found: dict[bytes, bytes]) -> Head | None:
             out.session_id = _text(session_id)
         if (version := found.get(b"mcp-protocol-version")) is not None:
             out.mcp_version = _text(version)
+        method, name = found.get(b"mcp-method"), found.get(b"mcp-name")
+        params = {_text(k[10:]): _text(v) for k, v in found.items() if k.startswith(b"mcp-param-")}
+        if method is not None or name is not None or params or out.mcp_version is not None:
+            out.mirrored = stateless.Headers(out.mcp_version, _or_none(method), _or_none(name), params)
     return out
 
 
@@ -462,6 +470,8 @@ class Connection(asyncio.Protocol):
             head.mcp_version,
             head.accept,
             self._app[common.LIVE].config.streamable.resume_buffer,
+            head.mirrored,
+            self._app[modern.PARKING],
         )
         self._busy = asyncio.get_running_loop().create_task(self._serve_mcp(head, post, payload))
         self._busy.add_done_callback(self._served)
@@ -625,8 +635,11 @@ class _Reply:
     def json(self, body: bytes, session_id: str) -> None:
         self._connection._reply(self._head, 200, body, _JSON, {streamable.SESSION_HEADER: session_id})
 
-    async def open_stream(self, session_id: str) -> _Reply:
-        self._connection.open_stream(self._head, {streamable.SESSION_HEADER: session_id})
+    def plain(self, status: int, body: bytes) -> None:
+        self._connection._reply(self._head, status, body, _JSON if body else _TEXT, None)
+
+    async def open_stream(self, session_id: str | None) -> _Reply:
+        self._connection.open_stream(self._head, {streamable.SESSION_HEADER: session_id} if session_id else {})
         self.streaming = True
         return self
 

@@ -9,6 +9,9 @@ goes to the session's standalone stream, which one GET at a time may read;
 a second GET takes it over and the first ends. Every event has an id
 `<stream>_<n>`, and a GET with `Last-Event-ID` replays, from a bounded
 per-session buffer, what that stream sent after it, then continues it.
+
+A POST whose body carries the 2026-07-28 `_meta` is no session's: it goes to
+`modern.answer` before any of this.
 """
 
 from __future__ import annotations
@@ -19,13 +22,14 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from aiohttp import web
+from multidict import CIMultiDictProxy
 
-from .. import jsonrpc
+from .. import jsonrpc, stateless
 from ..gateway import Gateway
 from ..jsonrpc import RequestId
 from ..mux import PROTOCOL_VERSIONS
 from ..sessions import Session
-from . import common, http
+from . import common, http, modern
 from .http import AiohttpSink, EventSink, HttpError
 
 SESSION_HEADER = "Mcp-Session-Id"
@@ -182,7 +186,13 @@ class Reply(Protocol):
 
     def json(self, body: bytes, session_id: str) -> Any: ...
 
-    async def open_stream(self, session_id: str) -> EventSink: ...
+    def plain(self, status: int, body: bytes) -> Any:
+        """A whole answer with no session: a JSON body, or none (202)."""
+
+    async def open_stream(self, session_id: str | None) -> EventSink: ...
+
+    @property
+    def gone(self) -> bool: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,6 +205,8 @@ class PostHead:
     version: str | None
     accept: str
     resume_buffer: int
+    mirrored: stateless.Headers  # what 2026-07-28 requests mirror of their body in headers
+    parking: modern.Parking
 
 
 class _AiohttpReply:
@@ -208,9 +220,17 @@ class _AiohttpReply:
     def json(self, body: bytes, session_id: str) -> web.Response:
         return web.Response(body=body, content_type=http.JSON, headers={SESSION_HEADER: session_id})
 
-    async def open_stream(self, session_id: str) -> AiohttpSink:
-        self._stream = await common.open_stream(self._request, {SESSION_HEADER: session_id})
+    def plain(self, status: int, body: bytes) -> web.Response:
+        return web.Response(status=status, body=body, content_type=http.JSON) if body else web.Response(status=status)
+
+    async def open_stream(self, session_id: str | None) -> AiohttpSink:
+        self._stream = await common.open_stream(self._request, {SESSION_HEADER: session_id} if session_id else None)
         return AiohttpSink(self._request, self._stream)
+
+    @property
+    def gone(self) -> bool:
+        transport = self._request.transport
+        return transport is None or transport.is_closing()
 
     def streamed(self) -> web.StreamResponse:
         """The stream it answered with; aiohttp wants a response object even when the client
@@ -229,6 +249,8 @@ async def post(request: web.Request) -> web.StreamResponse:
         headers.get(VERSION_HEADER),
         headers.get("Accept", ""),
         request.app[common.LIVE].config.streamable.resume_buffer,
+        _mirrored(headers),
+        request.app[modern.PARKING],
     )
     reply = _AiohttpReply(request)
     answer: web.StreamResponse | None = await answer_post(head, payload, reply)
@@ -239,6 +261,8 @@ async def answer_post(head: PostHead, payload: Any, reply: Reply) -> Any:
     """Route a decoded POST body and answer it: 202, one JSON body (what `reply` returns
     for those), or a stream of events (None)."""
     gateway = head.gateway
+    if stateless.is_modern(payload):
+        return await modern.answer(head, payload, reply)
     messages = payload if payload.__class__ is list else [payload]
     if not messages:
         raise HttpError(400, "invalid request: empty batch")
@@ -276,9 +300,7 @@ async def get(request: web.Request) -> web.StreamResponse:
     accept = request.headers.get("Accept")
     if accept and not http.quality(accept, http.SSE):
         raise HttpError(406, "GET needs Accept: text/event-stream")
-    session_id = request.headers.get(SESSION_HEADER)
-    if session_id is None:
-        raise HttpError(400, f"missing {SESSION_HEADER} header")
+    session_id = _session_header(request)
     session = _session(gateway, common.principal(request), session_id)
     _check_version(request.headers.get(VERSION_HEADER))
     resume = request.headers.get("Last-Event-ID")
@@ -293,16 +315,36 @@ async def get(request: web.Request) -> web.StreamResponse:
 
 async def delete(request: web.Request) -> web.Response:
     gateway = common.gateway_for(request)
-    session_id = request.headers.get(SESSION_HEADER)
-    if session_id is None:
-        raise HttpError(400, f"missing {SESSION_HEADER} header")
-    session = _session(gateway, common.principal(request), session_id)
+    session = _session(gateway, common.principal(request), _session_header(request))
     _check_version(request.headers.get(VERSION_HEADER))
     gateway.close_session(session, "client ended session")
     return web.Response(status=204)
 
 
 # ------------------------------------------------------------------- helpers
+
+
+def _session_header(request: web.Request) -> str:
+    """The session a GET or DELETE names; with none, 405: 2026-07-28 has only POST."""
+    session_id = request.headers.get(SESSION_HEADER)
+    if session_id is None:
+        raise HttpError(405, f"{request.method} needs an {SESSION_HEADER} header (2026-07-28 requests are POSTs)", headers={"Allow": "POST"})
+    return session_id
+
+
+_MIRRORING = ("MCP-Protocol-Version", "Mcp-Method", "Mcp-Name")
+
+
+def _mirrored(headers: CIMultiDictProxy[str]) -> stateless.Headers:
+    repeated = next((name for name in _MIRRORING if len(headers.getall(name, ())) > 1), None)
+    params: dict[str, str] = {}
+    for name, value in headers.items():
+        lower = name.lower()
+        if lower.startswith("mcp-param-"):
+            if lower[10:] in params:
+                repeated = name
+            params[lower[10:]] = value
+    return stateless.Headers(headers.get(VERSION_HEADER), headers.get("Mcp-Method"), headers.get("Mcp-Name"), params, repeated)
 
 
 async def _open(head: PostHead) -> StreamableSession:

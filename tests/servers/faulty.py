@@ -90,6 +90,11 @@ def _schema(**props: str) -> JSON:
 
 TOOLS = [
     {"name": "echo", "description": "Return text.", "inputSchema": _schema(text="string")},
+    {
+        "name": "routed",
+        "description": "Return region, which 2026-07-28 clients mirror in an Mcp-Param-Region header.",
+        "inputSchema": {"type": "object", "properties": {"region": {"type": "string", "x-mcp-header": "Region"}}},
+    },
     {"name": "crash", "description": "Exit with code 3 without replying.", "inputSchema": _schema()},
     {"name": "hang", "description": "Never reply.", "inputSchema": _schema()},
     {"name": "noise", "description": "Write N junk lines to stderr.", "inputSchema": _schema(lines="integer")},
@@ -143,6 +148,8 @@ GROWN: set[str] = set()
 def call_tool(request_id: Any, name: str, args: JSON) -> None:
     if name == "echo":
         reply(request_id, text(str(args.get("text", ""))))
+    elif name == "routed":
+        reply(request_id, text(str(args.get("region", ""))))
     elif name == "crash":
         sys.stderr.flush()
         os._exit(3)

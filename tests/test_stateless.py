@@ -1,0 +1,101 @@
+"""bridge/stateless.py without IO: envelope and header checks, decoration, requestState."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from bridge import jsonrpc, stateless
+from bridge.stateless import Headers, ModernError, State, StateKeys
+
+META = {stateless.VERSION_KEY: "2026-07-28", stateless.CAPABILITIES_KEY: {}}
+
+
+def call(name: str = "sql", **arguments: Any) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": name, "arguments": arguments, "_meta": META}}
+
+
+def headers(name: str | None = "sql", **params: str) -> Headers:
+    return Headers("2026-07-28", "tools/call", name, {k.lower(): v for k, v in params.items()})
+
+
+SQL_TOOL = {
+    "name": "sql",
+    "inputSchema": {
+        "type": "object",
+        "properties": {
+            "region": {"type": "string", "x-mcp-header": "Region"},
+            "limit": {"type": "integer", "x-mcp-header": "Limit"},
+            "where": {"type": "object", "properties": {"tenant": {"type": "string", "x-mcp-header": "Tenant"}}},
+            "query": {"type": "string"},
+        },
+    },
+}
+
+
+def check(msg: dict[str, Any], sent: Headers) -> None:
+    found = stateless.tool_headers(SQL_TOOL)
+    assert found is not None
+    stateless.check_headers(msg, stateless.envelope(msg), sent, found[1])
+
+
+def test_tool_headers_follow_properties_only() -> None:
+    assert stateless.tool_headers(SQL_TOOL) == ("sql", {"region": ("region",), "limit": ("limit",), "tenant": ("where", "tenant")})
+    assert stateless.tool_headers({"name": "plain", "inputSchema": {"type": "object"}}) is None
+
+
+def test_mcp_param_headers_must_mirror_the_arguments() -> None:
+    check(call(region="us-west1", limit=42, where={"tenant": "acme"}), headers(Region="us-west1", Limit="42.0", Tenant="acme"))
+    check(call(region="Hello, 世界"), headers(Region="=?base64?SGVsbG8sIOS4lueVjA==?="))
+    check(call(query="no mirrored argument"), headers())
+    for msg, sent in (
+        (call(region="us-west1"), headers()),  # missing
+        (call(region="us-west1"), headers(Region="eu-west1")),  # different
+        (call(), headers(Region="us-west1")),  # sent for an absent argument
+        (call(limit=42), headers(Limit="43")),
+        (call(region="x"), headers(Region="=?base64?not base64?=")),
+    ):
+        with pytest.raises(ModernError) as refused:
+            check(msg, sent)
+        assert refused.value.code == stateless.HEADER_MISMATCH and refused.value.status == 400
+
+
+def answered(message: dict[str, Any], method: str, server: stateless.Server) -> tuple[dict[str, Any], int]:
+    body, status = stateless.answer(jsonrpc.encode(message), method, "retry-7", server)
+    return jsonrpc.decode(body), status
+
+
+def test_results_are_decorated_and_old_codes_mapped() -> None:
+    server = stateless.Server({"name": "s", "version": "1"}, "private")
+    listed, status = answered({"jsonrpc": "2.0", "id": 1, "result": {"tools": [{"name": "t"}]}}, "tools/list", server)
+    assert status == 200 and listed["id"] == "retry-7"
+    assert listed["result"] == {
+        "tools": [{"name": "t"}], "resultType": "complete", "_meta": {stateless.SERVER_INFO_KEY: server.info}, "ttlMs": 0, "cacheScope": "private",
+    }  # fmt: skip
+    kept = {"_meta": {"progress": 1}, "content": [], "resultType": "complete"}
+    called, _ = answered({"jsonrpc": "2.0", "id": 1, "result": kept}, "tools/call", server)
+    assert "ttlMs" not in called["result"] and called["result"]["_meta"] == {"progress": 1, stateless.SERVER_INFO_KEY: server.info}
+    missing, status = answered({"jsonrpc": "2.0", "id": 1, "error": {"code": -32002, "message": "no"}}, "resources/read", server)
+    assert missing["error"]["code"] == -32602 and status == 400
+    unknown, status = answered({"jsonrpc": "2.0", "id": 1, "error": {"code": -32601, "message": "no"}}, "x/y", server)
+    assert unknown["error"]["code"] == -32601 and status == 404
+    odd, status = answered({"jsonrpc": "2.0", "id": 1, "result": None}, "tools/call", server)
+    assert odd["result"] is None and status == 200
+
+
+def test_request_state_is_sealed_bound_and_expires() -> None:
+    keys = StateKeys()
+    state = State("park", "alice", "tools/call", stateless.digest({"name": "t", "_meta": {"x": 1}}), "demo")
+    token = keys.seal(state, 60)
+    assert keys.open(token, 1) == state
+    assert stateless.digest({"name": "t", "requestState": token, "inputResponses": {}}) == state.digest
+    assert StateKeys.peek(token) == "park"
+    with pytest.raises(ModernError, match="not valid"):
+        keys.open(token[:-2] + ("AA" if not token.endswith("AA") else "BB"), 1)
+    with pytest.raises(ModernError, match="not valid"):
+        StateKeys().open(token, 1)  # another daemon's key
+    with pytest.raises(ModernError, match="expired"):
+        keys.open(keys.seal(state, -5), 1)
+    with pytest.raises(ModernError, match="must be a string"):
+        keys.open(None, 1)
