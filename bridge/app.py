@@ -36,9 +36,8 @@ def create_app(config: Config) -> web.Application:
     app[LIVE] = live
     app[METRICS] = metrics
     app[GATEWAYS] = gateways
-    if config.cluster is not None:
-        _add_cluster(app, config)
-    app[modern.PARKING] = modern.Parking()
+    forwarder = _add_cluster(app, config) if config.cluster is not None else None
+    app[modern.PARKING] = modern.Parking.of(forwarder)  # in a cluster, requestStates name their replica
     limiter = policy.RateLimiter.of(config, live.in_flight, metrics.rate_limited)
     for name, server in config.servers.items():
         gateways[name] = Gateway(
@@ -67,7 +66,7 @@ def create_app(config: Config) -> web.Application:
     return app
 
 
-def _add_cluster(app: web.Application, config: Config) -> None:
+def _add_cluster(app: web.Application, config: Config) -> forward.Forwarder:
     """Session ids that name this replica, and forwarding to the replica a request's session names."""
     settings = config.cluster
     assert settings is not None and settings.advertise is not None and settings.peer_key is not None  # config.cluster_problems
@@ -82,6 +81,7 @@ def _add_cluster(app: web.Application, config: Config) -> None:
     app.middlewares.append(forward.middleware(forwarder))  # after the access check: the principal is known
     app.on_startup.append(lambda _: forwarder.start())
     app.on_cleanup.append(lambda _: forwarder.close())
+    return forwarder
 
 
 def _mint_cluster_ids(app: web.Application, gateway: Gateway) -> None:

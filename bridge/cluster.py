@@ -14,7 +14,13 @@ request is forwarded, transports/forward.py), or nobody's (a bad MAC, a
 principal that did not open it, a replica's earlier life: 404). The epoch
 makes a restarted replica's old ids fail at once: the replica answers 404
 itself, and a forwarder that hears so remembers the dead epoch and answers
-404 without asking again. Pure logic: no IO.
+404 without asking again.
+
+An MRTR `requestState` (transports/modern.py) names its owner the same way:
+it is sealed under a key derived from the peer key (`derived`), so every
+replica can verify it, and carries the owner's address and epoch; `place`
+says where a retry carrying it goes, by the same rules as an id's request.
+Pure logic: no IO.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ MAC_BYTES = 16  # HMAC-SHA256 truncated to 128 bits (RFC 2104, section 5)
 MAX_ID = 256  # characters: a longer id is nobody's
 DEAD_EPOCHS = 4096  # (address, epoch) pairs remembered as gone; the oldest is forgotten first
 FORWARDED_HEADER = "X-MCP-Bridge-Forwarded"  # on a forwarded request: the forwarder's address
-RESTARTED = "the replica that owned it has restarted since; start a new session"
+RESTARTED = "the replica that owned it has restarted since"
 EPOCH_HEADER = "X-MCP-Bridge-Epoch"  # on an owner's 404 for an earlier life's id: its epoch now
 
 
@@ -83,6 +89,7 @@ class Cluster:
         self._keys = tuple(k.encode() for k in (key, previous_key) if k is not None)  # the first signs
         self._prefix = f"{_b64(advertise.encode())}.{self.epoch}."
         self._dead: OrderedDict[Owner, None] = OrderedDict()
+        self.me = Owner(advertise, self.epoch)
 
     def new_id(self, principal: str | None) -> str:
         body = self._prefix + _b64(secrets.token_bytes(RANDOM_BYTES))
@@ -115,13 +122,28 @@ class Cluster:
         owner = self.owner(session_id, principal)
         if owner is None:
             return Gone("unknown session", "invalid")
+        route = self.place(owner, forwarded)
+        if isinstance(route, Gone):
+            advice = "; start a new session" if route.reason == RESTARTED else ""
+            return Gone(f"unknown session: {route.reason}{advice}", route.outcome, route.epoch)
+        return route
+
+    def place(self, owner: Owner, forwarded: bool) -> Route:
+        """Where a request for what a verified `owner` holds goes (a session, a parked call)."""
+        if owner == self.me:
+            return Local()
         if owner.address == self.advertise:
-            return Gone(f"unknown session: {RESTARTED}", "stale", self.epoch)
+            return Gone(RESTARTED, "stale", self.epoch)
         if forwarded:
-            return Gone("unknown session: forwarded to a replica that does not own it", "second_hop")
+            return Gone("forwarded to a replica that does not own it", "second_hop")
         if owner in self._dead:
-            return Gone(f"unknown session: {RESTARTED}", "owner_restarted")
+            return Gone(RESTARTED, "owner_restarted")
         return Forward(owner)
+
+    def derived(self, purpose: str) -> tuple[bytes, ...]:
+        """Keys for `purpose`, one per peer key (the first signs): every replica derives the same
+        ones, and none is the key that signs ids."""
+        return tuple(hmac.new(key, f"mcp-bridge {purpose}".encode(), hashlib.sha256).digest() for key in self._keys)
 
     def owner_restarted(self, owner: Owner) -> None:
         """The owner answered that `owner.epoch` is not its life now: its ids are dead for good."""

@@ -483,6 +483,8 @@ class DemoServer:
             result = self.request_client(call, "sampling/createMessage", params)
         except RpcError as exc:
             return _text(f"Sampling failed ({exc.code}): {exc.message}", is_error=True)
+        if call.progress_token is not None:  # after the client's answer: what follows it streams too
+            self.notify("notifications/progress", {"progressToken": call.progress_token, "progress": 1, "total": 1, "message": "sampled"})
         return _text(_sampled_text(result))
 
     def tool_bump(self, call: Call, args: JSON) -> JSON:

@@ -25,6 +25,7 @@ from typing import Any, Final
 import msgspec
 
 from . import jsonrpc
+from .cluster import Owner
 from .jsonrpc import Message, RequestId
 from .mux import LOG_LEVELS, MISSING_CAPABILITY, PROTOCOL_VERSIONS
 
@@ -353,6 +354,7 @@ class State:
     method: str
     digest: str  # of the request's params, apart from _meta, inputResponses and requestState
     server: str
+    owner: Owner | None = None  # in a cluster: the replica, and its life, holding the parked call
 
 
 def digest(params: Mapping[str, Any]) -> str:
@@ -364,11 +366,14 @@ def digest(params: Mapping[str, Any]) -> str:
 
 
 class StateKeys:
-    """Seals and opens `requestState`: an HS256 JWT with an expiry, under a key made at
-    daemon start (so a state does not outlive the daemon that parked its call)."""
+    """Seals and opens `requestState`: an HS256 JWT with an expiry. Alone, under a key made
+    at daemon start (so a state does not outlive the daemon that parked its call); in a
+    cluster, under keys derived from the peer keys (the first signs, either opens), so that
+    any replica can verify a state and read which replica holds its call."""
 
-    def __init__(self, key: bytes | None = None) -> None:
-        self._key = key or secrets.token_bytes(32)
+    def __init__(self, keys: tuple[bytes, ...] = (), owner: Owner | None = None) -> None:
+        self._keys = keys or (secrets.token_bytes(32),)
+        self._owner = owner
 
     def seal(self, state: State, ttl: float) -> str:
         import jwt  # PyJWT (with cryptography) costs resident memory: only once a call is parked
@@ -377,22 +382,33 @@ class StateKeys:
             "k": state.park, "p": state.principal, "m": state.method, "d": state.digest, "s": state.server,
             "exp": int(time.time() + ttl) + 1,
         }  # fmt: skip
-        return jwt.encode(claims, self._key, algorithm="HS256")
+        if self._owner is not None:
+            claims["o"], claims["e"] = self._owner.address, self._owner.epoch
+        return jwt.encode(claims, self._keys[0], algorithm="HS256")
 
     def open(self, token: object, rid: RequestId | None) -> State:
-        """The state a token holds; -32602 saying why when it is not one this daemon sealed,
-        or has expired."""
+        """The state a token holds; -32602 saying why when it is not one this daemon (or, in a
+        cluster, a peer) sealed, or has expired."""
         import jwt
 
         if not isinstance(token, str):
             raise ModernError(jsonrpc.INVALID_PARAMS, "requestState must be a string", request_id=rid)
-        try:
-            claims = jwt.decode(token, self._key, algorithms=["HS256"], options={"require": ["exp"]})
-        except jwt.ExpiredSignatureError:
-            raise ModernError(jsonrpc.INVALID_PARAMS, "requestState has expired (limits.request_state_ttl)", request_id=rid) from None
-        except jwt.InvalidTokenError:
-            raise ModernError(jsonrpc.INVALID_PARAMS, "requestState is not valid: not issued by this bridge, or altered", request_id=rid) from None
-        return State(str(claims.get("k")), claims.get("p"), str(claims.get("m")), str(claims.get("d")), str(claims.get("s")))
+        claims: dict[str, Any] | None = None
+        for key in self._keys:
+            try:
+                claims = jwt.decode(token, key, algorithms=["HS256"], options={"require": ["exp"]})
+                break
+            except jwt.InvalidSignatureError:
+                continue  # perhaps sealed under the previous peer key
+            except jwt.ExpiredSignatureError:
+                raise ModernError(jsonrpc.INVALID_PARAMS, "requestState has expired (limits.request_state_ttl)", request_id=rid) from None
+            except jwt.InvalidTokenError:
+                break
+        if claims is None:
+            raise ModernError(jsonrpc.INVALID_PARAMS, "requestState is not valid: not issued by this bridge, or altered", request_id=rid)
+        address, epoch = claims.get("o"), claims.get("e")
+        owner = Owner(address, epoch) if isinstance(address, str) and isinstance(epoch, str) else None
+        return State(str(claims.get("k")), claims.get("p"), str(claims.get("m")), str(claims.get("d")), str(claims.get("s")), owner)
 
     @staticmethod
     def peek(token: object) -> str | None:

@@ -9,7 +9,9 @@ the test. Every wait is on an event, a message or a stream's end, bounded.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -19,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import jwt
+import test_modern as modern
 from conftest import Bridge, demo, pid_alive, run_bridge
 from rawclient import RawSse
 from rawstreamable import JSON_ONLY, SESSION, RawStreamable, text_of, tool_call
@@ -301,6 +305,136 @@ async def test_no_second_hop(tmp_path: Path) -> None:
         async with http.post(mcp(b), data=ping, headers=headers) as resp:
             assert resp.status == 404  # the decoy closes the connection: an owner gone
         assert decoy.connections == 1
+
+
+# ------------------------------------------------------- 2026-07-28 and MRTR
+
+
+def sample_call(prompt: str, progress: bool = False) -> dict[str, Any]:
+    extra = {"progressToken": "p"} if progress else {}
+    return modern.request("tools/call", {"name": "sample", "arguments": {"prompt": prompt}}, capabilities={"sampling": {}}, **extra)
+
+
+async def input_required(url: str, call: dict[str, Any]) -> dict[str, Any]:
+    answer = await modern.post(url, call, modern.headers_for(call))
+    result = answer.json()["result"]
+    assert result["resultType"] == "input_required", result
+    return result
+
+
+def with_claims(state: str, **claims: Any) -> str:
+    """`state` with some claims changed and its signature kept (so no longer valid)."""
+    header, payload, signature = state.split(".")
+    decoded = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+    encoded = base64.urlsafe_b64encode(json.dumps({**decoded, **claims}).encode()).rstrip(b"=").decode()
+    return f"{header}.{encoded}.{signature}"
+
+
+async def test_mrtr_retry_through_another_replica_reaches_the_parked_call(tmp_path: Path) -> None:
+    """Answered input_required by a; the retry, sent to b, is forwarded to a and completes
+    the call: as one JSON body (fast path) and as a stream of events (aiohttp's path)."""
+    async with replicas(tmp_path) as (a, b, c):
+        async with aiohttp.ClientSession() as http, http.get(f"{a.base}/status") as resp:
+            epoch = (await resp.json())["cluster"]["epoch"]
+        for n, (path, progress) in enumerate((("fast", False), ("aiohttp", True))):
+            call = sample_call(f"via {path}?", progress)
+            result = await input_required(mcp(a), call)
+            claims = jwt.decode(result["requestState"], options={"verify_signature": False})
+            assert (claims["o"], claims["e"]) == (f"127.0.0.1:{a.port}", epoch)
+            again = modern.retry(call, result, f"answered via {path}")
+            answer = await modern.post(mcp(b), again, modern.headers_for(again), path)
+            assert answer.status == 200, answer.body
+            final = answer.final()
+            assert final["id"] == 2 and final["result"]["content"][0]["text"] == f"answered via {path}", final
+            assert final["result"]["resultType"] == "complete"
+            if progress:
+                assert answer.content_type == "text/event-stream"
+                assert [e["params"]["message"] for e in answer.events() if e.get("method") == "notifications/progress"] == ["sampled"]
+            assert await forwarded_count(b, "forwarded") == n + 1
+        assert a.named("input_expired") == [] and a.named("input_refused") == []
+        assert await forwarded_count(c, "forwarded") == 0
+
+
+async def test_stateless_requests_are_served_where_they_arrive(tmp_path: Path) -> None:
+    """No session: never forwarded, even with a stray Mcp-Session-Id, another replica's or
+    nobody's (2026-07-28 ignores the header); subscriptions/listen too."""
+    async with replicas(tmp_path) as (a, b, c), RawStreamable(mcp(c)) as legacy, aiohttp.ClientSession() as http:
+        await legacy.initialize()
+        assert legacy.session_id is not None
+        for n, (stray, path) in enumerate(((legacy.session_id, "fast"), (legacy.session_id, "aiohttp"), ("not-an-id", "fast"))):
+            echo = modern.request("tools/call", {"name": "echo", "arguments": {"text": f"here {n}"}})
+            answer = await modern.post(mcp(b), echo, {**modern.headers_for(echo), SESSION: stray}, path)
+            assert answer.status == 200 and answer.json()["result"]["content"][0]["text"] == f"here {n}", answer.body
+        listen = modern.request("subscriptions/listen", {"notifications": {"toolsListChanged": True}})
+        async with http.post(mcp(b), json=listen, headers={**modern.headers_for(listen), SESSION: legacy.session_id}) as resp:
+            assert resp.status == 200 and resp.content_type == "text/event-stream"
+            async with asyncio.timeout(5):
+                while not (line := await resp.content.readline()).startswith(b"data: "):
+                    pass
+            assert json.loads(line[6:])["method"] == "notifications/subscriptions/acknowledged"
+        assert await forwarded_count(b, "forwarded") == 0 and await forwarded_count(b, "invalid") == 0
+
+
+async def test_mrtr_owner_killed_retry_answered_at_once(tmp_path: Path) -> None:
+    async with replicas(tmp_path, killed=(0,)) as (a, b, c):
+        call = sample_call("lost?")
+        result = await input_required(mcp(a), call)
+        await kill(a)
+        again = modern.retry(call, result)
+        started = time.monotonic()
+        answer = await modern.post(mcp(b), again, modern.headers_for(again))
+        assert time.monotonic() - started < OWNER_GONE_WITHIN_S
+        error = modern.error_of(answer)
+        assert answer.status == 400 and error["code"] == -32602 and "gone; start the call anew" in error["message"], error
+        assert answer.json()["id"] == 2
+        assert await forwarded_count(b, "owner_gone") == 1
+        # The client starts the call anew: it works, parked on b and resumed through c.
+        call = sample_call("anew?")
+        result = await input_required(mcp(b), call)
+        again = modern.retry(call, result, "anew")
+        assert (await modern.post(mcp(c), again, modern.headers_for(again))).final()["result"]["content"][0]["text"] == "anew"
+
+
+async def test_mrtr_state_of_a_restarted_owner_is_refused(tmp_path: Path) -> None:
+    async with replicas(tmp_path, n=2) as (a, b):
+        port = a.port
+        call = sample_call("before the restart?")
+        result = await input_required(mcp(a), call)
+        await a.stop()
+        async with replica(tmp_path / "again", port) as restarted:
+            again = modern.retry(call, result)
+            answer = await modern.post(mcp(restarted), again, modern.headers_for(again))  # its own, from an earlier life
+            assert answer.status == 400 and EPOCH_HEADER in answer.headers
+            assert "restarted since; start the call anew" in modern.error_of(answer)["message"]
+            for _ in range(2):  # through a peer: asked once, then known dead
+                answer = await modern.post(mcp(b), again, modern.headers_for(again))
+                assert answer.status == 400 and "restarted since; start the call anew" in modern.error_of(answer)["message"]
+            assert await forwarded_count(b, "owner_restarted") == 2
+            assert await forwarded_count(restarted, "stale") == 2  # one from the client, one forwarded
+
+
+async def test_mrtr_tampered_state_refused_with_no_connection(tmp_path: Path) -> None:
+    async with replicas(tmp_path, n=2) as (a, b), Decoy() as decoy:
+        call = sample_call("tampered?")
+        result = await input_required(mcp(a), call)
+        state = result["requestState"]
+        claims = jwt.decode(state, options={"verify_signature": False})
+        decoy_address = f"127.0.0.1:{decoy.port}"
+        forged = [
+            with_claims(state, o=decoy_address),  # another owner, the signature kept
+            with_claims(state, k="another-parked-call"),
+            state[:-3] + ("AAA" if not state.endswith("AAA") else "BBB"),
+            jwt.encode({**claims, "o": decoy_address}, "another-key-entirely-0123456789abcdef", algorithm="HS256"),
+        ]
+        for bad in forged:
+            again = modern.retry(call, {**result, "requestState": bad})
+            answer = await modern.post(mcp(b), again, modern.headers_for(again))
+            assert answer.status == 400 and "not valid" in modern.error_of(answer)["message"], answer.body
+        assert decoy.connections == 0
+        assert await forwarded_count(b, "forwarded") == 0 and await forwarded_count(b, "owner_gone") == 0
+        # The real state still completes the call (a tampered copy elsewhere cannot end it).
+        again = modern.retry(call, result, "intact")
+        assert (await modern.post(mcp(b), again, modern.headers_for(again))).final()["result"]["content"][0]["text"] == "intact"
 
 
 # ---------------------------------------------------------------- operations

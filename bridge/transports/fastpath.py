@@ -23,6 +23,10 @@ aiohttp's and only the common case is parsed here. A request is only ever
 answered whole and in order, so keep-alive and pipelining need nothing else.
 In a cluster, a request naming a session that is not this replica's is
 handed over the same way: forwarding lives on aiohttp's path (forward.py).
+A 2026-07-28 request (by its `MCP-Protocol-Version`) is served here whatever
+`Mcp-Session-Id` it carries, and its MRTR retry for a call another replica
+holds is forwarded from `modern.py` through `forward.Forwarder.retry`, with
+the headers this path read.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from http import HTTPStatus
 from typing import Any
 
 from aiohttp import web
+from multidict import CIMultiDict
 
 from .. import logs, stateless
 from ..gateway import Gateway
@@ -64,7 +69,7 @@ _HAND_OFF_FIELDS = frozenset({b"transfer-encoding", b"expect", b"upgrade"})
 # The headers read here: each may appear once.
 _WATCHED = frozenset(
     {b"host", b"origin", b"authorization", b"content-length", b"connection", b"accept", b"mcp-session-id", b"mcp-protocol-version",
-     b"mcp-method", b"mcp-name"}
+     b"mcp-method", b"mcp-name", b"x-mcp-bridge-forwarded"}
 ) | _HAND_OFF_FIELDS | {b"x-forwarded-proto", b"x-forwarded-host", b"x-forwarded-prefix"}  # fmt: skip
 _ACCEPTED_BODY = b"Accepted"
 _NOT_MIRRORED = stateless.Headers(None, None, None, {})
@@ -74,7 +79,7 @@ class Head:
     """The parts of a message POST's head that this path reads."""
 
     __slots__ = (
-        "accept", "authorization", "close", "content_length", "forwarded", "gateway", "host", "mcp", "mcp_version",
+        "accept", "authorization", "close", "content_length", "fields", "forwarded", "gateway", "host", "mcp", "mcp_version",
         "mirrored", "origin", "principal", "refusal", "server", "session", "session_id",
     )  # fmt: skip
 
@@ -95,6 +100,7 @@ class Head:
         self.forwarded: Forwarded = NOT_FORWARDED
         self.content_length = 0
         self.close = False
+        self.fields: dict[bytes, bytes] = {}  # the watched fields, as read: a forwarded MRTR retry's headers
 
 
 def read_head(head: bytes) -> tuple[bytes, dict[bytes, bytes]] | None:
@@ -130,6 +136,7 @@ def message_head(target: bytes, found: dict[bytes, bytes]) -> Head | None:
     out = Head()
     if not _target(target, out):
         return None
+    out.fields = found
     host = found.get(b"host")
     if host is None:
         return None  # HTTP/1.1 requires it (RFC 9112, 3.2)
@@ -364,7 +371,12 @@ class Connection(asyncio.Protocol):
                     self._pending = data[pos:]
                 return
             head = parse_head(data[pos:end]) if end - pos <= MAX_HEAD else None
-            if head is None or (self._cluster is not None and head.session_id is not None and not self._cluster.is_local(head.session_id)):
+            if head is None or (
+                self._cluster is not None
+                and head.session_id is not None
+                and head.mcp_version not in stateless.MODERN_VERSIONS
+                and not self._cluster.is_local(head.session_id)
+            ):
                 # Another replica's session, or nobody's: aiohttp's path is where forwarding lives.
                 self._hand_off(data[pos:])
                 return
@@ -649,6 +661,12 @@ class _Reply:
     @property
     def gone(self) -> bool:
         return self._connection.gone
+
+    def request_headers(self) -> CIMultiDict[str]:
+        return CIMultiDict((name.decode("latin-1"), _text(value)) for name, value in self._head.fields.items())
+
+    def abort(self) -> None:
+        self._connection.close()
 
 
 _JSON = b"application/json"

@@ -17,13 +17,28 @@ the owner. An owner that cannot be reached answers 404 at once (its
 sessions died with it: the client starts a new one); an owner that dies
 mid-answer ends the client's answer as an error (the connection closes
 before the answer's end), never as a success.
+
+A 2026-07-28 request has no session and is served where it arrives, even
+with a stray `Mcp-Session-Id` (its `MCP-Protocol-Version` says what it is).
+Its MRTR retry, though, resumes a call parked on the replica that answered
+`input_required`, and names it only in its body's `requestState`. So
+`transports/modern.py`, having read and verified the state, asks `place`
+where the call is and calls `retry`, with the body it decoded (encoded
+again: its params are what the state's digest binds, not its bytes), on
+either HTTP path; the answer goes back through that path's reply, the
+owner's events chunk by chunk. The same client, limits, counts and
+owner-gone rules as for sessions; an owner gone answers the retry with a
+JSON-RPC error at once, so that the client starts the call anew.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from typing import assert_never
+from collections.abc import AsyncIterator, Mapping
+from typing import TYPE_CHECKING, Any, assert_never
+from urllib.parse import quote
 
 import aiohttp
 from aiohttp import web
@@ -33,8 +48,12 @@ from .. import jsonrpc, logs
 from ..cluster import EPOCH_HEADER, FORWARDED_HEADER, Cluster, Forward, Gone, Local, Owner
 from ..config import Cluster as ClusterConfig
 from ..metrics import Forwarding
-from . import common
+from ..stateless import MODERN_VERSIONS
+from . import common, http
 from .http import RETRY_AFTER_S, HttpError
+
+if TYPE_CHECKING:
+    from .modern import ModernReply
 
 # Meant for one connection only (RFC 9110, 7.6.1), so never passed on.
 HOP_BY_HOP = frozenset(
@@ -42,7 +61,9 @@ HOP_BY_HOP = frozenset(
 )
 # Set by this replica on its own answer: its framing, and its CORS headers (the same config's).
 _OWN_RESPONSE_HEADERS = HOP_BY_HOP | {"content-length", "vary", "access-control-allow-origin", "access-control-allow-credentials", "access-control-expose-headers"}
+CALL_GONE = "requestState names a call that cannot go on"
 OWNER_GONE = "unknown session: the replica that owned it is gone; start a new session"
+MODERN_VERSION_HEADER = "MCP-Protocol-Version"
 
 
 class Forwarder:
@@ -77,6 +98,63 @@ class Forwarder:
             await self._client.close()
 
     async def forward(self, request: web.Request, owner: Owner) -> web.StreamResponse:
+        gone = HttpError(404, OWNER_GONE, jsonrpc.SESSION_CLOSED)
+        data = request.content if request.body_exists else None
+        async with self._exchange(owner, request.method, request.raw_path, self._request_headers(request.headers), data, gone) as (upstream, outcome):
+            return await self._relay(request, upstream, owner, outcome)
+
+    def place(self, holder: Owner, forwarded: bool, rid: jsonrpc.RequestId | None) -> Owner | None:
+        """Where a verified requestState's call is: None here, else the replica to forward the
+        retry to; a 400 with a JSON-RPC error at once when that replica's life is over."""
+        route = self.cluster.place(holder, forwarded)
+        match route:
+            case Local():
+                return None
+            case Gone(reason, outcome, epoch):
+                self.counts.outcomes[outcome] += 1
+                headers = {EPOCH_HEADER: epoch} if epoch is not None else None
+                raise HttpError(400, f"{CALL_GONE}: {reason}; start the call anew", jsonrpc.INVALID_PARAMS, headers, rid)
+            case Forward(owner):
+                return owner
+            case _:
+                assert_never(route)
+
+    async def retry(self, owner: Owner, server: str, headers: Mapping[str, str], body: bytes, reply: ModernReply, rid: jsonrpc.RequestId | None) -> Any:
+        """Forward an MRTR retry to the replica holding its call; its answer goes back through
+        `reply`: a JSON body whole, a stream event by event."""
+        gone = HttpError(400, f"{CALL_GONE}: the replica that held it is gone; start the call anew", jsonrpc.INVALID_PARAMS, request_id=rid)
+        out = self._request_headers(headers)
+        out.pop("content-length", None)  # the body is encoded again: its own length
+        out["Content-Type"] = http.JSON
+        path = f"/servers/{quote(server, safe='')}/mcp"
+        async with self._exchange(owner, "POST", path, out, body, gone) as (upstream, outcome):
+            sink: http.EventSink | None = None
+            try:
+                if upstream.content_type != http.SSE:
+                    answer = await upstream.read()
+                    self.counts.outcomes[outcome] += 1
+                    return reply.plain(upstream.status, answer)
+                sink = await reply.open_stream(None)
+                reader = upstream.content
+                while chunk := await reader.readany():
+                    await sink.write(chunk)
+            except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
+                self._broken(owner, exc)
+                if sink is None:
+                    raise gone from None
+                reply.abort()  # a stream cut before its end reads as broken, not complete
+                raise HttpError(502, "the replica holding the call went mid-answer", jsonrpc.INTERNAL_ERROR, request_id=rid) from None
+            except ConnectionResetError:
+                return None  # the client went: leaving closes the request to the owner
+            self.counts.outcomes[outcome] += 1
+            return None
+
+    @contextlib.asynccontextmanager
+    async def _exchange(
+        self, owner: Owner, method: str, path: str, headers: dict[str, str], data: Any, gone: HttpError
+    ) -> AsyncIterator[tuple[aiohttp.ClientResponse, str]]:
+        """One request to `owner`, and its answer with the outcome it counts as; `gone` when the
+        owner cannot be reached."""
         client = self._client
         assert client is not None, "forwarding before startup"
         counts = self.counts
@@ -88,35 +166,34 @@ class Forwarder:
         try:
             try:
                 upstream = await client.request(
-                    request.method,
-                    f"{self._scheme}://{owner.address}{request.raw_path}",
-                    headers=self._request_headers(request),
-                    data=request.content if request.body_exists else None,
-                    allow_redirects=False,
+                    method, f"{self._scheme}://{owner.address}{path}", headers=headers, data=data, allow_redirects=False
                 )
             except (aiohttp.ClientConnectionError, asyncio.TimeoutError, OSError) as exc:
                 # Refused, unreachable, no connection or answer in time, or closed before answering:
-                # its sessions are gone with it.
+                # what it held is gone with it.
                 counts.outcomes["owner_gone"] += 1
                 self._log.warning("forward_owner_gone", owner=owner.address, epoch=owner.epoch, error=str(exc) or type(exc).__name__)
-                raise HttpError(404, OWNER_GONE, jsonrpc.SESSION_CLOSED) from None
+                raise gone from None
             counts.latency.observe(time.monotonic() - started)
             async with upstream:
                 epoch = upstream.headers.get(EPOCH_HEADER)
                 outcome = "forwarded"
-                if upstream.status == 404 and epoch is not None and epoch != owner.epoch:
-                    self.cluster.owner_restarted(owner)  # later ids of that life: 404 with no connection
+                if epoch is not None and epoch != owner.epoch:
+                    self.cluster.owner_restarted(owner)  # later ids and states of that life: refused with no connection
                     outcome = "owner_restarted"
-                return await self._relay(request, upstream, owner, outcome)
+                yield upstream, outcome
         finally:
             self.in_flight -= 1
 
-    def _request_headers(self, request: web.Request) -> dict[str, str]:
-        headers = request.headers
+    def _request_headers(self, headers: Mapping[str, str]) -> dict[str, str]:
         named = {t.strip().lower() for t in headers.get("Connection", "").split(",")}  # hop-by-hop too
         out = {k: v for k, v in headers.items() if (low := k.lower()) not in HOP_BY_HOP and low not in named}
         out[FORWARDED_HEADER] = self.cluster.advertise
         return out
+
+    def _broken(self, owner: Owner, exc: BaseException) -> None:
+        self.counts.outcomes["broken"] += 1
+        self._log.warning("forward_broken", owner=owner.address, error=str(exc) or type(exc).__name__)
 
     async def _relay(self, request: web.Request, upstream: aiohttp.ClientResponse, owner: Owner, outcome: str) -> web.StreamResponse:
         response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
@@ -135,8 +212,7 @@ class Forwarder:
             except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
                 # The owner went mid-answer. Closing before the answer's end (the last chunk, or
                 # Content-Length bytes) is how HTTP says the answer is broken, not complete.
-                self.counts.outcomes["broken"] += 1
-                self._log.warning("forward_broken", owner=owner.address, error=str(exc) or type(exc).__name__)
+                self._broken(owner, exc)
                 if request.transport is not None:
                     request.transport.close()
                 raise ConnectionResetError("the owning replica went mid-answer") from None
@@ -155,7 +231,10 @@ def session_named(request: web.Request) -> str | None:
         return None
     path = request.path
     if path.endswith("/mcp"):
-        return request.headers.get("Mcp-Session-Id")
+        headers = request.headers
+        if request.method == "POST" and headers.get(MODERN_VERSION_HEADER) in MODERN_VERSIONS:
+            return None  # 2026-07-28 has no sessions: a stray Mcp-Session-Id is ignored
+        return headers.get("Mcp-Session-Id")
     if path.endswith("/messages"):
         query = request.query
         return query.get("session_id") or query.get("sessionId")

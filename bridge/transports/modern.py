@@ -19,7 +19,11 @@ but for `inputResponses` and `requestState`) feeds the answers to the mux as
 the client's responses and takes the exchange over, or until
 `limits.request_state_ttl` passes: then it is closed, so the server's request
 gets an error and the call is cancelled. Parked sessions count against the
-server's session limit.
+server's session limit. In a cluster the state names the replica (address and
+epoch) holding the call and is sealed under a key every replica derives from
+the peer key: a retry that reaches another replica is verified there and
+forwarded to the holder (transports/forward.py), or refused at once when the
+holder's life is over.
 
 `subscriptions/listen` is a session that listens: it subscribes (through the
 mux's reference-counted subscriptions) to what the client asked for,
@@ -34,7 +38,7 @@ import functools
 import secrets
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -44,8 +48,9 @@ from .. import jsonrpc, stateless
 from ..gateway import Gateway
 from ..jsonrpc import Message, RequestId
 from ..sessions import Session
+from ..cluster import FORWARDED_HEADER
 from ..stateless import Envelope, ModernError, State, StateKeys
-from . import common, http
+from . import common, forward, http
 from .http import EventSink, HttpError
 
 if TYPE_CHECKING:
@@ -65,6 +70,12 @@ class ModernReply(Protocol):
 
     @property
     def gone(self) -> bool: ...
+
+    def request_headers(self) -> Mapping[str, str]:
+        """The request's headers (the fast path's: those it reads): what a forwarded retry carries."""
+
+    def abort(self) -> None:
+        """Close the connection mid-answer: the client reads its answer as broken."""
 
 
 class StatelessSession(Session):
@@ -145,9 +156,17 @@ class Parking:
     """The daemon's parked calls and the key that seals their `requestState`s."""
 
     keys: StateKeys = field(default_factory=StateKeys)
+    forwarder: forward.Forwarder | None = None  # in a cluster: where retries for other replicas' calls go
     parked: dict[str, Parked] = field(default_factory=dict)
     # server -> tool name -> its x-mcp-header names and the argument paths they mirror
     tool_headers: dict[str, dict[str, dict[str, tuple[str, ...]]]] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, forwarder: forward.Forwarder | None) -> Parking:
+        if forwarder is None:
+            return cls()
+        cluster = forwarder.cluster
+        return cls(StateKeys(cluster.derived("requestState"), cluster.me), forwarder)
 
     def park(self, parked: Parked, ttl: float) -> None:
         self.parked[parked.key] = parked
@@ -376,6 +395,12 @@ async def _resume(head: PostHead, msg: Message, reply: ModernReply) -> Any:
     if state.server != gateway.name or state.principal != head.principal:
         # Never another principal's call to end: it stays parked for its owner.
         raise ModernError(jsonrpc.INVALID_PARAMS, "requestState was issued to another client or server", request_id=rid)
+    forwarder = parking.forwarder
+    if forwarder is not None and state.owner is not None:
+        headers = reply.request_headers()
+        owner = forwarder.place(state.owner, FORWARDED_HEADER in headers, rid)
+        if owner is not None:
+            return await forwarder.retry(owner, gateway.name, headers, jsonrpc.encode(msg), reply, rid)
     if state.method != msg["method"] or state.digest != stateless.digest(params):
         _spoil(parking, state.park, head, "retry does not match the original request")
         raise ModernError(

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -194,6 +195,10 @@ class Reply(Protocol):
     @property
     def gone(self) -> bool: ...
 
+    def request_headers(self) -> Mapping[str, str]: ...
+
+    def abort(self) -> None: ...
+
 
 @dataclass(frozen=True, slots=True)
 class PostHead:
@@ -231,6 +236,13 @@ class _AiohttpReply:
     def gone(self) -> bool:
         transport = self._request.transport
         return transport is None or transport.is_closing()
+
+    def request_headers(self) -> CIMultiDictProxy[str]:
+        return self._request.headers
+
+    def abort(self) -> None:
+        if self._request.transport is not None:
+            self._request.transport.close()
 
     def streamed(self) -> web.StreamResponse:
         """The stream it answered with; aiohttp wants a response object even when the client
