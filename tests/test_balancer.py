@@ -18,8 +18,10 @@ import mcp_types as types
 import pytest
 from balancer import MISSING, NGINX, nginx_in_front
 from conftest import Bridge
+from mcp import Client as McpClient
 from sdk import Client, connect, prompt_text, text_of
-from test_replicas import kill, replicas
+from test_modern import answer_sampling
+from test_replicas import forwarded_count, kill, replicas
 
 pytestmark = [
     pytest.mark.skipif(NGINX is None, reason=MISSING),
@@ -27,6 +29,7 @@ pytestmark = [
 ]
 
 N_SESSIONS = 20  # per transport
+N_MODERN_CALLS = 10
 COUNTER = "demo://counter"
 BROKEN_READ_TIMEOUT_S = 5.0  # how long an SSE client waits on a stream that died with its replica
 
@@ -134,3 +137,17 @@ async def test_a_replica_killed_mid_run(tmp_path: Path) -> None:
         # Exactly the killed replica's sessions were lost (and started anew); every other one
         # went through its second round with every result its own.
         assert len(lost) == owned[1], (lost, owned)
+
+
+async def test_modern_sdk_client_samples_through_round_robin(tmp_path: Path) -> None:
+    """The official client pinned to 2026-07-28: each sampling call is answered input_required
+    by one replica and retried through whichever nginx picks next, which forwards the retry
+    to the replica holding the call."""
+    async with _behind_nginx(tmp_path) as (bridges, base):
+        async with asyncio.timeout(60), McpClient(f"{base}/mcp", mode="2026-07-28", sampling_callback=answer_sampling) as client:
+            for n in range(N_MODERN_CALLS):
+                result = await client.call_tool("sample", {"prompt": f"call {n}"})
+                assert result.content[0].text == f"sampled: call {n}", result
+        forwarded = [await forwarded_count(b, "forwarded") for b in bridges]
+        assert sum(forwarded) >= 1, forwarded  # round robin sends most retries elsewhere
+        assert all(b.named("input_expired") == [] and b.named("forward_owner_gone") == [] for b in bridges)

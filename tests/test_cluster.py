@@ -159,3 +159,15 @@ def test_a_short_key_file(tmp_path: Path) -> None:
     key.write_text("short\n")
     found = problems(tmp_path, {"advertise": A, "peer_key_file": str(key)})
     assert found == [f"cluster.peer_key_file: the key in {key} is too short (at least 32 characters)"], found
+
+
+def test_place_says_where_what_an_owner_holds_is() -> None:
+    """The rules ids go by, for a verified owner (an MRTR requestState's)."""
+    a = Cluster(A, KEY)
+    assert a.place(a.me, forwarded=True) == Local()
+    assert a.place(Owner(A, "0" * 8), forwarded=False) == Gone("the replica that owned it has restarted since", "stale", a.epoch)
+    b = Owner(B, "1" * 8)
+    assert a.place(b, forwarded=False) == Forward(b)
+    assert isinstance(second := a.place(b, forwarded=True), Gone) and second.outcome == "second_hop"
+    a.owner_restarted(b)
+    assert isinstance(dead := a.place(b, forwarded=False), Gone) and dead.outcome == "owner_restarted"

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from bridge import jsonrpc, stateless
+from bridge.cluster import Cluster
 from bridge.stateless import Headers, ModernError, State, StateKeys
 
 META = {stateless.VERSION_KEY: "2026-07-28", stateless.CAPABILITIES_KEY: {}}
@@ -99,3 +100,20 @@ def test_request_state_is_sealed_bound_and_expires() -> None:
         keys.open(keys.seal(state, -5), 1)
     with pytest.raises(ModernError, match="must be a string"):
         keys.open(None, 1)
+
+
+def test_in_a_cluster_a_state_names_its_owner_and_any_replica_opens_it() -> None:
+    """Keys derived from the peer key: a peer opens the state and reads its owner; during a
+    key rotation the previous key still opens it; another cluster's key does not."""
+    old, new = "old-peer-key-0123456789abcdef0123", "new-peer-key-0123456789abcdef0123"
+    a = Cluster("10.0.0.7:8080", old)
+    sealer = StateKeys(a.derived("requestState"), a.me)
+    state = State("park", None, "tools/call", "d", "demo", a.me)
+    token = sealer.seal(state, 60)
+    assert StateKeys(Cluster("10.0.0.8:8080", old).derived("requestState")).open(token, 1) == state
+    assert StateKeys(Cluster("10.0.0.8:8080", new, old).derived("requestState")).open(token, 1) == state
+    assert a.derived("requestState") != a.derived("session ids")
+    with pytest.raises(ModernError, match="not valid"):
+        StateKeys(Cluster("10.0.0.8:8080", new).derived("requestState")).open(token, 1)
+    alone = StateKeys()
+    assert alone.open(alone.seal(state, 60), 1).owner is None  # without a cluster no owner is named
