@@ -22,6 +22,7 @@ from typing import Any
 
 import aiohttp
 import jwt
+from multidict import CIMultiDict
 import test_modern as modern
 from conftest import Bridge, demo, pid_alive, run_bridge
 from rawclient import RawSse
@@ -332,17 +333,22 @@ def with_claims(state: str, **claims: Any) -> str:
 
 async def test_mrtr_retry_through_another_replica_reaches_the_parked_call(tmp_path: Path) -> None:
     """Answered input_required by a; the retry, sent to b, is forwarded to a and completes
-    the call: as one JSON body (fast path) and as a stream of events (aiohttp's path)."""
+    the call: as one JSON body (fast path), as a stream of events (aiohttp's path, a chunked
+    body), and with a Content-Length on aiohttp's path (a repeated header takes it there)."""
+    cases = (("fast", False, False), ("aiohttp", True, False), ("fast", False, True))
     async with replicas(tmp_path) as (a, b, c):
         async with aiohttp.ClientSession() as http, http.get(f"{a.base}/status") as resp:
             epoch = (await resp.json())["cluster"]["epoch"]
-        for n, (path, progress) in enumerate((("fast", False), ("aiohttp", True))):
+        for n, (path, progress, repeated) in enumerate(cases):
             call = sample_call(f"via {path}?", progress)
             result = await input_required(mcp(a), call)
             claims = jwt.decode(result["requestState"], options={"verify_signature": False})
             assert (claims["o"], claims["e"]) == (f"127.0.0.1:{a.port}", epoch)
             again = modern.retry(call, result, f"answered via {path}")
-            answer = await modern.post(mcp(b), again, modern.headers_for(again), path)
+            headers: Any = modern.headers_for(again)
+            if repeated:
+                headers = CIMultiDict([*headers.items(), ("X-Forwarded-Proto", "http"), ("X-Forwarded-Proto", "http")])
+            answer = await modern.post(mcp(b), again, headers, path)
             assert answer.status == 200, answer.body
             final = answer.final()
             assert final["id"] == 2 and final["result"]["content"][0]["text"] == f"answered via {path}", final

@@ -61,6 +61,7 @@ HOP_BY_HOP = frozenset(
 )
 # Set by this replica on its own answer: its framing, and its CORS headers (the same config's).
 _OWN_RESPONSE_HEADERS = HOP_BY_HOP | {"content-length", "vary", "access-control-allow-origin", "access-control-allow-credentials", "access-control-expose-headers"}
+_REENCODED = frozenset({"content-length", "content-type", "expect"})  # of a retry's body, which is sent anew
 CALL_GONE = "requestState names a call that cannot go on"
 OWNER_GONE = "unknown session: the replica that owned it is gone; start a new session"
 MODERN_VERSION_HEADER = "MCP-Protocol-Version"
@@ -123,8 +124,8 @@ class Forwarder:
         """Forward an MRTR retry to the replica holding its call; its answer goes back through
         `reply`: a JSON body whole, a stream event by event."""
         gone = HttpError(400, f"{CALL_GONE}: the replica that held it is gone; start the call anew", jsonrpc.INVALID_PARAMS, request_id=rid)
-        out = self._request_headers(headers)
-        out.pop("content-length", None)  # the body is encoded again: its own length
+        # The body is encoded again and sent whole: its own length and type, nothing to expect.
+        out = {k: v for k, v in self._request_headers(headers).items() if k.lower() not in _REENCODED}
         out["Content-Type"] = http.JSON
         path = f"/servers/{quote(server, safe='')}/mcp"
         async with self._exchange(owner, "POST", path, out, body, gone) as (upstream, outcome):
