@@ -101,7 +101,8 @@ class Forwarder:
     async def forward(self, request: web.Request, owner: Owner) -> web.StreamResponse:
         gone = HttpError(404, OWNER_GONE, jsonrpc.SESSION_CLOSED)
         data = request.content if request.body_exists else None
-        async with self._exchange(owner, request.method, request.raw_path, self._request_headers(request.headers), data, gone) as (upstream, outcome):
+        headers = self._request_headers(request.headers)
+        async with self._exchange(owner, request.method, request.raw_path, headers, data, gone) as (upstream, outcome):
             return await self._relay(request, upstream, owner, outcome)
 
     def place(self, holder: Owner, forwarded: bool, rid: jsonrpc.RequestId | None) -> Owner | None:
@@ -120,7 +121,9 @@ class Forwarder:
             case _:
                 assert_never(route)
 
-    async def retry(self, owner: Owner, server: str, headers: Mapping[str, str], body: bytes, reply: ModernReply, rid: jsonrpc.RequestId | None) -> Any:
+    async def retry(
+        self, owner: Owner, server: str, headers: Mapping[str, str], body: bytes, reply: ModernReply, rid: jsonrpc.RequestId | None
+    ) -> Any:
         """Forward an MRTR retry to the replica holding its call; its answer goes back through
         `reply`: a JSON body whole, a stream event by event."""
         gone = HttpError(400, f"{CALL_GONE}: the replica that held it is gone; start the call anew", jsonrpc.INVALID_PARAMS, request_id=rid)
