@@ -45,10 +45,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 from aiohttp import web
 
 from .. import jsonrpc, stateless
+from ..cluster import FORWARDED_HEADER
 from ..gateway import Gateway
 from ..jsonrpc import Message, RequestId
 from ..sessions import Session
-from ..cluster import FORWARDED_HEADER
 from ..stateless import Envelope, ModernError, State, StateKeys
 from . import common, forward, http
 from .http import EventSink, HttpError
