@@ -49,6 +49,7 @@ MAX_HEAD = 8190  # aiohttp's limit on one line; a longer head (of any shape) is 
 MAX_FIELDS = 100  # under aiohttp's limit of 128 headers: more are aiohttp's to judge
 DISCARD_LIMIT = 64 * 1024  # a refused request's body up to this size is read, to keep the connection
 LINGER_S, LINGER_BYTES = 2.0, 1 << 20  # reading on after a refusal, before closing
+CORK_BYTES = 64 * 1024  # a stream's bytes held for the end of the loop's turn, at most
 _PREFIX = b"/servers/"
 _MESSAGES = b"/messages"  # HTTP+SSE
 _MCP = b"/mcp"  # Streamable HTTP
@@ -290,6 +291,8 @@ class Connection(asyncio.Protocol):
         self._idle: asyncio.TimerHandle | None = None
         self._write_paused = False
         self._drained: asyncio.Future[None] | None = None
+        self._corked: list[bytes] = []  # a stream's bytes from this turn of the loop, for one write
+        self._corked_size = 0
         self._busy: asyncio.Task[None] | None = None  # answering a Streamable POST; later requests wait
         self._lingering = 0  # bytes still to drop after refusing a body unread
         self._stopping = False  # shutting down: close once the answer under way has ended
@@ -496,7 +499,8 @@ class Connection(asyncio.Protocol):
                 return
             self.close()
         if reply.streaming and self._transport is not None:
-            self._transport.write(b"0\r\n\r\n")
+            self._cork(b"0\r\n\r\n")
+            self._uncork()  # the end goes out with the stream's last event
             if head.close:
                 self.close()
 
@@ -524,7 +528,7 @@ class Connection(asyncio.Protocol):
         transport = self._transport
         if transport is None or transport.is_closing():
             raise ConnectionResetError("client went away")
-        transport.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self._cork(b"%x\r\n%s\r\n" % (len(data), data))
         if self._write_paused:
             self._drained = asyncio.get_running_loop().create_future()
             await self._drained
@@ -535,7 +539,24 @@ class Connection(asyncio.Protocol):
             raise ConnectionResetError("client went away")
         common.limit_unacked(transport)
         cors = cors_headers(self._app[common.LIVE].guard, head.origin)
-        transport.write(render_stream_head({**headers, **cors} if cors else headers, head.close))
+        self._cork(render_stream_head({**headers, **cors} if cors else headers, head.close))
+
+    def _cork(self, data: bytes) -> None:
+        """Write `data` of a stream at the end of this turn of the loop, with whatever else the
+        stream says in it: the head and a priming event, or the last event and the end, are one
+        write (one send, one wake-up of the client) rather than two."""
+        if not self._corked:
+            asyncio.get_running_loop().call_soon(self._uncork)
+        self._corked.append(data)
+        self._corked_size += len(data)
+        if self._corked_size >= CORK_BYTES:
+            self._uncork()  # what is large goes now, so that the transport's back-pressure sees it
+
+    def _uncork(self) -> None:
+        if self._corked and self._transport is not None:
+            self._transport.write(b"".join(self._corked))
+        self._corked.clear()
+        self._corked_size = 0
 
     def _reply_error(self, head: Head, error: HttpError, linger: bool = False) -> None:
         """The one place this path renders an HttpError (aiohttp's is `http.middleware`)."""
@@ -618,6 +639,7 @@ class Connection(asyncio.Protocol):
 
     def close(self) -> None:
         if self._transport is not None:
+            self._uncork()
             self._transport.close()
 
 
