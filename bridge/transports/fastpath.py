@@ -192,6 +192,10 @@ def _target(target: bytes, out: Head) -> bool:
     return True
 
 
+def _chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
 def _or_none(value: bytes | None) -> str | None:
     return None if value is None else _text(value)
 
@@ -232,9 +236,10 @@ def render(status: int, body: bytes, content_type: bytes, headers: Mapping[str, 
 
 
 def render_stream_head(headers: dict[str, str], close: bool) -> bytes:
-    """The head of an SSE response, with chunked framing to follow."""
-    first = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nDate: %s\r\n" % _date()
-    return b"".join(_head(first, {**common.SSE_HEADERS, **headers}, close))
+    """The head of an SSE response, with chunked framing to follow: `common.SSE_HEADERS`
+    (rendered once, at import), then `headers`, which name none of them."""
+    first = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nDate: %s\r\n%s" % (_date(), _SSE_FIELDS[close])
+    return b"".join(_head(first, headers, False))
 
 
 def _head(first: bytes, headers: Mapping[str, str] | None, close: bool) -> list[bytes]:
@@ -245,6 +250,9 @@ def _head(first: bytes, headers: Mapping[str, str] | None, close: bool) -> list[
         lines.extend(f"{k}: {v}\r\n".encode("latin-1", "replace") for k, v in headers.items())
     lines.append(b"\r\n")
     return lines
+
+
+_SSE_FIELDS = {close: b"".join(_head(b"", common.SSE_HEADERS, close)[:-1]) for close in (False, True)}  # without the blank line
 
 
 class Connections:
@@ -528,22 +536,26 @@ class Connection(asyncio.Protocol):
         transport = self._transport
         if transport is None or transport.is_closing():
             raise ConnectionResetError("client went away")
-        self._cork(b"%x\r\n%s\r\n" % (len(data), data))
+        self._cork(_chunk(data))
         if self._write_paused:
             self._drained = asyncio.get_running_loop().create_future()
             await self._drained
 
-    def open_stream(self, head: Head, headers: dict[str, str]) -> None:
+    def open_stream(self, head: Head, headers: dict[str, str], first: bytes) -> None:
         transport = self._transport
         if transport is None:
             raise ConnectionResetError("client went away")
         common.limit_unacked(transport)
         cors = cors_headers(self._app[common.LIVE].guard, head.origin)
-        self._cork(render_stream_head({**headers, **cors} if cors else headers, head.close))
+        stream_head = render_stream_head({**headers, **cors} if cors else headers, head.close)
+        if first:  # due now, with the head: nothing to wait for
+            transport.write(stream_head + _chunk(first))
+        else:
+            self._cork(stream_head)
 
     def _cork(self, data: bytes) -> None:
         """Write `data` of a stream at the end of this turn of the loop, with whatever else the
-        stream says in it: the head and a priming event, or the last event and the end, are one
+        stream says in it: the head and the first event, or the last event and the end, are one
         write (one send, one wake-up of the client) rather than two."""
         if not self._corked:
             asyncio.get_running_loop().call_soon(self._uncork)
@@ -660,8 +672,8 @@ class _Reply:
     def plain(self, status: int, body: bytes) -> None:
         self._connection._reply(self._head, status, body, _JSON if body else _TEXT, None)
 
-    async def open_stream(self, session_id: str | None) -> _Reply:
-        self._connection.open_stream(self._head, {streamable.SESSION_HEADER: session_id} if session_id else {})
+    async def open_stream(self, session_id: str | None, first: bytes = b"") -> _Reply:
+        self._connection.open_stream(self._head, {streamable.SESSION_HEADER: session_id} if session_id else {}, first)
         self.streaming = True
         return self
 
