@@ -301,6 +301,7 @@ class Connection(asyncio.Protocol):
         self._drained: asyncio.Future[None] | None = None
         self._corked: list[bytes] = []  # a stream's bytes from this turn of the loop, for one write
         self._corked_size = 0
+        self._unacked_limited = False  # common.limit_unacked done: once per connection, not per stream
         self._busy: asyncio.Task[None] | None = None  # answering a Streamable POST; later requests wait
         self._lingering = 0  # bytes still to drop after refusing a body unread
         self._stopping = False  # shutting down: close once the answer under way has ended
@@ -545,7 +546,9 @@ class Connection(asyncio.Protocol):
         transport = self._transport
         if transport is None:
             raise ConnectionResetError("client went away")
-        common.limit_unacked(transport)
+        if not self._unacked_limited:
+            common.limit_unacked(transport)
+            self._unacked_limited = True
         cors = cors_headers(self._app[common.LIVE].guard, head.origin)
         stream_head = render_stream_head({**headers, **cors} if cors else headers, head.close)
         if first:  # due now, with the head: nothing to wait for
