@@ -486,9 +486,15 @@ class Connection(asyncio.Protocol):
             self._app[modern.PARKING],
         )
         self._busy = asyncio.get_running_loop().create_task(self._serve_mcp(head, post, payload))
-        self._busy.add_done_callback(self._served)
 
     async def _serve_mcp(self, head: Head, post: streamable.PostHead, payload: Any) -> None:
+        try:
+            await self._answer_mcp(head, post, payload)
+        finally:
+            # Here rather than as the task's done callback: one callback and one turn of the loop fewer.
+            self._served()
+
+    async def _answer_mcp(self, head: Head, post: streamable.PostHead, payload: Any) -> None:
         reply = _Reply(self, head)
         try:
             await streamable.answer_post(post, payload, reply)
@@ -513,7 +519,7 @@ class Connection(asyncio.Protocol):
             if head.close:
                 self.close()
 
-    def _served(self, task: asyncio.Task[None]) -> None:
+    def _served(self) -> None:
         self._busy = None
         self._last_active = time.monotonic()
         if self._transport is None:
