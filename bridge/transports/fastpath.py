@@ -54,6 +54,7 @@ MAX_HEAD = 8190  # aiohttp's limit on one line; a longer head (of any shape) is 
 MAX_FIELDS = 100  # under aiohttp's limit of 128 headers: more are aiohttp's to judge
 DISCARD_LIMIT = 64 * 1024  # a refused request's body up to this size is read, to keep the connection
 LINGER_S, LINGER_BYTES = 2.0, 1 << 20  # reading on after a refusal, before closing
+CORK_BYTES = 64 * 1024  # a stream's bytes held for the end of the loop's turn, at most
 _PREFIX = b"/servers/"
 _MESSAGES = b"/messages"  # HTTP+SSE
 _MCP = b"/mcp"  # Streamable HTTP
@@ -198,6 +199,10 @@ def _target(target: bytes, out: Head) -> bool:
     return True
 
 
+def _chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
 def _or_none(value: bytes | None) -> str | None:
     return None if value is None else _text(value)
 
@@ -238,9 +243,10 @@ def render(status: int, body: bytes, content_type: bytes, headers: Mapping[str, 
 
 
 def render_stream_head(headers: dict[str, str], close: bool) -> bytes:
-    """The head of an SSE response, with chunked framing to follow."""
-    first = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nDate: %s\r\n" % _date()
-    return b"".join(_head(first, {**common.SSE_HEADERS, **headers}, close))
+    """The head of an SSE response, with chunked framing to follow: `common.SSE_HEADERS`
+    (rendered once, at import), then `headers`, which name none of them."""
+    first = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nDate: %s\r\n%s" % (_date(), _SSE_FIELDS[close])
+    return b"".join(_head(first, headers, False))
 
 
 def _head(first: bytes, headers: Mapping[str, str] | None, close: bool) -> list[bytes]:
@@ -251,6 +257,9 @@ def _head(first: bytes, headers: Mapping[str, str] | None, close: bool) -> list[
         lines.extend(f"{k}: {v}\r\n".encode("latin-1", "replace") for k, v in headers.items())
     lines.append(b"\r\n")
     return lines
+
+
+_SSE_FIELDS = {close: b"".join(_head(b"", common.SSE_HEADERS, close)[:-1]) for close in (False, True)}  # without the blank line
 
 
 class Connections:
@@ -297,6 +306,9 @@ class Connection(asyncio.Protocol):
         self._idle: asyncio.TimerHandle | None = None
         self._write_paused = False
         self._drained: asyncio.Future[None] | None = None
+        self._corked: list[bytes] = []  # a stream's bytes from this turn of the loop, for one write
+        self._corked_size = 0
+        self._unacked_limited = False  # common.limit_unacked done: once per connection, not per stream
         self._busy: asyncio.Task[None] | None = None  # answering a Streamable POST; later requests wait
         self._lingering = 0  # bytes still to drop after refusing a body unread
         self._stopping = False  # shutting down: close once the answer under way has ended
@@ -486,9 +498,15 @@ class Connection(asyncio.Protocol):
             self._app[modern.PARKING],
         )
         self._busy = asyncio.get_running_loop().create_task(self._serve_mcp(head, post, payload))
-        self._busy.add_done_callback(self._served)
 
     async def _serve_mcp(self, head: Head, post: streamable.PostHead, payload: Any) -> None:
+        try:
+            await self._answer_mcp(head, post, payload)
+        finally:
+            # Here rather than as the task's done callback: one callback and one turn of the loop fewer.
+            self._served()
+
+    async def _answer_mcp(self, head: Head, post: streamable.PostHead, payload: Any) -> None:
         reply = _Reply(self, head)
         try:
             await streamable.answer_post(post, payload, reply)
@@ -508,11 +526,12 @@ class Connection(asyncio.Protocol):
                 return
             self.close()
         if reply.streaming and self._transport is not None:
-            self._transport.write(b"0\r\n\r\n")
+            self._cork(b"0\r\n\r\n")
+            self._uncork()  # the end goes out with the stream's last event
             if head.close:
                 self.close()
 
-    def _served(self, task: asyncio.Task[None]) -> None:
+    def _served(self) -> None:
         self._busy = None
         self._last_active = time.monotonic()
         if self._transport is None:
@@ -536,18 +555,41 @@ class Connection(asyncio.Protocol):
         transport = self._transport
         if transport is None or transport.is_closing():
             raise ConnectionResetError("client went away")
-        transport.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self._cork(_chunk(data))
         if self._write_paused:
             self._drained = asyncio.get_running_loop().create_future()
             await self._drained
 
-    def open_stream(self, head: Head, headers: dict[str, str]) -> None:
+    def open_stream(self, head: Head, headers: dict[str, str], first: bytes) -> None:
         transport = self._transport
         if transport is None:
             raise ConnectionResetError("client went away")
-        common.limit_unacked(transport)
+        if not self._unacked_limited:
+            common.limit_unacked(transport)
+            self._unacked_limited = True
         cors = cors_headers(self._app[common.LIVE].guard, head.origin)
-        transport.write(render_stream_head({**headers, **cors} if cors else headers, head.close))
+        stream_head = render_stream_head({**headers, **cors} if cors else headers, head.close)
+        if first:  # due now, with the head: nothing to wait for
+            transport.write(stream_head + _chunk(first))
+        else:
+            self._cork(stream_head)
+
+    def _cork(self, data: bytes) -> None:
+        """Write `data` of a stream at the end of this turn of the loop, with whatever else the
+        stream says in it: the head and the first event, or the last event and the end, are one
+        write (one send, one wake-up of the client) rather than two."""
+        if not self._corked:
+            asyncio.get_running_loop().call_soon(self._uncork)
+        self._corked.append(data)
+        self._corked_size += len(data)
+        if self._corked_size >= CORK_BYTES:
+            self._uncork()  # what is large goes now, so that the transport's back-pressure sees it
+
+    def _uncork(self) -> None:
+        if self._corked and self._transport is not None:
+            self._transport.write(b"".join(self._corked))
+        self._corked.clear()
+        self._corked_size = 0
 
     def _reply_error(self, head: Head, error: HttpError, linger: bool = False) -> None:
         """The one place this path renders an HttpError (aiohttp's is `http.middleware`)."""
@@ -630,6 +672,7 @@ class Connection(asyncio.Protocol):
 
     def close(self) -> None:
         if self._transport is not None:
+            self._uncork()
             self._transport.close()
 
 
@@ -650,8 +693,8 @@ class _Reply:
     def plain(self, status: int, body: bytes) -> None:
         self._connection._reply(self._head, status, body, _JSON if body else _TEXT, None)
 
-    async def open_stream(self, session_id: str | None) -> _Reply:
-        self._connection.open_stream(self._head, {streamable.SESSION_HEADER: session_id} if session_id else {})
+    async def open_stream(self, session_id: str | None, first: bytes = b"") -> _Reply:
+        self._connection.open_stream(self._head, {streamable.SESSION_HEADER: session_id} if session_id else {}, first)
         self.streaming = True
         return self
 

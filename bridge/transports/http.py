@@ -224,6 +224,9 @@ class AiohttpSink:
 # ---------------------------------------------------------------------- Accept
 
 
+# Clients send the same few Accept values on every request: each is read once. Bounded, as a
+# client may send any value.
+@functools.lru_cache(maxsize=128)
 def quality(accept: str, media_type: str) -> float:
     """How much `accept` (an Accept header's value) wants `media_type`: the q of the most
     specific media range that matches it (RFC 9110, 12.5.1), 0 when none does."""

@@ -190,7 +190,9 @@ class Reply(Protocol):
     def plain(self, status: int, body: bytes) -> Any:
         """A whole answer with no session: a JSON body, or none (202)."""
 
-    async def open_stream(self, session_id: str | None) -> EventSink: ...
+    async def open_stream(self, session_id: str | None, first: bytes = b"") -> EventSink:
+        """Start the stream; `first`, when given, is an event due at once (the priming
+        event), sent with the head."""
 
     @property
     def gone(self) -> bool: ...
@@ -228,9 +230,12 @@ class _AiohttpReply:
     def plain(self, status: int, body: bytes) -> web.Response:
         return web.Response(status=status, body=body, content_type=http.JSON) if body else web.Response(status=status)
 
-    async def open_stream(self, session_id: str | None) -> AiohttpSink:
+    async def open_stream(self, session_id: str | None, first: bytes = b"") -> AiohttpSink:
         self._stream = await common.open_stream(self._request, {SESSION_HEADER: session_id} if session_id else None)
-        return AiohttpSink(self._request, self._stream)
+        sink = AiohttpSink(self._request, self._stream)
+        if first:
+            await sink.write(first)
+        return sink
 
     @property
     def gone(self) -> bool:
@@ -447,9 +452,8 @@ async def _stream_response(
     stream.wake()  # a writer this one replaces sees the new generation and ends
     last = 0
     try:
-        sink = await reply.open_stream(session.id)
-        if prime is not None:
-            await sink.write(f"id: {session.event_id(stream, prime)}\ndata: \n\n".encode())
+        priming = b"" if prime is None else f"id: {session.event_id(stream, prime)}\ndata: \n\n".encode()
+        sink = await reply.open_stream(session.id, priming)
         if replay_after is not None:
             last = replay_after
             for seq, data, _ in session.replay(stream.key, replay_after):
