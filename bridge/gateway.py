@@ -17,12 +17,12 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from . import __version__, confine, jsonrpc, logs
+from . import __version__, confine, jsonrpc, logs, stateless
 from .child import Child, Write
 from .config import Limits, RateLimit, Server
 from .era import Ask, Decided, Deliver, Era, Out, Translator, Wake
 from .era import Write as WriteOut
-from .jsonrpc import Message, ProtocolError
+from .jsonrpc import Message, ProtocolError, RequestId
 from .metrics import ServerMetrics
 from .mux import Abandoned, Action, Broadcast, Call, Discard, Mux, RestartServer, State, Timer, ToServer, ToSession
 from .policy import RateLimiter, Throttled, View
@@ -39,6 +39,7 @@ KEEPALIVE_SLICE = 64  # keepalives written between yields to the event loop
 DROP_REASONS = frozenset({"slow", "idle", "server_gone", "shutdown", "ended"})  # ended: by an administrator
 RESTART_POLL_S = 0.05  # how often a graceful restart looks whether the calls in flight have ended
 NOT_READING = "server is not reading its input (limits.server_input_buffer)"
+_LIST_CHANGES = frozenset(method for method, _ in stateless.LIST_CHANGES.values())
 
 
 class SessionLimitError(Exception):
@@ -615,6 +616,14 @@ class Gateway:
         upstream = self._upstreams[session.id]
         self.apply(upstream, upstream.mux.adopt(session.id, capabilities, version, client_info, level, notices))
 
+    def server_request_id(self, session: Session, downstream_id: RequestId) -> RequestId | None:
+        """The id the server gave its request that the mux passed to `session` as `downstream_id`."""
+        upstream = self._upstreams.get(session.id)
+        if upstream is None or not isinstance(downstream_id, int):
+            return None
+        asked = upstream.mux.peer(session.id).server_requests.get(downstream_id)
+        return asked.server_id if asked is not None else None
+
     def init_result(self, session: Session) -> dict[str, Any] | None:
         """The initialize result of the process serving this session, once it has one."""
         upstream = self._upstreams.get(session.id)
@@ -674,6 +683,8 @@ class Gateway:
                         if call.target is not None:
                             self._audit(call, message)
                 case Broadcast(sids, message):
+                    if message.get("method") in _LIST_CHANGES and self.server.mode == "per-session":
+                        sids = (*sids, *self._listeners(upstream, message["method"]))
                     data = encode(message)
                     for sid in sids:
                         session = self.sessions.get(sid)
@@ -701,6 +712,21 @@ class Gateway:
             self.close_session(session, "slow")
         if flush:
             self.flush()
+
+    def _listeners(self, source: Upstream, method: str) -> list[str]:
+        """Per-session mode: a list change from a process serving a 2026-07-28 request is for
+        its principal's `subscriptions/listen` streams, which each have a process of their
+        own (as every request of that client has) that never says it. Not across principals."""
+        principals = {peer.principal for sid in source.mux.sessions() if (peer := source.mux.peer(sid)).stateless}
+        if not principals:
+            return []
+        found = []
+        for sid, upstream in self._upstreams.items():
+            if upstream is not source:
+                peer = upstream.mux.peer(sid)
+                if peer.stateless and peer.notices and method in peer.notices and peer.principal in principals:
+                    found.append(sid)
+        return found
 
     def _audit(self, call: Call, answer: Message | None) -> None:
         """One `audit` event per tools/call, prompts/get and resources/read that ended: who, what,

@@ -1038,10 +1038,11 @@ class Mux:
     # Server notifications.
 
     def _broadcast(self, msg: Message) -> list[Action]:
-        """A server-level notice (a list changed): every session may know it."""
+        """A server-level notice (a list changed): every session may know it. Said even with
+        no one here to hear it: the gateway may have listeners of it on other processes."""
         method = msg["method"]
         targets = tuple(p.id for p in self._peers.values() if p.initialized and (p.notices is None or method in p.notices))
-        return [Broadcast(targets, msg)] if targets else []
+        return [Broadcast(targets, msg)]
 
     def _unowned_notification(self, msg: Message, level: int | None = None) -> list[Action]:
         """A notification nothing names an owner for (a log message, a method the bridge does

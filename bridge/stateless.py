@@ -130,10 +130,16 @@ class Headers:
 def envelope(msg: Message) -> Envelope:
     """The request's envelope, or -32602 naming what is missing or malformed."""
     rid = msg.get("id")
-    meta = msg["params"]["_meta"]
+    params = msg.get("params")
+    meta = params.get("_meta") if params.__class__ is dict else None
+    # No _meta at all, or no version in it: a session-less request that streamable.answer_post
+    # took for a 2026-07-28 one. A legacy client that sent it gets a 400 without a modern
+    # error code (so a dual-era client falls back) that says how its sessions begin.
+    meta = meta if meta.__class__ is dict else {}
     missing = [key for key in (VERSION_KEY, CAPABILITIES_KEY) if key not in meta]
     if missing:
-        raise ModernError(jsonrpc.INVALID_PARAMS, f"params._meta is missing {', '.join(missing)}", request_id=rid)
+        hint = "" if VERSION_KEY in meta else " (a request without Mcp-Session-Id is a 2026-07-28 one; a 2025 session begins with initialize)"
+        raise ModernError(jsonrpc.INVALID_PARAMS, f"params._meta is missing {', '.join(missing)}{hint}", request_id=rid)
     version, capabilities = meta[VERSION_KEY], meta[CAPABILITIES_KEY]
     if not isinstance(version, str):
         raise ModernError(jsonrpc.INVALID_PARAMS, f"params._meta[{VERSION_KEY!r}] must be a string", request_id=rid)

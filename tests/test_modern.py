@@ -16,7 +16,7 @@ from typing import Any
 import aiohttp
 import mcp_types as types
 import pytest
-from conftest import demo, faulty
+from conftest import PY, SERVERS, demo, faulty
 from mcp import Client
 from multidict import CIMultiDict
 
@@ -406,6 +406,140 @@ async def test_a_state_is_bound_to_its_principal(bridge, tmp_path):
         # alice's call is still hers to finish
         answer = await post(url, stolen, {**headers_for(stolen), **alice})
         assert answer.final()["result"]["content"][0]["text"] == "answer"
+
+
+def fixture(**extra: Any) -> dict[str, Any]:
+    """The conformance suite's fixture tools as a legacy server: its questions have string ids."""
+    return {"command": PY, "args": [str(SERVERS / "conformance_fixture.py")], **extra}
+
+
+ELICITING = {"name": "test_input_required_result_elicitation", "arguments": {}}
+
+
+def accepted(**content: Any) -> dict[str, Any]:
+    return {"action": "accept", "content": content}
+
+
+@pytest.mark.parametrize("path", PATHS)
+async def test_input_keys_are_the_servers_string_ids(bridge, path):
+    """A server request's string id is its key in inputRequests (a legacy server can name its
+    questions no other way); other ids get a key of the bridge's."""
+    async with bridge(shared(fixture=fixture(), demo=demo())) as b:
+        call = request("tools/call", ELICITING, capabilities={"elicitation": {}})
+        result = (await post(b.url("fixture", "mcp"), call, headers_for(call), path)).json()["result"]
+        assert list(result["inputRequests"]) == ["user_name"], result
+        assert result["inputRequests"]["user_name"]["method"] == "elicitation/create"
+        again = json.loads(json.dumps(call))
+        again["params"].update({"inputResponses": {"user_name": accepted(name="Ada")}, "requestState": result["requestState"]})
+        final = (await post(b.url("fixture", "mcp"), again, headers_for(again), path)).final()
+        assert final["result"]["content"][0]["text"] == "Hello, Ada!", final
+        _, numbered = await first_round(b.url("demo", "mcp"))  # the demo server's ids are numbers
+        assert all(key.startswith("r") for key in numbered["inputRequests"]), numbered
+
+
+@pytest.mark.parametrize("path", PATHS)
+async def test_a_first_call_with_input_responses_is_a_fresh_call_they_may_answer(bridge, path):
+    """SEP-2322: inputResponses without a requestState are no retry: the call starts afresh, an
+    entry whose key the server's question has answers it, the other entries are ignored; a
+    question no entry answers is asked (input_required); inputResponses that are not an
+    object are refused."""
+    async with bridge(shared(fixture=fixture())) as b:
+        url = b.url("fixture", "mcp")
+        extras = {"user_name": accepted(name="Alice"), "unknown_extra_key": accepted(foo="bar"), "another": accepted(baz=1)}
+        call = request("tools/call", {**ELICITING, "inputResponses": extras}, rid="x", capabilities={"elicitation": {}})
+        final = (await post(url, call, headers_for(call), path)).final()
+        assert final["id"] == "x" and final["result"]["content"][0]["text"] == "Hello, Alice!", final
+        assert final["result"]["resultType"] == "complete"
+
+        wrong = request("tools/call", {**ELICITING, "inputResponses": {"wrong_key": accepted(data="wrong")}, "requestState": None},
+                        capabilities={"elicitation": {}})  # fmt: skip
+        asked = (await post(url, wrong, headers_for(wrong), path)).json()["result"]
+        assert asked["resultType"] == "input_required" and list(asked["inputRequests"]) == ["user_name"], asked
+        # a retry that still lacks the answer is asked again, under a new requestState
+        retry_ = json.loads(json.dumps(wrong))
+        retry_["params"].update({"inputResponses": {"wrong_key": accepted()}, "requestState": asked["requestState"]})
+        again = (await post(url, retry_, headers_for(retry_), path)).json()["result"]
+        assert again["resultType"] == "input_required" and list(again["inputRequests"]) == ["user_name"], again
+        assert again["requestState"] != asked["requestState"]
+        retry_["params"].update({"inputResponses": {"user_name": accepted(name="Bo")}, "requestState": again["requestState"]})
+        assert (await post(url, retry_, headers_for(retry_), path)).final()["result"]["content"][0]["text"] == "Hello, Bo!"
+
+        null = request("tools/call", {**ELICITING, "inputResponses": None}, rid=9, capabilities={"elicitation": {}})
+        answer = await post(url, null, headers_for(null), path)
+        assert answer.status == 400 and error_of(answer)["code"] == -32602 and answer.json()["id"] == 9, answer.body
+
+
+@pytest.mark.parametrize("path", PATHS)
+async def test_a_sessionless_request_without_the_envelope_is_a_modern_one(bridge, path):
+    """A request without Mcp-Session-Id that is not initialize: only 2026-07-28 sends those, so
+    a missing envelope is its -32602 (not the 2025 path's "missing session"); every error
+    names the request's id; a legacy client starting with initialize is served as before."""
+    async with bridge(shared(demo=demo())) as b:
+        url = b.url("demo", "mcp")
+        plain = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json", "MCP-Protocol-Version": MODERN}
+        no_version = {stateless_key: value for stateless_key, value in meta().items() if not stateless_key.endswith("protocolVersion")}
+        for rid, params in ((101, {}), (102, {"_meta": no_version}), (103, None)):
+            msg = {"jsonrpc": "2.0", "id": rid, "method": "server/discover", **({} if params is None else {"params": params})}
+            answer = await post(url, msg, {**plain, "Mcp-Method": "server/discover"}, path)
+            assert answer.status == 400 and answer.json()["id"] == rid, answer.body
+            error = error_of(answer)
+            assert error["code"] == -32602 and "protocolVersion" in error["message"] and "initialize" in error["message"], error
+        # a notification or batch with no session is still the 2025 path's
+        note = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+        answer = await post(url, note, plain, path)
+        assert answer.status == 400 and "Mcp-Session-Id" in error_of(answer)["message"]
+        # 2025 errors name the request too
+        listing = {"jsonrpc": "2.0", "id": "s1", "method": "tools/list"}
+        answer = await post(url, listing, {**plain, "Mcp-Session-Id": "no-such-session", "MCP-Protocol-Version": "2025-11-25"}, path)
+        assert answer.status == 404 and answer.json()["id"] == "s1", answer.body
+        async with Client(url, mode="legacy") as legacy:
+            assert (await legacy.call_tool("echo", {"text": "old"})).content[0].text == "old"
+
+
+async def next_event(resp: aiohttp.ClientResponse) -> dict[str, Any]:
+    """The next message on an SSE response (keepalive comments skipped), within 10 s."""
+    async with asyncio.timeout(10):
+        while True:
+            event = (await resp.content.readuntil(b"\n\n")).decode()
+            if "data: " in event:
+                return json.loads(event.split("data: ", 1)[1])
+
+
+@pytest.mark.parametrize("mode", ["shared", "per-session"])
+async def test_listen_hears_list_changes_a_request_caused(bridge, mode):
+    """Per-session: each request has a process of its own, so a list change from the process
+    of one request of a principal goes to that principal's listen streams, and no one else's."""
+    config = {"servers": {"fixture": fixture(mode=mode)}}
+    config["security"] = {"tokens": [{"name": "alice", "token": "a" * 32}, {"name": "bob", "token": "b" * 32}]}
+    alice, bob = {"Authorization": "Bearer " + "a" * 32}, {"Authorization": "Bearer " + "b" * 32}
+    both = {"toolsListChanged": True, "promptsListChanged": True}
+    async with bridge(config) as b, aiohttp.ClientSession() as http:
+        url = b.url("fixture", "mcp")
+
+        async def listening(who: dict[str, str], rid: str) -> aiohttp.ClientResponse:
+            listen = request("subscriptions/listen", {"notifications": both}, rid=rid)
+            resp = await http.post(url, json=listen, headers={**headers_for(listen), **who})
+            first = await next_event(resp)
+            assert first["method"] == "notifications/subscriptions/acknowledged" and first["params"]["notifications"] == both
+            return resp
+
+        async def trigger(who: dict[str, str], kind: str) -> None:
+            call = request("tools/call", {"name": f"test_trigger_{kind}_change", "arguments": {}})
+            assert (await post(url, call, {**headers_for(call), **who})).final()["result"]["content"][0]["text"] == "Mutation triggered"
+
+        mine, theirs = await listening(alice, "A"), await listening(bob, "B")
+        try:
+            await trigger(alice, "tool")
+            event = await next_event(mine)
+            assert event["method"] == "notifications/tools/list_changed"
+            assert event["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"] == "A"
+            await trigger(bob, "prompt")
+            heard = (await next_event(theirs))["method"]
+            # shared: one process, whose list changes are everyone's; per-session: alice's is hers
+            assert heard == ("notifications/tools/list_changed" if mode == "shared" else "notifications/prompts/list_changed")
+        finally:
+            mine.close()
+            theirs.close()
 
 
 # --------------------------------------------------------------- per-request streams

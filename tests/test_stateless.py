@@ -117,3 +117,15 @@ def test_in_a_cluster_a_state_names_its_owner_and_any_replica_opens_it() -> None
         StateKeys(Cluster("10.0.0.8:8080", new).derived("requestState")).open(token, 1)
     alone = StateKeys()
     assert alone.open(alone.seal(state, 60), 1).owner is None  # without a cluster no owner is named
+
+
+def test_a_request_without_its_envelope_is_refused_with_its_id() -> None:
+    """What streamable.answer_post takes for a 2026-07-28 request may have no params or _meta at all."""
+    for rid, params in ((101, None), (102, {}), (103, {"_meta": "not an object"}), (104, {"_meta": {stateless.CAPABILITIES_KEY: {}}})):
+        msg: dict[str, Any] = {"jsonrpc": "2.0", "id": rid, "method": "server/discover"}
+        if params is not None:
+            msg["params"] = params
+        with pytest.raises(ModernError) as refused:
+            stateless.envelope(msg)
+        assert (refused.value.code, refused.value.status, refused.value.request_id) == (-32602, 400, rid)
+        assert stateless.VERSION_KEY in refused.value.message and "initialize" in refused.value.message

@@ -208,6 +208,11 @@ async def answer(head: PostHead, payload: Any, reply: ModernReply) -> Any:
     except ModernError as exc:
         head.gateway.metrics.error_sent({"code": exc.code})
         return reply.plain(exc.status, exc.body())
+    except HttpError as exc:
+        # A refusal of the daemon's (limits, rate limits): its error names the request too.
+        if exc.request_id is None and "method" in payload and jsonrpc.is_id(payload.get("id")):
+            exc.request_id = payload["id"]
+        raise
 
 
 async def _answer(head: PostHead, msg: Message, reply: ModernReply) -> Any:
@@ -236,8 +241,14 @@ async def _answer(head: PostHead, msg: Message, reply: ModernReply) -> Any:
     if method == _LISTEN:
         return await _listen(head, msg, env, reply)
     params = msg["params"]
-    if "requestState" in params or "inputResponses" in params:
+    if params.get("requestState") is not None:
         return await _resume(head, msg, reply)
+    # No requestState: a fresh call. Its inputResponses (SEP-2322: a client may answer ahead)
+    # answer the server's requests whose keys they name; the rest of them is ignored.
+    params.pop("requestState", None)
+    offered = params.pop("inputResponses", {})
+    if not isinstance(offered, dict):
+        raise ModernError(jsonrpc.INVALID_PARAMS, "inputResponses must be an object", request_id=msg["id"])
     # Before routing: the mux rewrites the id in place (and, of the params, only what is in _meta,
     # which a digest leaves out), so the params are digested only if the call is ever parked.
     rid, digest = msg["id"], functools.partial(stateless.digest, params)
@@ -248,7 +259,7 @@ async def _answer(head: PostHead, msg: Message, reply: ModernReply) -> Any:
     except BaseException:
         gateway.close_session(session, "refused")
         raise
-    return await _exchange(head, session, rid, method, rid, reply, digest)
+    return await _exchange(head, session, rid, method, rid, reply, digest, offered)
 
 
 async def _open(head: PostHead, env: Envelope, notices: frozenset[str] = frozenset()) -> StatelessSession:
@@ -268,10 +279,12 @@ async def _exchange(
     reply_id: RequestId,
     reply: ModernReply,
     digest: Callable[[], str],
+    offered: dict[str, Any],
 ) -> Any:
     """Carry the session's messages to this exchange until the call's final answer (the
-    exchange's end), a server request (answered input_required, the session parked), or the
-    client going (the session closed: the call is cancelled upstream)."""
+    exchange's end), a server request (answered input_required, the session parked, unless
+    `offered`, the call's inputResponses not spent yet, answers it), or the client going (the
+    session closed: the call is cancelled upstream)."""
     gateway = head.gateway
     sink: EventSink | None = None
     asked: dict[str, Message] = {}
@@ -292,16 +305,20 @@ async def _exchange(
                         refusal = f"{msg['method']} during {method}: 2026-07-28 asks the client only during tools/call, prompts/get and resources/read"
                         gateway.from_client(session, jsonrpc.error(msg["id"], jsonrpc.METHOD_NOT_FOUND, refusal))
                         continue
-                    key = f"r{msg['id']}"
+                    key = _input_key(gateway, session, msg["id"], asked)
+                    if key in offered:
+                        if not session.ended:
+                            gateway.from_client(session, _response(msg["id"], key, offered.pop(key)))
+                        continue
                     asked[key] = {"method": msg["method"], **({"params": msg["params"]} if "params" in msg else {})}
                     ids[key] = msg["id"]
                     continue
                 if msg.get("method") == "notifications/cancelled":
                     # The server withdrew a request of its own: the client never saw its id, so
                     # it is not asked (again) rather than told.
-                    withdrawn = f"r{msg.get('params', {}).get('requestId')}"
-                    asked.pop(withdrawn, None)
-                    ids.pop(withdrawn, None)
+                    withdrawn = msg.get("params", {}).get("requestId")
+                    for key in [k for k, downstream in ids.items() if downstream == withdrawn]:
+                        del asked[key], ids[key]
                     continue
                 if sink is None and can_stream and not asked:
                     sink = await reply.open_stream(None)
@@ -414,20 +431,36 @@ async def _resume(head: PostHead, msg: Message, reply: ModernReply) -> Any:
     if parked is None:
         raise ModernError(jsonrpc.INVALID_PARAMS, "requestState names a call that has ended (it expired or failed)", request_id=rid)
     session = parked.session
-    answers: list[Message] = []
-    for key in [k for k in parked.asked if k in responses]:
-        value = responses[key]
-        downstream = parked.ids.pop(key)
+    offered = dict(responses)
+    answered = [key for key in parked.asked if key in offered]
+    answers = [_response(parked.ids.pop(key), key, offered.pop(key)) for key in answered]
+    for key in answered:
         del parked.asked[key]
-        if isinstance(value, dict):
-            answers.append(jsonrpc.result(downstream, value))
-        else:
-            answers.append(jsonrpc.error(downstream, jsonrpc.INVALID_PARAMS, f"inputResponses[{key!r}] is not an object"))
     if answers and not session.ended:
         gateway.from_client(session, answers)
-    # What was asked and not answered is asked again, first thing.
+    # What was asked and not answered is asked again, first thing (in a new input_required).
     session.ask_again([jsonrpc.encode({"jsonrpc": "2.0", "id": parked.ids[k], **request}) for k, request in parked.asked.items()])
-    return await _exchange(head, session, parked.call_id, parked.method, rid, reply, lambda: parked.digest)
+    return await _exchange(head, session, parked.call_id, parked.method, rid, reply, lambda: parked.digest, offered)
+
+
+def _input_key(gateway: Gateway, session: StatelessSession, downstream: RequestId, taken: dict[str, Message]) -> str:
+    """The key a server request gets in `inputRequests`: the server's own id when it is a
+    string (servers name their questions so), else one made of the id it has here; a key
+    already taken in this result gets a suffix."""
+    server_id = gateway.server_request_id(session, downstream)
+    base = server_id if isinstance(server_id, str) and server_id else f"r{downstream}"
+    key, n = base, 1
+    while key in taken:  # ends: each round takes a new suffix, and `taken` is finite
+        n += 1
+        key = f"{base}#{n}"
+    return key
+
+
+def _response(downstream: RequestId, key: str, value: Any) -> Message:
+    """The client's input for one server request, as the mux takes a client's response."""
+    if isinstance(value, dict):
+        return jsonrpc.result(downstream, value)
+    return jsonrpc.error(downstream, jsonrpc.INVALID_PARAMS, f"inputResponses[{key!r}] is not an object")
 
 
 def _spoil(parking: Parking, key: str | None, head: PostHead, why: str) -> None:

@@ -18,10 +18,13 @@ list-changed notifications a `subscriptions/listen` stream must carry;
 off a request that set no log level.
 
 Its own requests to the client carry string ids named like the keys the suite's
-fixture puts in `inputRequests` (`user_name`, `sample_request`, ...), numbered
-only while one of that name is still unanswered (JSON-RPC wants ids unique
-among a sender's requests in flight), so a bridge that keys MRTR input
-requests by the server's request id gives the keys the suite expects.
+fixture puts in `inputRequests` (`user_name`, `sample_request`, ...), so a
+bridge that keys MRTR input requests by the server's request id gives the keys
+the suite expects. JSON-RPC wants ids unique among a sender's requests in
+flight, so asking a question whose name is still unanswered withdraws the
+older one first (`notifications/cancelled`; its call fails): in a suite run
+the only such question is one whose client never came back
+(missing-input-response leaves its call parked in the bridge).
 
 Built on the demo server's JSON-RPC plumbing (bridge/demo_server.py); it asks
 for sampling, elicitation or roots only when `initialize` declared them, and
@@ -170,22 +173,39 @@ def _accepted(result: JSON, field: str) -> Any:
     return content[field]
 
 
+class Question:
+    """One request to the client: its id (the question's name), and the reply once it comes."""
+
+    __slots__ = ("id", "reply")
+
+    def __init__(self, request_id: str) -> None:
+        self.id = request_id
+        self.reply: JSON | None = None
+
+
+WITHDRAWN: JSON = {"error": {"code": INVALID_PARAMS, "message": "question withdrawn: asked again for another call"}}
+
+
 class Asked:
-    """Server requests the fixture sent and is waiting on, keyed by their (string) ids."""
+    """Server requests the fixture sent and is waiting on, by their (string) ids."""
 
     def __init__(self, cond: threading.Condition) -> None:
         self.cond = cond
-        self.replies: dict[str, JSON | None] = {}
+        self.open: dict[str, Question] = {}
 
-    def new_id(self, name: str) -> str:
-        with self.cond:
-            request_id, n = name, 1
-            while request_id in self.replies:
-                n += 1
-                request_id = f"{name}#{n}"
-            self.replies[request_id] = None
-            return request_id
+    def new(self, name: str) -> tuple[Question, Question | None]:
+        """A question named `name`, and the unanswered one of that name it withdraws, if any
+        (its asker wakes with an error). Called with `cond` held."""
+        older = self.open.pop(name, None)
+        if older is not None:
+            older.reply = WITHDRAWN
+            self.cond.notify_all()
+        question = self.open[name] = Question(name)
+        return question, older
 
+    def close(self, question: Question) -> None:
+        if self.open.get(question.id) is question:
+            del self.open[question.id]
 
 
 class FixtureServer(DemoServer):
@@ -258,24 +278,29 @@ class FixtureServer(DemoServer):
         All go out in one write, so whoever reads them sees them together: a bridge
         that gathers one call's questions into one `input_required` result gets all of them.
         """
-        asked: list[str] = []
         with self.cond:
             undeclared = [m for _, m, _ in questions if _CAPABILITY_FOR[m] not in self.client_capabilities]
         if undeclared:
             raise RpcError(MISSING_CLIENT_CAPABILITY, f"the client did not declare {undeclared}", {"requiredCapabilities": {_CAPABILITY_FOR[m]: {} for m in undeclared}})
         lines = []
-        for name, method, params in questions:
-            request_id = self.asked.new_id(name)
-            asked.append(request_id)
-            lines.append({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params})
+        with self.cond:
+            asked: list[Question] = []
+            for name, method, params in questions:
+                question, older = self.asked.new(name)
+                asked.append(question)
+                if older is not None:  # before the new request of the same id
+                    lines.append({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": older.id, "reason": "asked again"}})
+                lines.append({"jsonrpc": "2.0", "id": question.id, "method": method, "params": params})
         self.wire.send_all(lines)
         with self.cond:
-            self.cond.wait_for(lambda: all(self.asked.replies[i] is not None for i in asked) or call.cancelled.is_set())
-            replies = [self.asked.replies.pop(i) for i in asked]
+            self.cond.wait_for(lambda: all(q.reply is not None for q in asked) or call.cancelled.is_set())
+            replies = [q.reply for q in asked]
+            for question in asked:
+                self.asked.close(question)
         if call.cancelled.is_set():
-            for request_id, reply in zip(asked, replies, strict=True):
+            for question, reply in zip(asked, replies, strict=True):
                 if reply is None:
-                    self.notify("notifications/cancelled", {"requestId": request_id, "reason": "originating request cancelled"})
+                    self.notify("notifications/cancelled", {"requestId": question.id, "reason": "originating request cancelled"})
             raise Cancelled
         return [self._outcome(reply) for reply in replies if reply is not None]
 
@@ -297,8 +322,9 @@ class FixtureServer(DemoServer):
 
     def handle_response(self, message: JSON) -> None:
         with self.cond:
-            if message["id"] in self.asked.replies:
-                self.asked.replies[message["id"]] = message
+            question = self.asked.open.get(message["id"])
+            if question is not None:
+                question.reply = message
                 self.cond.notify_all()
                 return
         logging.getLogger("conformance-fixture").warning("ignoring response to unknown request id %r", message["id"])
