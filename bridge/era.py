@@ -53,16 +53,18 @@ from typing import Any, Literal, NamedTuple, TypeGuard
 from . import jsonrpc
 from .jsonrpc import Kind, Message, ProtocolError, RequestId
 from .mux import LATEST_PROTOCOL_VERSION, PROTOCOL_VERSIONS
+from .stateless import (
+    CAPABILITIES_KEY,
+    CLIENT_INFO_KEY,
+    LOG_LEVEL_KEY,
+    MODERN_VERSION,
+    MRTR_METHODS,
+    SERVER_INFO_KEY,
+    SUBSCRIPTION_KEY,
+    UNSUPPORTED_VERSION,
+    VERSION_KEY,
+)
 
-MODERN_VERSION = "2026-07-28"
-UNSUPPORTED_PROTOCOL_VERSION = -32022  # a modern server's answer to initialize
-PROTOCOL_VERSION = "io.modelcontextprotocol/protocolVersion"
-CLIENT_INFO = "io.modelcontextprotocol/clientInfo"
-CLIENT_CAPABILITIES = "io.modelcontextprotocol/clientCapabilities"
-LOG_LEVEL = "io.modelcontextprotocol/logLevel"
-SUBSCRIPTION_ID = "io.modelcontextprotocol/subscriptionId"
-SERVER_INFO = "io.modelcontextprotocol/serverInfo"
-INPUT_METHODS = frozenset({"tools/call", "prompts/get", "resources/read"})
 # How many times one call may come back input_required, how many input requests one
 # such answer may carry, and how many calls may wait for their clients' answers at once.
 MAX_ROUNDS, MAX_INPUTS, MAX_PARKED = 8, 16, 1024
@@ -167,7 +169,7 @@ class Translator:
         return f"{ID_PREFIX}{next(self._ids)}"
 
     def start(self) -> list[Out]:
-        params = {"_meta": {PROTOCOL_VERSION: MODERN_VERSION, CLIENT_INFO: self._client_info, CLIENT_CAPABILITIES: {}}}
+        params = {"_meta": {VERSION_KEY: MODERN_VERSION, CLIENT_INFO_KEY: self._client_info, CAPABILITIES_KEY: {}}}
         return [Write(jsonrpc.request(self._discover_id, "server/discover", params)), Wake(self.discover_timeout)]
 
     def wake(self) -> list[Out]:
@@ -236,7 +238,7 @@ class Translator:
                 out += self._initialize(initialize)
             return out
         error = msg.get("error")
-        if error.__class__ is dict and error.get("code") == UNSUPPORTED_PROTOCOL_VERSION:
+        if error.__class__ is dict and error.get("code") == UNSUPPORTED_VERSION:
             return []  # how a modern server refuses initialize: its discover answer is coming
         return [Deliver(msg), *self._settled("answered initialize")]
 
@@ -279,7 +281,7 @@ class Translator:
         if handler is not None:
             return handler(self, msg)
         params = self._stamp(msg)
-        if method in INPUT_METHODS:
+        if method in MRTR_METHODS:
             self._calls[msg["id"]] = _Call(msg["id"], method, params, msg["id"])
         return [Write(msg)]
 
@@ -290,11 +292,11 @@ class Translator:
         meta = params.get("_meta")
         if not isinstance(meta, dict):
             meta = params["_meta"] = {}
-        meta[PROTOCOL_VERSION] = MODERN_VERSION
-        meta[CLIENT_INFO] = self._client_info
-        meta[CLIENT_CAPABILITIES] = self._capabilities
+        meta[VERSION_KEY] = MODERN_VERSION
+        meta[CLIENT_INFO_KEY] = self._client_info
+        meta[CAPABILITIES_KEY] = self._capabilities
         if self._level is not None:
-            meta[LOG_LEVEL] = self._level
+            meta[LOG_LEVEL_KEY] = self._level
         return params
 
     def _initialize(self, msg: Message) -> list[Out]:
@@ -305,7 +307,7 @@ class Translator:
         asked = params.get("protocolVersion")
         discovered = self.discovered or {}
         meta = discovered.get("_meta")
-        info = meta.get(SERVER_INFO) if meta.__class__ is dict else None
+        info = meta.get(SERVER_INFO_KEY) if meta.__class__ is dict else None
         result: dict[str, Any] = {
             "protocolVersion": asked if asked in PROTOCOL_VERSIONS else LATEST_PROTOCOL_VERSION,
             "capabilities": discovered.get("capabilities") or {},
@@ -444,7 +446,7 @@ class Translator:
         if kind is Kind.NOTIFICATION and self.era is Era.MODERN:
             params = msg.get("params")
             meta = params.get("_meta") if params.__class__ is dict else None
-            if isinstance(meta, dict) and SUBSCRIPTION_ID in meta:
+            if isinstance(meta, dict) and SUBSCRIPTION_KEY in meta:
                 return self._listen_notice(msg, meta)
         return [Deliver(msg)]
 
@@ -515,7 +517,7 @@ class Translator:
         return [Deliver(jsonrpc.error(mux_id, jsonrpc.INTERNAL_ERROR, reason)) for mux_id, _ in failed]
 
     def _listen_notice(self, msg: Message, meta: dict[str, Any]) -> list[Out]:
-        listen = meta.pop(SUBSCRIPTION_ID)  # legacy clients know no subscription ids
+        listen = meta.pop(SUBSCRIPTION_KEY)  # legacy clients know no subscription ids
         if not meta:
             del msg["params"]["_meta"]
         if msg["method"] != "notifications/subscriptions/acknowledged":

@@ -8,12 +8,8 @@ import pytest
 
 from bridge import jsonrpc
 from bridge.era import (
-    CLIENT_CAPABILITIES,
-    LOG_LEVEL,
     MAX_HELD,
     MAX_ROUNDS,
-    PROTOCOL_VERSION,
-    SUBSCRIPTION_ID,
     Ask,
     Decided,
     Deliver,
@@ -23,6 +19,7 @@ from bridge.era import (
     Write,
 )
 from bridge.mux import Mux, ToServer, ToSession
+from bridge.stateless import CAPABILITIES_KEY, LOG_LEVEL_KEY, SUBSCRIPTION_KEY, VERSION_KEY
 
 CAPS = {"sampling": {}, "elicitation": {}}
 DISCOVERED = {
@@ -54,7 +51,7 @@ def started() -> tuple[Translator, str]:
     t = Translator(client_info=("mcp-bridge", "9"))
     outs = t.start()
     (discover,) = writes(outs)
-    assert discover["method"] == "server/discover" and discover["params"]["_meta"][PROTOCOL_VERSION] == "2026-07-28"
+    assert discover["method"] == "server/discover" and discover["params"]["_meta"][VERSION_KEY] == "2026-07-28"
     assert Wake(t.discover_timeout) in outs
     return t, discover["id"]
 
@@ -119,7 +116,7 @@ def test_a_modern_server_slow_to_start_is_found_modern_late() -> None:
     (answer,) = delivered(outs)
     assert answer["id"] == 1 and answer["result"]["serverInfo"] == {"name": "m", "version": "2"}
     (sent,) = writes(t.from_mux(req(2, "tools/list")))
-    assert sent["params"]["_meta"][PROTOCOL_VERSION] == "2026-07-28"
+    assert sent["params"]["_meta"][VERSION_KEY] == "2026-07-28"
 
 
 def test_a_late_refusal_of_the_initialize_after_discover_is_dropped() -> None:
@@ -180,11 +177,11 @@ def test_requests_get_the_modern_meta_and_the_log_level() -> None:
     t = modern()
     (sent,) = writes(t.from_mux(req(2, "tools/list", _meta={"progressToken": 2})))
     meta = sent["params"]["_meta"]
-    assert meta["progressToken"] == 2 and meta[PROTOCOL_VERSION] == "2026-07-28" and meta[CLIENT_CAPABILITIES] == CAPS
-    assert LOG_LEVEL not in meta
+    assert meta["progressToken"] == 2 and meta[VERSION_KEY] == "2026-07-28" and meta[CAPABILITIES_KEY] == CAPS
+    assert LOG_LEVEL_KEY not in meta
     assert delivered(t.from_mux(req(3, "logging/setLevel", level="info"))) == [jsonrpc.result(3, {})]
     (sent,) = writes(t.from_mux(req(4, "tools/list")))
-    assert sent["params"]["_meta"][LOG_LEVEL] == "info"
+    assert sent["params"]["_meta"][LOG_LEVEL_KEY] == "info"
 
 
 def test_removed_methods_are_answered_or_absorbed_here() -> None:
@@ -209,7 +206,7 @@ def test_input_required_becomes_server_requests_then_a_retry() -> None:
     params = retry["params"]
     assert params["name"] == "greet" and params["requestState"] == "opaque"
     assert params["inputResponses"] == {"name": {"action": "accept", "content": {"name": "ada"}}, "model": {"role": "assistant"}}
-    assert params["_meta"][PROTOCOL_VERSION] == "2026-07-28"
+    assert params["_meta"][VERSION_KEY] == "2026-07-28"
     final = delivered(t.from_server(jsonrpc.result(retry["id"], {"content": [], "resultType": "complete"})))
     assert final == [jsonrpc.result(5, {"content": [], "resultType": "complete"})]
     assert not any(t.table_sizes().values())
@@ -280,12 +277,12 @@ def ack(listen: dict[str, Any], honored: list[str] | None = None) -> dict[str, A
     agreed = dict(listen["params"]["notifications"])
     if honored is not None:
         agreed["resourceSubscriptions"] = honored
-    params = {"_meta": {SUBSCRIPTION_ID: listen["id"]}, "notifications": agreed}
+    params = {"_meta": {SUBSCRIPTION_KEY: listen["id"]}, "notifications": agreed}
     return jsonrpc.notification("notifications/subscriptions/acknowledged", params)
 
 
 def updated(listen: str, uri: str) -> dict[str, Any]:
-    return jsonrpc.notification("notifications/resources/updated", {"_meta": {SUBSCRIPTION_ID: listen}, "uri": uri})
+    return jsonrpc.notification("notifications/resources/updated", {"_meta": {SUBSCRIPTION_KEY: listen}, "uri": uri})
 
 
 def test_subscriptions_are_one_listen_replaced_when_the_set_changes() -> None:
@@ -293,7 +290,7 @@ def test_subscriptions_are_one_listen_replaced_when_the_set_changes() -> None:
     t.from_server(jsonrpc.result(discover, {**DISCOVERED, "capabilities": {"resources": {"subscribe": True}}}))
     (first,) = writes(t.from_mux(req(2, "resources/subscribe", uri="a://1")))
     assert first["params"]["notifications"] == {"resourceSubscriptions": ["a://1"]}
-    assert first["params"]["_meta"][PROTOCOL_VERSION] == "2026-07-28"
+    assert first["params"]["_meta"][VERSION_KEY] == "2026-07-28"
     assert delivered(t.from_server(ack(first))) == [jsonrpc.result(2, {})]
     assert delivered(t.from_server(updated(first["id"], "a://1"))) == [
         jsonrpc.notification("notifications/resources/updated", {"uri": "a://1"})
