@@ -190,9 +190,31 @@ def host_problems(config: Config) -> list[str]:
             problems.append(
                 f"{where}.rlimits.processes: the kernel does not apply it to root, as which the server would run: set {where}.user"
             )
-        if server.sandbox is not None and (why := probe_sandbox(server, who)) is not None:
-            problems.append(f"{where}.sandbox: {why}; the server is not run unsandboxed")
+        if server.sandbox is not None:
+            if (why := probe_sandbox(server, who)) is not None:
+                problems.append(f"{where}.sandbox: {why}; the server is not run unsandboxed")
+            problems += [f"{where}.{key}: {path} {_HIDDEN_IN_TMP}" for key, path in _under_private_tmp(server, server.sandbox)]
     return problems
+
+
+_HIDDEN_IN_TMP = "is under /tmp, which the sandbox replaces with a private one: the server could not see it (move it, or list it in sandbox.writable)"
+
+
+def _under_private_tmp(server: Server, sandbox: Sandbox) -> list[tuple[str, str]]:
+    """What the server needs to start (its command, cwd, and arguments that name paths) and
+    the sandbox's empty /tmp would hide: a clear refusal rather than a crash loop."""
+    named = [("command", shutil.which(server.command) or server.command), ("cwd", server.cwd or "")]
+    named += [(f"args[{i}]", arg) for i, arg in enumerate(server.args) if os.path.exists(arg)]
+    return [
+        (key, path)
+        for key, path in named
+        if os.path.isabs(path) and _within(path, "/tmp") and not any(_within(path, w) for w in sandbox.writable)
+    ]
+
+
+def _within(path: str, folder: str) -> bool:
+    path, folder = os.path.normpath(path), os.path.normpath(folder)
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
 
 
 def memory_mechanism(detected: bool = False) -> tuple[str, str | None]:

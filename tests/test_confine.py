@@ -19,6 +19,7 @@ import resource
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +37,27 @@ MiB = 1024 * 1024
 IS_ROOT = os.geteuid() == 0
 
 
-def faulty_as(python: str, **extra: Any) -> dict[str, Any]:
-    return {"command": python, "args": [str(SERVERS / "faulty.py")], "restart": FAST_RESTART, **extra}
+def faulty_as(python: str, script: Path = SERVERS / "faulty.py", **extra: Any) -> dict[str, Any]:
+    return {"command": python, "args": [str(script)], "restart": FAST_RESTART, **extra}
+
+
+@pytest.fixture
+def unhidden() -> Iterator[tuple[str, Path]]:
+    """An interpreter and a copy of faulty.py (stdlib only) that a sandbox's private /tmp does
+    not hide: a fresh clone, as CI makes, may live under /tmp, and the daemon refuses a
+    sandboxed server whose command or script is there."""
+    python = os.path.realpath(PY)  # a venv's interpreter is a link to its base one
+    if python.startswith("/tmp/"):
+        pytest.skip(f"the Python interpreter ({python}) lives under /tmp, which a sandbox hides")
+    folder = Path(tempfile.mkdtemp(prefix="mcp-bridge-boxed-", dir="/var/tmp"))
+    try:
+        folder.chmod(0o755)  # for the test that runs it as nobody
+        script = folder / "faulty.py"
+        shutil.copyfile(SERVERS / "faulty.py", script)
+        script.chmod(0o644)
+        yield python, script
+    finally:
+        shutil.rmtree(folder)
 
 
 async def limit_kills(b: Any, server: str, limit: str) -> float:
@@ -215,10 +235,10 @@ def test_which_limit_ended_a_process() -> None:
 # ------------------------------------------------------------------ another user
 
 
-def python_for(user: str) -> str | None:
-    """An interpreter `user` may run tests/servers/faulty.py with (this one may live in root's home)."""
-    readable = f"open({str(SERVERS / 'faulty.py')!r}).close()"
-    for candidate in (PY, "/usr/bin/python3", "/usr/local/bin/python3"):
+def python_for(user: str, script: Path = SERVERS / "faulty.py", first: str = PY) -> str | None:
+    """An interpreter `user` may run `script` with (this one may live in root's home)."""
+    readable = f"open({str(script)!r}).close()"
+    for candidate in (first, "/usr/bin/python3", "/usr/local/bin/python3"):
         try:
             if subprocess.run([candidate, "-c", readable], user=user, capture_output=True, timeout=10).returncode == 0:
                 return candidate
@@ -357,14 +377,17 @@ class Listener:
 
 
 @needs_bwrap
-async def test_a_sandboxed_server_writes_only_its_paths_and_has_no_network(bridge: Any, tmp_path: Path) -> None:
+async def test_a_sandboxed_server_writes_only_its_paths_and_has_no_network(
+    bridge: Any, tmp_path: Path, unhidden: tuple[str, Path]
+) -> None:
     writable = tmp_path / "rw"
     writable.mkdir()
     private = Path("/tmp") / f"mcp-bridge-sandbox-{os.getpid()}"
+    python, script = unhidden
     config = {
         "servers": {
-            "boxed": faulty_as(PY, sandbox={"writable": [str(writable)]}),
-            "online": faulty_as(PY, sandbox={"network": True}),
+            "boxed": faulty_as(python, script, sandbox={"writable": [str(writable)]}),
+            "online": faulty_as(python, script, sandbox={"network": True}),
         }
     }
     async with Listener() as listener, bridge(config) as b, RawSse(b.url("boxed")) as c, RawSse(b.url("online")) as d:
@@ -412,6 +435,21 @@ async def test_a_sandbox_that_cannot_run_stops_the_start_and_the_check(tmp_path:
         assert "listening" not in out.stderr
 
 
+def test_a_sandboxed_server_under_tmp_is_refused_not_crash_looped(tmp_path: Path) -> None:
+    """The sandbox's /tmp is empty: a command, cwd or script there could not be seen, so start-up
+    and --check say so (unless it is under a writable path, which shows through)."""
+    script = tmp_path / "server.py"
+    script.write_text("")
+    config = tmp_path / "c.yaml"
+    config.write_text(f"servers:\n  boxed:\n    command: /usr/bin/env\n    args: [{script}]\n    cwd: {tmp_path}\n    sandbox: {{}}\n")
+    out = run_check(config)
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    for key, path in (("args[0]", script), ("cwd", tmp_path)):
+        assert f"servers.boxed.{key}: {path} is under /tmp, which the sandbox replaces with a private one" in out.stderr
+    config.write_text(f"servers:\n  boxed:\n    command: /usr/bin/env\n    args: [{script}]\n    sandbox: {{writable: [{tmp_path}]}}\n")
+    assert "is under /tmp" not in run_check(config).stderr
+
+
 @needs_bwrap
 def test_a_sandbox_whose_writable_path_is_missing_is_refused(tmp_path: Path) -> None:
     config = tmp_path / "c.yaml"
@@ -434,17 +472,17 @@ def test_the_sandbox_command_line() -> None:
 
 @needs_bwrap
 @needs_root
-async def test_a_sandboxed_server_run_as_nobody(bridge: Any) -> None:
+async def test_a_sandboxed_server_run_as_nobody(bridge: Any, unhidden: tuple[str, Path]) -> None:
     """The two together, as the README advises: bubblewrap then runs as that user (in a user
     namespace), and the server writes only what is both writable in the sandbox and its own."""
-    python = python_for("nobody")
-    if python is None:
-        pytest.skip("user nobody can run no Python interpreter on tests/servers/faulty.py here")
+    python = python_for("nobody", unhidden[1], unhidden[0])
+    if python is None or python.startswith("/tmp/"):
+        pytest.skip("user nobody can run no Python interpreter outside /tmp on tests/servers/faulty.py here")
     nobody = pwd.getpwnam("nobody")
     # Not under tmp_path: pytest's base directory is root's alone, and nobody could not reach it.
     writable = Path(tempfile.mkdtemp(prefix="mcp-bridge-nobody-"))
     os.chown(writable, nobody.pw_uid, nobody.pw_gid)
-    config = {"servers": {"boxed": faulty_as(python, user="nobody", sandbox={"writable": [str(writable)]})}}
+    config = {"servers": {"boxed": faulty_as(python, unhidden[1], user="nobody", sandbox={"writable": [str(writable)]})}}
     async with contextlib.AsyncExitStack() as stack:
         stack.callback(shutil.rmtree, writable)
         b = await stack.enter_async_context(bridge(config))
