@@ -399,8 +399,10 @@ async def test_a_sandboxed_server_writes_only_its_paths_and_has_no_network(
 
         assert await write(writable / "inside", "in") == "ok"
         assert (writable / "inside").read_text() == "boxed"
-        assert await write(Path(ROOT) / "sandbox-escape", "root") == "error: Read-only file system"
-        assert not (Path(ROOT) / "sandbox-escape").exists()
+        # Outside /tmp (a checkout may live under /tmp, which the sandbox replaces).
+        escape = script.parent / "sandbox-escape"
+        assert await write(escape, "root") == "error: Read-only file system"
+        assert not escape.exists()
         # /tmp is its own (tmp_path is under the host's /tmp): what it writes there is not the host's.
         for path, rid in ((private, "tmp"), (tmp_path / "outside", "out")):
             assert await write(path, rid) == "ok"
@@ -493,9 +495,10 @@ async def test_a_sandboxed_server_run_as_nobody(bridge: Any, unhidden: tuple[str
         reply = await tool(c, "write", {"path": str(writable / "inside"), "text": "boxed"}, request_id="in")
         assert text_of(reply) == "ok"
         assert (writable / "inside").stat().st_uid == nobody.pw_uid
-        reply = await tool(c, "write", {"path": str(Path(ROOT) / "sandbox-escape")}, request_id="out")
+        escape = unhidden[1].parent / "sandbox-escape"  # outside /tmp, as above
+        reply = await tool(c, "write", {"path": str(escape)}, request_id="out")
         assert text_of(reply).startswith("error: ")
-        assert not (Path(ROOT) / "sandbox-escape").exists()
+        assert not escape.exists()
 
 
 def test_sandbox_and_user_keys_are_validated() -> None:
