@@ -287,6 +287,30 @@ async def test_sampling_through_input_required(bridge, mode):
         assert b.named("input_expired") == []
 
 
+@pytest.mark.parametrize("mode", ["shared", "per-session"])
+async def test_a_modern_client_on_a_modern_only_server(bridge, mode):
+    """Both translations at once: the client's input_required comes from the bridge's own
+    parking, the server's is turned into server requests by era.py, and the answers reach it."""
+    server = {"command": PY, "args": [str(SERVERS / "modern.py")], "mode": mode}
+    async with bridge(shared(modern=server)) as b:
+        async with Client(
+            b.url("modern", "mcp"),
+            mode=MODERN,
+            sampling_callback=answer_sampling,
+            elicitation_callback=answer_elicitation,
+            list_roots_callback=answer_roots,
+        ) as client:
+            assert (await client.call_tool("echo", {"text": "plain"})).content[0].text == "plain"
+            assert (await client.call_tool("summarize", {"text": "it"})).content[0].text == "sampled: summarize: it"
+            assert (await client.call_tool("greet", {})).content[0].text == "hello Ada"
+            assert (await client.call_tool("roots", {})).content[0].text == "file:///modern/root"
+            both = await client.call_tool("both", {"text": "x"})
+            assert both.content[0].text == "Ada: sampled: summarize: x", both
+        # Per session each request had a process of its own, now stopped: the log names their era.
+        assert {e["era"] for e in b.named("server_era")} == {"modern"}
+        assert b.named("input_expired") == []
+
+
 @pytest.mark.skipif(not EVERYTHING_JS.exists(), reason="server-everything is not installed: run `npm ci --prefix tests/node`")
 async def test_sampling_elicitation_and_roots_from_server_everything(bridge):
     async with bridge(shared(everything=EVERYTHING)) as b:
