@@ -644,12 +644,16 @@ class Mux:
         peer.capabilities = caps if caps.__class__ is dict else {}
         peer.can_answer = any(name in peer.capabilities for name in _CAPABILITY_FOR.values())
         peer.protocol_version = params.get("protocolVersion")  # provisional until answered
+        return self._answer_when_ready(peer, msg["id"])
+
+    def _answer_when_ready(self, peer: Peer, client_id: RequestId) -> list[Action]:
+        """Answer from the cached initialize result, or once there is one (or the failure)."""
         if self.state is State.FAILED:
-            return [self._reply_error(peer, msg["id"], jsonrpc.SERVER_UNAVAILABLE, self._failure)]
+            return [self._reply_error(peer, client_id, jsonrpc.SERVER_UNAVAILABLE, self._failure)]
         if self.state is not State.READY or self.init_result is None:
-            peer.waiting_init = msg["id"]
+            peer.waiting_init = client_id
             return []
-        return self._answer_initialize(peer, msg["id"])
+        return self._answer_initialize(peer, client_id)
 
     def _answer_initialize(self, peer: Peer, client_id: RequestId) -> list[Action]:
         assert self.init_result is not None
@@ -668,12 +672,7 @@ class Mux:
         """A stateless session's server/discover is answered, like initialize, from the cached result."""
         if not peer.stateless:
             return self._forward_call(peer, msg)
-        if self.state is State.FAILED:
-            return [self._reply_error(peer, msg["id"], jsonrpc.SERVER_UNAVAILABLE, self._failure)]
-        if self.state is not State.READY or self.init_result is None:
-            peer.waiting_init = msg["id"]
-            return []
-        return self._answer_initialize(peer, msg["id"])
+        return self._answer_when_ready(peer, msg["id"])
 
     def _passthrough_initialize(self, peer: Peer, msg: Message) -> list[Action]:
         params = msg.get("params")
