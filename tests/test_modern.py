@@ -277,6 +277,13 @@ async def answer_roots(ctx: Any) -> types.ListRootsResult:
     return types.ListRootsResult(roots=[types.Root(uri="file:///modern/root", name="root")])
 
 
+def answering_client(url: str) -> Client:
+    """A 2026-07-28 client that answers sampling, elicitation and roots."""
+    return Client(
+        url, mode=MODERN, sampling_callback=answer_sampling, elicitation_callback=answer_elicitation, list_roots_callback=answer_roots
+    )
+
+
 @pytest.mark.parametrize("mode", [MODERN, "auto"])
 async def test_sampling_through_input_required(bridge, mode):
     async with bridge(shared(demo=demo())) as b:
@@ -293,13 +300,7 @@ async def test_a_modern_client_on_a_modern_only_server(bridge, mode):
     parking, the server's is turned into server requests by era.py, and the answers reach it."""
     server = {"command": PY, "args": [str(SERVERS / "modern.py")], "mode": mode}
     async with bridge(shared(modern=server)) as b:
-        async with Client(
-            b.url("modern", "mcp"),
-            mode=MODERN,
-            sampling_callback=answer_sampling,
-            elicitation_callback=answer_elicitation,
-            list_roots_callback=answer_roots,
-        ) as client:
+        async with answering_client(b.url("modern", "mcp")) as client:
             assert (await client.call_tool("echo", {"text": "plain"})).content[0].text == "plain"
             assert (await client.call_tool("summarize", {"text": "it"})).content[0].text == "sampled: summarize: it"
             assert (await client.call_tool("greet", {})).content[0].text == "hello Ada"
@@ -314,13 +315,7 @@ async def test_a_modern_client_on_a_modern_only_server(bridge, mode):
 @pytest.mark.skipif(not EVERYTHING_JS.exists(), reason="server-everything is not installed: run `npm ci --prefix tests/node`")
 async def test_sampling_elicitation_and_roots_from_server_everything(bridge):
     async with bridge(shared(everything=EVERYTHING)) as b:
-        async with Client(
-            b.url("everything", "mcp"),
-            mode=MODERN,
-            sampling_callback=answer_sampling,
-            elicitation_callback=answer_elicitation,
-            list_roots_callback=answer_roots,
-        ) as client:
+        async with answering_client(b.url("everything", "mcp")) as client:
             sampled = await client.call_tool("trigger-sampling-request", {"prompt": "hi", "maxTokens": 10})
             assert "sampled: Resource trigger-sampling-request context: hi" in json.dumps(sampled.model_dump())
             elicited = await client.call_tool("trigger-elicitation-request", {})
