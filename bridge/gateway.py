@@ -436,21 +436,35 @@ class Gateway:
     async def open_session(self, session: Session) -> None:
         """Open `session` on its process: the shared one, its principal's, or its own (from the
         warm pool, or started now); waits up to pool.wait for a process when the caps are reached."""
+        if self.open_at_once(session):
+            return
+        if self.server.mode == "per-principal":
+            upstream = await self._new_principal_upstream(session)
+        else:
+            # The id's end: a cluster's ids share their start.
+            upstream = await self._acquire(session, f"{self.name}[{session.id[-8:]}]")
+            upstream.unchecked = upstream.warm
+        self._register(session, upstream)
+
+    def open_at_once(self, session: Session) -> bool:
+        """Open `session` if its process is at hand (the shared one, or its principal's
+        running one), else False: `open_session` waits for one. Raises SessionLimitError."""
         if not self.accepting:
             raise SessionLimitError(f"server {self.name!r} is shutting down")
         if len(self.sessions) + self._opening >= self.max_sessions:
             self.metrics.sessions_dropped["limit"] += 1
             raise SessionLimitError(f"server {self.name!r} has {len(self.sessions)} sessions (limit {self.max_sessions})")
-        if self.new_id is not None:
+        if self.new_id is not None and session.addressed:
             session.id = self.new_id(session.owner)
-        if self._shared is not None:
-            upstream = self._shared
-        elif self.server.mode == "per-principal":
-            upstream = self._principal_upstream(session.owner) or await self._new_principal_upstream(session)
-        else:
-            # The id's end: a cluster's ids share their start.
-            upstream = await self._acquire(session, f"{self.name}[{session.id[-8:]}]")
-            upstream.unchecked = upstream.warm
+        upstream = self._shared
+        if upstream is None and self.server.mode == "per-principal":
+            upstream = self._principal_upstream(session.owner)
+        if upstream is None:
+            return False
+        self._register(session, upstream)
+        return True
+
+    def _register(self, session: Session, upstream: Upstream) -> None:
         self.sessions[session.id] = session
         self._upstreams[session.id] = upstream
         upstream.mux.open_session(session.id, session.owner, self.view(session.owner))

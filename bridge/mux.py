@@ -347,6 +347,7 @@ class Mux:
         # Calls held back until the one call allowed to ask (`_holder`) asks,
         # finishes or has had `attribution_window` seconds (rule 4).
         self._held = _Turns()
+        self._by_principal: Counter[str | None] = Counter()  # open sessions per principal
         self._holder: Call | None = None
         self._cancelled: OrderedDict[int, None] = OrderedDict()
         # Per-session mode replays the client's own initialize after a restart.
@@ -367,6 +368,7 @@ class Mux:
         if session in self._peers:
             raise ValueError(f"session {session!r} already open")
         self._peers[session] = Peer(session, principal, view, last_active=next(self._seq))
+        self._by_principal[principal] += 1
 
     def adopt(
         self,
@@ -425,7 +427,11 @@ class Mux:
                 owner.pop(name, None)
         if peer.level is not None:
             out += self._sync_level()
-        if not any(p.principal == peer.principal for p in self._peers.values()):
+        left = self._by_principal[peer.principal] - 1
+        if left:
+            self._by_principal[peer.principal] = left
+        else:
+            del self._by_principal[peer.principal]
             self._held.forget(peer.principal)
         self._forget_early_notes()
         return self._settle(out)

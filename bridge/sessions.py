@@ -21,6 +21,9 @@ def new_session_id() -> str:
 class Session:
     transport = "none"
     logged = True  # its opening and closing are logged (not a stateless request's: one per call)
+    # Its id is the client's handle on it: unguessable, and in a cluster it names the replica.
+    # A stateless request's session is never named by a client, so it takes a cheap id.
+    addressed = True
     era = "legacy"  # the protocol era it speaks: "legacy" (2024-11-05 to 2025-11-25) or "2026-07-28"
 
     def __init__(self, server: str, owner: str | None, session_id: str | None = None) -> None:

@@ -810,9 +810,38 @@ async def test_sdk_sessions_on_time_server(bridge: Any) -> None:
         assert_clean(b)
 
 
+class _UnreadReply:
+    """An http.Reply whose client reads nothing: all it is written stays unsent."""
+
+    streaming = False
+    gone = False
+
+    def __init__(self) -> None:
+        self.written: list[bytes] = []
+        self.ended = False
+
+    def open_stream(self, session_id: str | None, first: bytes = b"") -> _UnreadReply:
+        self.streaming = True
+        self.written.append(first)
+        return self
+
+    def write(self, data: bytes) -> None:
+        self.written.append(data)
+
+    def unsent(self) -> int:
+        return sum(map(len, self.written))
+
+    def end_stream(self, last: bytes = b"") -> None:
+        self.ended = True
+
+    def watch(self, left: object) -> None:
+        pass
+
+
 def test_stream_bytes_bound_a_reader_and_the_backlog() -> None:
-    """Past `queue_bytes` pending on a stream, a session with a reader attached is too slow;
-    with none, the oldest events go (they stay in the replay buffer) to keep within it."""
+    """Past `queue_bytes` pending on a stream, or written to its reader and not taken by the
+    socket, a session with a reader attached is too slow; with none, the oldest events go
+    (they stay in the replay buffer) to keep within it."""
     message = b"m" * 300
     session = StreamableSession("s", None, queue_limit=1000, queue_bytes=1000, replay_bytes=1 << 20)
     stream = session.streams[STANDALONE]
@@ -820,6 +849,11 @@ def test_stream_bytes_bound_a_reader_and_the_backlog() -> None:
         assert session.deliver(message, None, False)
     assert len(stream.pending) == 3 and stream.pending_bytes == 900
     assert [seq for seq, _, _ in stream.pending] == [8, 9, 10]
-    stream.writers = 1  # a reader attached, and not keeping up
-    assert not session.deliver(message, None, False)
-    assert stream.take() and stream.pending_bytes == 0
+    reply = _UnreadReply()
+    session.read(stream, reply, as_stream=True)  # type: ignore[arg-type]
+    assert not stream.pending and reply.unsent() > 900  # written at once, and not taken
+    assert not session.deliver(message, None, False)  # a reader attached, and not keeping up
+    reply.written.clear()  # the socket took it all
+    assert session.deliver(message, None, False)
+    session.flush()
+    assert b"data: " + message in reply.written[-1] and not reply.ended

@@ -94,9 +94,21 @@ async def open_session(gateway: Gateway, session: Session) -> None:
     try:
         await gateway.open_session(session)
     except SessionLimitError as exc:
-        if exc.retry_after is None:
-            raise HttpError(503, str(exc), headers={"Retry-After": RETRY_AFTER_S}) from None
-        raise HttpError(503, str(exc), jsonrpc.SERVER_UNAVAILABLE, {"Retry-After": str(exc.retry_after)}) from None
+        raise _full(exc) from None
+
+
+def open_at_once(gateway: Gateway, session: Session) -> bool:
+    """Open `session` if its process is at hand, else False (`open_session` waits); 503 as there."""
+    try:
+        return gateway.open_at_once(session)
+    except SessionLimitError as exc:
+        raise _full(exc) from None
+
+
+def _full(exc: SessionLimitError) -> HttpError:
+    if exc.retry_after is None:
+        return HttpError(503, str(exc), headers={"Retry-After": RETRY_AFTER_S})
+    return HttpError(503, str(exc), jsonrpc.SERVER_UNAVAILABLE, {"Retry-After": str(exc.retry_after)})
 
 
 def check_length(content_length: int | None, gateway: Gateway) -> None:

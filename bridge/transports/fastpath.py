@@ -37,7 +37,6 @@ import time
 from collections.abc import Callable, Mapping
 from email.utils import formatdate
 from http import HTTPStatus
-from typing import Any
 
 from aiohttp import web
 from multidict import CIMultiDict
@@ -47,14 +46,18 @@ from ..gateway import Gateway
 from ..principals import NeedsFetch
 from ..security import NOT_FORWARDED, Forwarded, cors_headers
 from ..sessions import Session
-from . import common, forward, modern, sse, streamable
+from . import common, forward, http, modern, sse, streamable
 from .http import INTERNAL_ERROR, HttpError, check_access
 
 MAX_HEAD = 8190  # aiohttp's limit on one line; a longer head (of any shape) is aiohttp's to judge
 MAX_FIELDS = 100  # under aiohttp's limit of 128 headers: more are aiohttp's to judge
 DISCARD_LIMIT = 64 * 1024  # a refused request's body up to this size is read, to keep the connection
 LINGER_S, LINGER_BYTES = 2.0, 1 << 20  # reading on after a refusal, before closing
-CORK_BYTES = 64 * 1024  # a stream's bytes held for the end of the loop's turn, at most
+# A stream's head (with its priming event) waits up to this long for the stream's first
+# event, so that a call answered quickly is one write and one wake-up of the client rather
+# than two. Only the head waits, never an event: a slow call's client sees its stream open
+# this much later, well inside any client's wait for response headers.
+HEAD_HOLD_S = 0.02
 _PREFIX = b"/servers/"
 _MESSAGES = b"/messages"  # HTTP+SSE
 _MCP = b"/mcp"  # Streamable HTTP
@@ -199,10 +202,6 @@ def _target(target: bytes, out: Head) -> bool:
     return True
 
 
-def _chunk(data: bytes) -> bytes:
-    return b"%x\r\n%s\r\n" % (len(data), data)
-
-
 def _or_none(value: bytes | None) -> str | None:
     return None if value is None else _text(value)
 
@@ -268,6 +267,27 @@ class Connections:
     def __init__(self) -> None:
         self.live: set[Connection] = set()
         self.accepted = 0
+        # Connections holding a stream's head, by when it must go (HEAD_HOLD_S): one timer
+        # for them all, rather than one per request.
+        self._holding: dict[Connection, float] = {}
+        self._sweep: asyncio.TimerHandle | None = None
+
+    def hold(self, connection: Connection, loop: asyncio.AbstractEventLoop) -> None:
+        self._holding[connection] = loop.time() + HEAD_HOLD_S
+        if self._sweep is None:
+            self._sweep = loop.call_later(HEAD_HOLD_S, self._release_due, loop)
+
+    def unhold(self, connection: Connection) -> None:
+        self._holding.pop(connection, None)
+
+    def _release_due(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._sweep = None
+        now = loop.time()
+        for connection in [c for c, due in self._holding.items() if due <= now]:
+            connection.release_head()
+        if self._holding:
+            # A head goes at most half a hold late.
+            self._sweep = loop.call_later(HEAD_HOLD_S / 2, self._release_due, loop)
 
     def stop_taking(self) -> None:
         """Take no more requests, as aiohttp's pre-shutdown does: a connection between requests
@@ -278,7 +298,7 @@ class Connections:
 
     async def wait_closed(self, timeout: float) -> None:
         """Wait up to `timeout` seconds for the answers under way to end, then close what is left."""
-        busy = [task for connection in self.live if (task := connection.busy) is not None]
+        busy = [connection.served() for connection in self.live if connection.busy]
         if busy:
             await asyncio.wait(busy, timeout=timeout)
         for connection in list(self.live):
@@ -305,11 +325,11 @@ class Connection(asyncio.Protocol):
         self._last_active = 0.0
         self._idle: asyncio.TimerHandle | None = None
         self._write_paused = False
-        self._drained: asyncio.Future[None] | None = None
-        self._corked: list[bytes] = []  # a stream's bytes from this turn of the loop, for one write
-        self._corked_size = 0
         self._unacked_limited = False  # common.limit_unacked done: once per connection, not per stream
-        self._busy: asyncio.Task[None] | None = None  # answering a Streamable POST; later requests wait
+        self._held = b""  # a stream's head, held for its first event (HEAD_HOLD_S)
+        self._loop = asyncio.get_running_loop()
+        self._busy: _Reply | None = None  # answering a Streamable POST; later requests wait
+        self._served_waiter: asyncio.Future[None] | None = None  # shutdown waits for the answer under way
         self._lingering = 0  # bytes still to drop after refusing a body unread
         self._stopping = False  # shutting down: close once the answer under way has ended
 
@@ -322,13 +342,14 @@ class Connection(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         self._remote = peer[0] if isinstance(peer, tuple) else None
         self._last_active = time.monotonic()
-        self._idle = asyncio.get_running_loop().call_later(self._idle_timeout, self._check_idle)
+        self._idle = self._loop.call_later(self._idle_timeout, self._check_idle)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._detach()
-        self._wake_writer()
-        if self._busy is not None:
-            self._busy.cancel()  # as aiohttp cancels a handler whose client went away
+        busy = self._busy
+        if busy is not None:
+            self._served(busy)
+            busy.left()  # as aiohttp cancels a handler whose client went away
 
     def pause_writing(self) -> None:
         # A client that sends requests without reading the answers waits until it reads them.
@@ -340,11 +361,6 @@ class Connection(asyncio.Protocol):
         self._write_paused = False
         if self._transport is not None:
             self._transport.resume_reading()
-        self._wake_writer()
-
-    def _wake_writer(self) -> None:
-        if self._drained is not None and not self._drained.done():
-            self._drained.set_result(None)
 
     def data_received(self, data: bytes) -> None:
         if self._lingering:
@@ -497,43 +513,23 @@ class Connection(asyncio.Protocol):
             head.mirrored,
             self._app[modern.PARKING],
         )
-        self._busy = asyncio.get_running_loop().create_task(self._serve_mcp(head, post, payload))
-
-    async def _serve_mcp(self, head: Head, post: streamable.PostHead, payload: Any) -> None:
+        reply = self._busy = _Reply(self, head)
         try:
-            await self._answer_mcp(head, post, payload)
-        finally:
-            # Here rather than as the task's done callback: one callback and one turn of the loop fewer.
-            self._served()
-
-    async def _answer_mcp(self, head: Head, post: streamable.PostHead, payload: Any) -> None:
-        reply = _Reply(self, head)
-        try:
-            await streamable.answer_post(post, payload, reply)
+            streamable.answer_post(post, payload, reply)
         except HttpError as exc:
-            if not reply.streaming:
-                self._reply_error(head, exc)
-                return
-            self.close()  # nothing can be said once the stream is under way
-        except asyncio.CancelledError:
-            # The client went away. Return rather than re-raise: a task that ends
-            # cancelled keeps the exception, whose traceback holds this frame.
-            return
+            reply.error(exc)
         except Exception:
             logs.get().exception("internal_error", where="mcp_post", server=head.server, session=head.session_id)
-            if not reply.streaming:
-                self._reply_error(head, INTERNAL_ERROR)
-                return
-            self.close()
-        if reply.streaming and self._transport is not None:
-            self._cork(b"0\r\n\r\n")
-            self._uncork()  # the end goes out with the stream's last event
-            if head.close:
-                self.close()
+            reply.error(INTERNAL_ERROR)
 
-    def _served(self) -> None:
+    def _served(self, reply: _Reply) -> None:
+        """`reply` has ended (or its client went): the next request may be read."""
+        if self._busy is not reply:
+            return
         self._busy = None
         self._last_active = time.monotonic()
+        if self._served_waiter is not None and not self._served_waiter.done():
+            self._served_waiter.set_result(None)
         if self._transport is None:
             return
         if self._stopping:
@@ -542,6 +538,11 @@ class Connection(asyncio.Protocol):
         if not self._write_paused:
             self._transport.resume_reading()
         if self._pending:
+            # Not now: this may run inside the flush of a server's output (or inside _parse).
+            self._loop.call_soon(self._parse_pending)
+
+    def _parse_pending(self) -> None:
+        if self._busy is None and self._pending and self._transport is not None:
             data, self._pending = self._pending, b""
             self._parse(data)
 
@@ -550,46 +551,35 @@ class Connection(asyncio.Protocol):
         transport = self._transport
         return transport is None or transport.is_closing()
 
-    async def write_event(self, data: bytes) -> None:
-        """One chunk of a stream; waits while the client is not reading."""
+    def write(self, data: bytes) -> None:
+        """Bytes of a stream under way, after its held head; dropped once the client is gone."""
+        if self._held:
+            data = self._held + data
+            self._held = b""
+            self._registry.unhold(self)
         transport = self._transport
-        if transport is None or transport.is_closing():
-            raise ConnectionResetError("client went away")
-        self._cork(_chunk(data))
-        if self._write_paused:
-            self._drained = asyncio.get_running_loop().create_future()
-            await self._drained
+        if transport is not None and not transport.is_closing():
+            transport.write(data)
+
+    def release_head(self) -> None:
+        """The stream's head has waited long enough for an event: it goes alone."""
+        if self._held:
+            self.write(b"")
+
+    def unsent(self) -> int:
+        return len(self._held) + (self._transport.get_write_buffer_size() if self._transport is not None else 0)
 
     def open_stream(self, head: Head, headers: dict[str, str], first: bytes) -> None:
         transport = self._transport
         if transport is None:
-            raise ConnectionResetError("client went away")
+            return
         if not self._unacked_limited:
             common.limit_unacked(transport)
             self._unacked_limited = True
         cors = cors_headers(self._app[common.LIVE].guard, head.origin)
         stream_head = render_stream_head({**headers, **cors} if cors else headers, head.close)
-        if first:  # due now, with the head: nothing to wait for
-            transport.write(stream_head + _chunk(first))
-        else:
-            self._cork(stream_head)
-
-    def _cork(self, data: bytes) -> None:
-        """Write `data` of a stream at the end of this turn of the loop, with whatever else the
-        stream says in it: the head and the first event, or the last event and the end, are one
-        write (one send, one wake-up of the client) rather than two."""
-        if not self._corked:
-            asyncio.get_running_loop().call_soon(self._uncork)
-        self._corked.append(data)
-        self._corked_size += len(data)
-        if self._corked_size >= CORK_BYTES:
-            self._uncork()  # what is large goes now, so that the transport's back-pressure sees it
-
-    def _uncork(self) -> None:
-        if self._corked and self._transport is not None:
-            self._transport.write(b"".join(self._corked))
-        self._corked.clear()
-        self._corked_size = 0
+        self._held = stream_head + http.chunk(first) if first else stream_head
+        self._registry.hold(self, self._loop)
 
     def _reply_error(self, head: Head, error: HttpError, linger: bool = False) -> None:
         """The one place this path renders an HttpError (aiohttp's is `http.middleware`)."""
@@ -645,6 +635,9 @@ class Connection(asyncio.Protocol):
 
     def _detach(self) -> None:
         self._registry.live.discard(self)
+        if self._held:
+            self._held = b""
+            self._registry.unhold(self)
         if self._idle is not None:
             self._idle.cancel()
             self._idle = None
@@ -659,11 +652,19 @@ class Connection(asyncio.Protocol):
             self._transport.close()
             self._detach()
         else:
-            self._idle = asyncio.get_running_loop().call_later(self._idle_timeout - idle, self._check_idle)
+            self._idle = self._loop.call_later(self._idle_timeout - idle, self._check_idle)
 
     @property
-    def busy(self) -> asyncio.Task[None] | None:
-        return self._busy
+    def busy(self) -> bool:
+        return self._busy is not None
+
+    def served(self) -> asyncio.Future[None]:
+        """Done once the answer under way has ended."""
+        if self._served_waiter is None:
+            self._served_waiter = asyncio.get_running_loop().create_future()
+            if self._busy is None:
+                self._served_waiter.set_result(None)
+        return self._served_waiter
 
     def stop_taking(self) -> None:
         self._stopping = True
@@ -672,34 +673,61 @@ class Connection(asyncio.Protocol):
 
     def close(self) -> None:
         if self._transport is not None:
-            self._uncork()
+            self.release_head()  # what was said goes out before the end
             self._transport.close()
 
 
 class _Reply:
-    """How streamable.answer_post answers through this connection; its stream's EventSink."""
+    """An `http.Reply` through this connection, and its stream's EventSink."""
+
+    __slots__ = ("_connection", "_head", "_left", "streaming")
 
     def __init__(self, connection: Connection, head: Head) -> None:
         self._connection = connection
         self._head = head
+        self._left: Callable[[], object] | None = None
         self.streaming = False
 
-    def accepted(self, session_id: str) -> None:
-        self._connection._reply(self._head, 202, b"", _TEXT, {streamable.SESSION_HEADER: session_id})
+    def whole(self, status: int, body: bytes, session_id: str | None = None) -> None:
+        headers = {streamable.SESSION_HEADER: session_id} if session_id else None
+        self._connection._reply(self._head, status, body, _JSON if body else _TEXT, headers)
+        self._done()
 
-    def json(self, body: bytes, session_id: str) -> None:
-        self._connection._reply(self._head, 200, body, _JSON, {streamable.SESSION_HEADER: session_id})
+    def error(self, exc: HttpError) -> None:
+        if self.streaming:
+            self.abort()  # nothing can be said once the stream is under way
+            return
+        self._connection._reply_error(self._head, exc)
+        self._done()
 
-    def plain(self, status: int, body: bytes) -> None:
-        self._connection._reply(self._head, status, body, _JSON if body else _TEXT, None)
-
-    async def open_stream(self, session_id: str | None, first: bytes = b"") -> _Reply:
+    def open_stream(self, session_id: str | None, first: bytes = b"") -> _Reply:
         self._connection.open_stream(self._head, {streamable.SESSION_HEADER: session_id} if session_id else {}, first)
         self.streaming = True
         return self
 
-    async def write(self, data: bytes) -> None:
-        await self._connection.write_event(data)
+    def write(self, data: bytes) -> None:
+        self._connection.write(http.chunk(data))
+
+    def unsent(self) -> int:
+        return self._connection.unsent()
+
+    def end_stream(self, last: bytes = b"") -> None:
+        self._connection.write(http.chunk(last) + http.LAST_CHUNK if last else http.LAST_CHUNK)  # one write: one send
+        if self._head.close:
+            self._connection.close()
+        self._done()
+
+    def abort(self) -> None:
+        self._connection.close()
+        self._done()
+
+    def watch(self, left: Callable[[], object]) -> None:
+        self._left = left
+
+    def left(self) -> None:
+        left, self._left = self._left, None
+        if left is not None:
+            left()
 
     @property
     def gone(self) -> bool:
@@ -708,8 +736,9 @@ class _Reply:
     def request_headers(self) -> CIMultiDict[str]:
         return CIMultiDict((name.decode("latin-1"), _text(value)) for name, value in self._head.fields.items())
 
-    def abort(self) -> None:
-        self._connection.close()
+    def _done(self) -> None:
+        self._left = None
+        self._connection._served(self)
 
 
 _JSON = b"application/json"

@@ -37,7 +37,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Mapping
-from typing import TYPE_CHECKING, Any, assert_never
+from typing import Any, assert_never
 from urllib.parse import quote
 
 import aiohttp
@@ -51,9 +51,6 @@ from ..metrics import Forwarding
 from ..stateless import MODERN_VERSIONS
 from . import common, http
 from .http import RETRY_AFTER_S, HttpError
-
-if TYPE_CHECKING:
-    from .modern import ModernReply
 
 # Meant for one connection only (RFC 9110, 7.6.1), so never passed on.
 HOP_BY_HOP = frozenset(
@@ -122,10 +119,11 @@ class Forwarder:
                 assert_never(route)
 
     async def retry(
-        self, owner: Owner, server: str, headers: Mapping[str, str], body: bytes, reply: ModernReply, rid: jsonrpc.RequestId | None
-    ) -> Any:
+        self, owner: Owner, server: str, headers: Mapping[str, str], body: bytes, reply: http.Reply, rid: jsonrpc.RequestId | None, unsent_limit: int
+    ) -> None:
         """Forward an MRTR retry to the replica holding its call; its answer goes back through
-        `reply`: a JSON body whole, a stream event by event."""
+        `reply`: a JSON body whole, a stream chunk by chunk (a client that leaves more than
+        `unsent_limit` bytes unread is cut off, as a slow session is)."""
         gone = HttpError(400, f"{CALL_GONE}: the replica that held it is gone; start the call anew", jsonrpc.INVALID_PARAMS, request_id=rid)
         # The body is encoded again and sent whole: its own length and type, nothing to expect.
         out = {k: v for k, v in self._request_headers(headers).items() if k.lower() not in _REENCODED}
@@ -137,21 +135,25 @@ class Forwarder:
                 if upstream.content_type != http.SSE:
                     answer = await upstream.read()
                     self.counts.outcomes[outcome] += 1
-                    return reply.plain(upstream.status, answer)
-                sink = await reply.open_stream(None)
+                    reply.whole(upstream.status, answer)
+                    return
+                sink = reply.open_stream(None)
                 reader = upstream.content
                 while chunk := await reader.readany():
-                    await sink.write(chunk)
+                    if reply.gone:
+                        return  # the client went: leaving closes the request to the owner
+                    sink.write(chunk)
+                    if sink.unsent() > unsent_limit:
+                        reply.abort()
+                        return
             except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
                 self._broken(owner, exc)
                 if sink is None:
                     raise gone from None
                 reply.abort()  # a stream cut before its end reads as broken, not complete
-                raise HttpError(502, "the replica holding the call went mid-answer", jsonrpc.INTERNAL_ERROR, request_id=rid) from None
-            except ConnectionResetError:
-                return None  # the client went: leaving closes the request to the owner
+                return
             self.counts.outcomes[outcome] += 1
-            return None
+            reply.end_stream()
 
     @contextlib.asynccontextmanager
     async def _exchange(

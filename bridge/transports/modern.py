@@ -35,23 +35,23 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
 import secrets
-import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from .. import jsonrpc, stateless
+from .. import jsonrpc, logs, stateless
 from ..cluster import FORWARDED_HEADER
 from ..gateway import Gateway
 from ..jsonrpc import Message, RequestId
 from ..sessions import Session
 from ..stateless import Envelope, ModernError, State, StateKeys
 from . import common, forward, http
-from .http import EventSink, HttpError
+from .http import EventSink, HttpError, Reply
 
 if TYPE_CHECKING:
     from .streamable import PostHead
@@ -59,48 +59,38 @@ if TYPE_CHECKING:
 _LISTEN = "subscriptions/listen"
 _LISTEN_ID = "mcp-bridge-listen"  # ids of the bridge's own requests in a listen session (its own: no clash)
 _TOOL_HEADERS_KEPT = 4096  # tools whose x-mcp-header names are remembered, per server
-
-
-class ModernReply(Protocol):
-    """How a modern request's answer goes out (aiohttp's response, or the fast path's connection)."""
-
-    def plain(self, status: int, body: bytes) -> Any: ...
-
-    async def open_stream(self, session_id: str | None) -> EventSink: ...
-
-    @property
-    def gone(self) -> bool: ...
-
-    def request_headers(self) -> Mapping[str, str]:
-        """The request's headers (the fast path's: those it reads): what a forwarded retry carries."""
-
-    def abort(self) -> None:
-        """Close the connection mid-answer: the client reads its answer as broken."""
+_request_numbers = itertools.count(1)
 
 
 class StatelessSession(Session):
-    """One modern request (or listen stream): what the mux says to it, in order."""
+    """One modern request (or listen stream): what the mux says to it, in order. Whatever
+    answers it (an `Exchange`, a `Listen`) is `driver`, run at every flush, at its end and
+    when a keepalive is due: no task waits on it."""
 
     transport = "stateless"
     logged = False
+    addressed = False
     era = stateless.MODERN_VERSION
 
     def __init__(self, server: str, owner: str | None, queue_limit: int, queue_bytes: int) -> None:
-        super().__init__(server, owner)
+        super().__init__(server, owner, f"req-{next(_request_numbers)}")  # unique in this daemon's life
         self.queue: deque[tuple[bytes, RequestId | None, bool]] = deque()
         self._limit = queue_limit
         self._byte_limit = queue_bytes
         self._bytes = 0  # of the messages in queue
         self.ping_due = False
-        self._waiter: asyncio.Future[None] | None = None
+        self.driver: Driver | None = None  # none while parked: the queue waits for the retry
 
     def deliver(self, data: bytes, related: RequestId | None, final: bool) -> bool:
         if len(self.queue) >= self._limit or self._bytes + len(data) > self._byte_limit:
             return False  # limits.session_queue(_bytes): the gateway drops the session as too slow
         self.queue.append((data, related, final))
         self._bytes += len(data)
-        self._wake()
         return True
+
+    def flush(self) -> None:
+        if self.driver is not None:
+            self.driver.pump()
 
     def pop(self) -> tuple[bytes, RequestId | None, bool]:
         item = self.queue.popleft()
@@ -117,22 +107,66 @@ class StatelessSession(Session):
 
     def keepalive(self) -> None:
         self.ping_due = True
-        self._wake()
+        self.flush()
 
     def end(self, reason: str) -> None:
         super().end(reason)
-        self._wake()
+        self.flush()
 
-    def _wake(self) -> None:
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
 
-    async def wait(self) -> None:
-        waiter = self._waiter = asyncio.get_running_loop().create_future()
+class Driver:
+    """What answers a StatelessSession's request from its queue. `pump` is reentrant-safe:
+    what it sets off (a response to the server, the session closing) may deliver and flush
+    again while it runs; that round is taken once it is done. A bug in a step ends this
+    request with a 500, never the flush of the server's output that ran it."""
+
+    __slots__ = ("_again", "_running", "head", "over", "reply", "session")
+
+    def __init__(self, head: PostHead, session: StatelessSession, reply: Reply) -> None:
+        self.head = head
+        self.session = session
+        self.reply = reply
+        self.over = False  # answered, parked, or its client went: nothing more to do
+        self._running = False
+        self._again = False
+
+    def start(self) -> None:
+        self.session.driver = self
+        self.reply.watch(self.left)
+        self.pump()
+
+    def pump(self) -> None:
+        if self.over:
+            return
+        if self._running:
+            self._again = True
+            return
+        self._running = True
         try:
-            await waiter
+            again = True
+            while again and not self.over:  # ends: each round is one more flush of the session's
+                self._again = False
+                self.step()
+                again = self._again
+        except Exception:
+            logs.get().exception("internal_error", where="modern_request", server=self.head.gateway.name, session=self.session.id)
+            self.close("internal error")
+            self.reply.error(http.INTERNAL_ERROR)
         finally:
-            self._waiter = None
+            self._running = False
+
+    def step(self) -> None:
+        raise NotImplementedError
+
+    def left(self) -> None:
+        """The client closed its stream: closing the session cancels the call upstream."""
+        if not self.over:
+            self.close("client closed stream")
+
+    def close(self, reason: str) -> None:
+        self.over = True
+        self.session.driver = None
+        self.head.gateway.close_session(self.session, reason)
 
 
 @dataclass(eq=False)
@@ -201,31 +235,51 @@ PARKING = web.AppKey("parking", Parking)
 # ------------------------------------------------------------------ answers
 
 
-async def answer(head: PostHead, payload: Any, reply: ModernReply) -> Any:
+def answer(head: PostHead, payload: Any, reply: Reply) -> None:
     """Answer a modern POST (a decoded body that `stateless.is_modern`)."""
     try:
-        return await _answer(head, payload, reply)
+        _answer(head, payload, reply)
     except ModernError as exc:
-        head.gateway.metrics.error_sent({"code": exc.code})
-        return reply.plain(exc.status, exc.body())
+        _refuse(head, reply, exc)
     except HttpError as exc:
-        # A refusal of the daemon's (limits, rate limits): its error names the request too.
-        if exc.request_id is None and "method" in payload and jsonrpc.is_id(payload.get("id")):
-            exc.request_id = payload["id"]
+        _name(exc, payload)
         raise
 
 
-async def _answer(head: PostHead, msg: Message, reply: ModernReply) -> Any:
-    gateway = head.gateway
+async def _refusing(head: PostHead, payload: Message, reply: Reply, step: Awaitable[None]) -> None:
+    """A step run by `http.later`, whose refusals are answered as `answer` answers them."""
+    try:
+        await step
+    except ModernError as exc:
+        _refuse(head, reply, exc)
+    except HttpError as exc:
+        _name(exc, payload)
+        raise
+
+
+def _refuse(head: PostHead, reply: Reply, exc: ModernError) -> None:
+    head.gateway.metrics.error_sent({"code": exc.code})
+    reply.whole(exc.status, exc.body())
+
+
+def _name(exc: HttpError, payload: Any) -> None:
+    """A refusal of the daemon's (limits, rate limits): its error names the request too."""
+    if exc.request_id is None and "method" in payload and jsonrpc.is_id(payload.get("id")):
+        exc.request_id = payload["id"]
+
+
+def _answer(head: PostHead, msg: Message, reply: Reply) -> None:
     try:
         kind = jsonrpc.classify(msg)
     except jsonrpc.ProtocolError as exc:
         raise ModernError(exc.code, exc.message, request_id=exc.request_id) from None
     if kind is jsonrpc.Kind.NOTIFICATION:
         # 2026-07-28 defines no client notifications over HTTP (a client cancels by closing its stream).
-        return reply.plain(202, b"")
+        reply.whole(202, b"")
+        return
     if kind is jsonrpc.Kind.RESPONSE:
         raise ModernError(jsonrpc.INVALID_REQUEST, "a 2026-07-28 client sends no responses: input goes in a retry's inputResponses")
+    gateway = head.gateway
     env = stateless.envelope(msg)
     tools = gateway.name in head.parking.tool_headers and msg["method"] == "tools/call"
     known = head.parking.tool_headers[gateway.name].get(msg["params"].get("name")) if tools else None
@@ -239,10 +293,12 @@ async def _answer(head: PostHead, msg: Message, reply: ModernReply) -> Any:
         wanted = http.SSE if method == _LISTEN else f"{http.JSON} or {http.SSE}"
         raise HttpError(406, f"{method} needs Accept: {wanted}", request_id=msg["id"])
     if method == _LISTEN:
-        return await _listen(head, msg, env, reply)
+        _listen(head, msg, env, reply)
+        return
     params = msg["params"]
     if params.get("requestState") is not None:
-        return await _resume(head, msg, reply)
+        _resume(head, msg, reply)
+        return
     # No requestState: a fresh call. Its inputResponses (SEP-2322: a client may answer ahead)
     # answer the server's requests whose keys they name; the rest of them is ignored.
     params.pop("requestState", None)
@@ -253,117 +309,158 @@ async def _answer(head: PostHead, msg: Message, reply: ModernReply) -> Any:
     # which a digest leaves out), so the params are digested only if the call is ever parked.
     rid, digest = msg["id"], functools.partial(stateless.digest, params)
     stateless.strip_envelope(params)
-    session = await _open(head, env)
-    try:
-        common.route(gateway, session, msg)
-    except BaseException:
-        gateway.close_session(session, "refused")
-        raise
-    return await _exchange(head, session, rid, method, rid, reply, digest, offered)
+
+    def call(session: StatelessSession) -> None:
+        try:
+            common.route(gateway, session, msg)
+        except BaseException:
+            gateway.close_session(session, "refused")
+            raise
+        Exchange(head, session, rid, method, rid, reply, digest, offered).start()
+
+    _open(head, msg, env, reply, frozenset(), call)
 
 
-async def _open(head: PostHead, env: Envelope, notices: frozenset[str] = frozenset()) -> StatelessSession:
+def _open(
+    head: PostHead, msg: Message, env: Envelope, reply: Reply, notices: frozenset[str], then: Callable[[StatelessSession], None]
+) -> None:
+    """A session for the request, adopted as its `_meta` says, then `then`: at once when its
+    process is at hand (the common case), else once one has come."""
     gateway = head.gateway
     limits = gateway.limits
     session = StatelessSession(gateway.name, head.principal, limits.session_queue, limits.slow_bytes)
+
+    def adopted() -> None:
+        gateway.adopt(session, env.capabilities, env.version, env.client_info, env.log_level, notices)
+        then(session)
+
+    if common.open_at_once(gateway, session):
+        adopted()
+    else:
+        http.later(reply, _refusing(head, msg, reply, _opened(gateway, session, adopted)), "modern_request")
+
+
+async def _opened(gateway: Gateway, session: StatelessSession, then: Callable[[], None]) -> None:
     await common.open_session(gateway, session)
-    gateway.adopt(session, env.capabilities, env.version, env.client_info, env.log_level, notices)
-    return session
+    then()
 
 
-async def _exchange(
-    head: PostHead,
-    session: StatelessSession,
-    call_id: RequestId,
-    method: str,
-    reply_id: RequestId,
-    reply: ModernReply,
-    digest: Callable[[], str],
-    offered: dict[str, Any],
-) -> Any:
-    """Carry the session's messages to this exchange until the call's final answer (the
-    exchange's end), a server request (answered input_required, the session parked, unless
-    `offered`, the call's inputResponses not spent yet, answers it), or the client going (the
-    session closed: the call is cancelled upstream)."""
-    gateway = head.gateway
-    sink: EventSink | None = None
-    asked: dict[str, Message] = {}
-    ids: dict[str, RequestId] = {}
-    parked = False
-    reason = "answered"
-    can_stream = bool(head.accept) and http.quality(head.accept, http.SSE) > 0
-    try:
-        while True:
-            while session.queue:
-                data, related, final = session.pop()
-                if final and related == call_id:
-                    return await _finish(head, session, data, method, reply_id, reply, sink)
-                msg = jsonrpc.decode(data)
-                if "method" in msg and "id" in msg:  # a server request: MRTR
-                    if method not in stateless.MRTR_METHODS:
-                        # Only these may be answered input_required: the server's question gets an error.
-                        refusal = f"{msg['method']} during {method}: 2026-07-28 asks the client only during tools/call, prompts/get and resources/read"
-                        gateway.from_client(session, jsonrpc.error(msg["id"], jsonrpc.METHOD_NOT_FOUND, refusal))
-                        continue
-                    key = _input_key(gateway, session, msg["id"], asked)
-                    if key in offered:
-                        if not session.ended:
-                            gateway.from_client(session, _response(msg["id"], key, offered.pop(key)))
-                        continue
-                    asked[key] = {"method": msg["method"], **({"params": msg["params"]} if "params" in msg else {})}
-                    ids[key] = msg["id"]
+class Exchange(Driver):
+    """A call's answer under way: its session's messages carried to the reply, until the
+    call's final answer (the exchange's end), a server request (answered input_required,
+    the session parked, unless `offered`, the call's inputResponses not spent yet, answers
+    it), or the client going (the session closed: the call is cancelled upstream)."""
+
+    __slots__ = ("asked", "call_id", "can_stream", "digest", "ids", "method", "offered", "reply_id", "sink")
+
+    def __init__(
+        self,
+        head: PostHead,
+        session: StatelessSession,
+        call_id: RequestId,
+        method: str,
+        reply_id: RequestId,
+        reply: Reply,
+        digest: Callable[[], str],
+        offered: dict[str, Any],
+    ) -> None:
+        super().__init__(head, session, reply)
+        self.call_id, self.method, self.reply_id, self.digest, self.offered = call_id, method, reply_id, digest, offered
+        self.sink: EventSink | None = None
+        self.asked: dict[str, Message] = {}  # input key -> the server request, as the client is shown it
+        self.ids: dict[str, RequestId] = {}  # input key -> the server request's id at the session
+        self.can_stream = bool(head.accept) and http.quality(head.accept, http.SSE) > 0
+
+    def step(self) -> None:
+        gateway, session = self.head.gateway, self.session
+        asked, ids, offered = self.asked, self.ids, self.offered
+        events: list[bytes] = []
+        while session.queue:
+            data, related, final = session.pop()
+            if final and related == self.call_id:
+                self._finish(data, events)
+                return
+            msg = jsonrpc.decode(data)
+            if "method" in msg and "id" in msg:  # a server request: MRTR
+                if self.method not in stateless.MRTR_METHODS:
+                    # Only these may be answered input_required: the server's question gets an error.
+                    refusal = f"{msg['method']} during {self.method}: 2026-07-28 asks the client only during tools/call, prompts/get and resources/read"
+                    gateway.from_client(session, jsonrpc.error(msg["id"], jsonrpc.METHOD_NOT_FOUND, refusal))
                     continue
-                if msg.get("method") == "notifications/cancelled":
-                    # The server withdrew a request of its own: the client never saw its id, so
-                    # it is not asked (again) rather than told.
-                    withdrawn = msg.get("params", {}).get("requestId")
-                    for key in [k for k, downstream in ids.items() if downstream == withdrawn]:
-                        del asked[key], ids[key]
+                key = _input_key(gateway, session, msg["id"], asked)
+                if key in offered:
+                    if not session.ended:
+                        gateway.from_client(session, _response(msg["id"], key, offered.pop(key)))
                     continue
-                if sink is None and can_stream and not asked:
-                    sink = await reply.open_stream(None)
-                if sink is not None:
-                    await sink.write(_event(data))
-            if asked:
-                parked = True
-                return await _input_required(head, session, method, reply_id, call_id, reply, sink, asked, ids, digest)
-            if session.ended:
-                ended = jsonrpc.error(reply_id, jsonrpc.SESSION_CLOSED, f"request ended before its answer: {session.end_reason}")
-                if sink is None:
-                    return reply.plain(503, jsonrpc.encode(ended))
-                await sink.write(_event(jsonrpc.encode(ended)))
-                return None
-            if session.ping_due:
-                session.ping_due = False
-                if sink is not None:
-                    await sink.write(common.PING)
-                elif reply.gone:
-                    reason = "client closed stream"
-                    return None
-            await session.wait()
-    except (ConnectionResetError, asyncio.CancelledError):
-        reason = "client closed stream"  # closing the session (below) cancels the call upstream
-        return None
-    finally:
-        if not parked:
-            gateway.close_session(session, reason)
+                asked[key] = {"method": msg["method"], **({"params": msg["params"]} if "params" in msg else {})}
+                ids[key] = msg["id"]
+                continue
+            if msg.get("method") == "notifications/cancelled":
+                # The server withdrew a request of its own: the client never saw its id, so
+                # it is not asked (again) rather than told.
+                withdrawn = msg.get("params", {}).get("requestId")
+                for key in [k for k, downstream in ids.items() if downstream == withdrawn]:
+                    del asked[key], ids[key]
+                continue
+            if self.sink is not None or (self.can_stream and not asked):
+                events.append(_event(data))
+        if events:
+            self._send(b"".join(events))
+        if asked:
+            self._input_required()
+        elif session.ended:
+            ended = jsonrpc.encode(jsonrpc.error(self.reply_id, jsonrpc.SESSION_CLOSED, f"request ended before its answer: {session.end_reason}"))
+            self._end(ended, 503)
+        elif session.ping_due:
+            session.ping_due = False
+            if self.sink is not None:
+                self.sink.write(common.PING)
 
+    def _send(self, events: bytes) -> None:
+        """Events before the answer: the first opens the stream (the answer is SSE from then on)."""
+        if self.sink is None:
+            self.sink = self.reply.open_stream(None, events)
+        else:
+            self.sink.write(events)
 
-async def _finish(
-    head: PostHead, session: StatelessSession, data: bytes, method: str, reply_id: RequestId, reply: ModernReply, sink: EventSink | None
-) -> Any:
-    if method == "server/discover":
-        msg = jsonrpc.decode(data)
-        if msg.get("result").__class__ is dict:
-            msg["result"] = stateless.discover(msg["result"])
-            data = jsonrpc.encode(msg)
-    elif method == "tools/list":
-        head.parking.learn_tools(head.gateway.name, jsonrpc.decode(data).get("result"))
-    body, status = stateless.answer(data, method, reply_id, _server(head, session))
-    if sink is not None:
-        await sink.write(_event(body))
-        return None
-    return reply.plain(status, body)
+    def _end(self, body: bytes, status: int, events: bytes = b"") -> None:
+        """The exchange's last word: the answer's body (an event when streaming), then the session closes."""
+        self.close("answered")
+        if self.sink is not None:
+            self.reply.end_stream(events + _event(body))
+        elif events:
+            self.reply.open_stream(None, events)
+            self.reply.end_stream(_event(body))
+        else:
+            self.reply.whole(status, body)
+
+    def _finish(self, data: bytes, events: list[bytes]) -> None:
+        head, session, method = self.head, self.session, self.method
+        if method == "server/discover":
+            msg = jsonrpc.decode(data)
+            if msg.get("result").__class__ is dict:
+                msg["result"] = stateless.discover(msg["result"])
+                data = jsonrpc.encode(msg)
+        elif method == "tools/list":
+            head.parking.learn_tools(head.gateway.name, jsonrpc.decode(data).get("result"))
+        body, status = stateless.answer(data, method, self.reply_id, _server(head, session))
+        self._end(body, status, b"".join(events))
+
+    def _input_required(self) -> None:
+        head, gateway, parking = self.head, self.head.gateway, self.head.parking
+        session = self.session
+        self.over = True
+        session.driver = None  # parked: its queue waits for the retry
+        key = secrets.token_urlsafe(16)
+        ttl = gateway.limits.request_state_ttl
+        salient = self.digest()
+        parking.park(Parked(key, gateway, session, head.principal, self.method, salient, self.asked, self.ids, self.call_id), ttl)
+        token = parking.keys.seal(State(key, head.principal, self.method, salient, gateway.name), ttl)
+        body = jsonrpc.encode(jsonrpc.result(self.reply_id, stateless.input_required(self.asked, token, _server(head, session))))
+        if self.sink is not None:
+            self.reply.end_stream(_event(body))
+        else:
+            self.reply.whole(200, body)
 
 
 def _server(head: PostHead, session: StatelessSession) -> stateless.Server:
@@ -371,33 +468,7 @@ def _server(head: PostHead, session: StatelessSession) -> stateless.Server:
     return stateless.Server(init.get("serverInfo") if init else None, head.gateway.server.cache_scope)
 
 
-async def _input_required(
-    head: PostHead,
-    session: StatelessSession,
-    method: str,
-    reply_id: RequestId,
-    call_id: RequestId,
-    reply: ModernReply,
-    sink: EventSink | None,
-    asked: dict[str, Message],
-    ids: dict[str, RequestId],
-    digest: Callable[[], str],
-) -> Any:
-    gateway = head.gateway
-    parking = head.parking
-    key = secrets.token_urlsafe(16)
-    ttl = gateway.limits.request_state_ttl
-    salient = digest()
-    parking.park(Parked(key, gateway, session, head.principal, method, salient, asked, ids, call_id), ttl)
-    token = parking.keys.seal(State(key, head.principal, method, salient, gateway.name), ttl)
-    body = jsonrpc.encode(jsonrpc.result(reply_id, stateless.input_required(asked, token, _server(head, session))))
-    if sink is not None:
-        await sink.write(_event(body))
-        return None
-    return reply.plain(200, body)
-
-
-async def _resume(head: PostHead, msg: Message, reply: ModernReply) -> Any:
+def _resume(head: PostHead, msg: Message, reply: Reply) -> None:
     """A retry: check its requestState, give the parked call the client's answers, and
     carry the call on in this exchange."""
     gateway, parking = head.gateway, head.parking
@@ -417,7 +488,9 @@ async def _resume(head: PostHead, msg: Message, reply: ModernReply) -> Any:
         headers = reply.request_headers()
         owner = forwarder.place(state.owner, FORWARDED_HEADER in headers, rid)
         if owner is not None:
-            return await forwarder.retry(owner, gateway.name, headers, jsonrpc.encode(msg), reply, rid)
+            retry = forwarder.retry(owner, gateway.name, headers, jsonrpc.encode(msg), reply, rid, gateway.limits.slow_bytes)
+            http.later(reply, retry, "mrtr_forward")
+            return
     if state.method != msg["method"] or state.digest != stateless.digest(params):
         _spoil(parking, state.park, head, "retry does not match the original request")
         raise ModernError(
@@ -440,7 +513,7 @@ async def _resume(head: PostHead, msg: Message, reply: ModernReply) -> Any:
         gateway.from_client(session, answers)
     # What was asked and not answered is asked again, first thing (in a new input_required).
     session.ask_again([jsonrpc.encode({"jsonrpc": "2.0", "id": parked.ids[k], **request}) for k, request in parked.asked.items()])
-    return await _exchange(head, session, parked.call_id, parked.method, rid, reply, lambda: parked.digest, offered)
+    Exchange(head, session, parked.call_id, parked.method, rid, reply, lambda: parked.digest, offered).start()
 
 
 def _input_key(gateway: Gateway, session: StatelessSession, downstream: RequestId, taken: dict[str, Message]) -> str:
@@ -478,8 +551,7 @@ def _spoil(parking: Parking, key: str | None, head: PostHead, why: str) -> None:
 # ------------------------------------------------------------------ listen
 
 
-async def _listen(head: PostHead, msg: Message, env: Envelope, reply: ModernReply) -> Any:
-    gateway = head.gateway
+def _listen(head: PostHead, msg: Message, env: Envelope, reply: Reply) -> None:
     rid = msg["id"]
     wanted = msg["params"].get("notifications")
     if wanted is None:
@@ -492,71 +564,86 @@ async def _listen(head: PostHead, msg: Message, env: Envelope, reply: ModernRepl
     notices = {method for flag, (method, _) in stateless.LIST_CHANGES.items() if wanted.get(flag) is True}
     if uris:
         notices.add(stateless.RESOURCE_UPDATED)
-    session = await _open(head, env, frozenset(notices))
-    try:
-        agreed = await _subscribe(gateway, session, wanted, list(dict.fromkeys(uris)), rid)
-        sink = await reply.open_stream(None)
-        meta = {stateless.SUBSCRIPTION_KEY: rid}
-        ack = jsonrpc.notification("notifications/subscriptions/acknowledged", {"_meta": meta, "notifications": agreed})
-        await sink.write(_event(jsonrpc.encode(ack)))
-        while not sink.gone:
-            while session.queue:
-                data, related, _ = session.pop()
-                if related is not None:
-                    continue  # a late answer to the bridge's own subscribe
-                note = jsonrpc.decode(data)
-                params = note.get("params")
-                if params.__class__ is not dict:
-                    params = note["params"] = {}
-                note_meta = params.get("_meta")
-                params["_meta"] = {**note_meta, **meta} if note_meta.__class__ is dict else meta
-                await sink.write(_event(jsonrpc.encode(note)))
-            if session.ended:
-                # The bridge ends it (shutdown, server gone): a response says it ended gracefully.
-                done = jsonrpc.result(rid, {"resultType": "complete", "_meta": meta})
-                await sink.write(_event(jsonrpc.encode(done)))
-                return None
-            if session.ping_due:
-                session.ping_due = False
-                await sink.write(common.PING)
-            await session.wait()
-    except (ConnectionResetError, asyncio.CancelledError):
-        pass
-    finally:
-        gateway.close_session(session, "client closed stream")
-    return None
+    _open(head, msg, env, reply, frozenset(notices), lambda session: Listen(head, session, reply, rid, wanted, list(dict.fromkeys(uris))).start())
 
 
-async def _subscribe(gateway: Gateway, session: StatelessSession, wanted: dict[str, Any], uris: list[str], rid: RequestId) -> dict[str, Any]:
-    """Ask the mux for the server's capabilities and for each resource subscription, and wait
-    for all of them: the subset of `wanted` the server honours."""
-    requests = [jsonrpc.request(f"{_LISTEN_ID}-d", "server/discover", {})]
-    requests += [jsonrpc.request(f"{_LISTEN_ID}-{i}", "resources/subscribe", {"uri": uri}) for i, uri in enumerate(uris)]
-    pending = {r["id"] for r in requests}
-    common.route(gateway, session, requests)
-    answers: dict[RequestId, Message] = {}
-    deadline = time.monotonic() + gateway.limits.request_timeout
-    while pending:
-        while session.queue and pending:
-            data, related, final = session.pop()
-            if final and related is not None and related in pending:
-                pending.discard(related)
-                answers[related] = jsonrpc.decode(data)
-        if not pending:
-            break
-        if session.ended or time.monotonic() > deadline:
-            raise HttpError(503, "listen ended before its subscriptions were in place", jsonrpc.SESSION_CLOSED, request_id=rid)
-        await session.wait()
-    capabilities = answers[f"{_LISTEN_ID}-d"].get("result", {}).get("capabilities", {})
-    agreed: dict[str, Any] = {}
-    for flag, (_, capability) in stateless.LIST_CHANGES.items():
-        cap = capabilities.get(capability)
-        if wanted.get(flag) is True and isinstance(cap, dict) and cap.get("listChanged"):
-            agreed[flag] = True
-    held = [uri for i, uri in enumerate(uris) if "result" in answers[f"{_LISTEN_ID}-{i}"]]
-    if uris:
-        agreed["resourceSubscriptions"] = held
-    return agreed
+class Listen(Driver):
+    """A `subscriptions/listen` stream: first the subscriptions it needs (the server's
+    capabilities and each resource subscription, asked through the mux and all answered),
+    then the acknowledgement, then the notifications it asked for, each tagged with its
+    subscription id, until the client closes the stream."""
+
+    __slots__ = ("answers", "meta", "pending", "rid", "sink", "uris", "wanted")
+
+    def __init__(self, head: PostHead, session: StatelessSession, reply: Reply, rid: RequestId, wanted: dict[str, Any], uris: list[str]) -> None:
+        super().__init__(head, session, reply)
+        self.rid, self.wanted, self.uris = rid, wanted, uris
+        self.meta = {stateless.SUBSCRIPTION_KEY: rid}
+        self.sink: EventSink | None = None
+        self.pending: set[RequestId] = set()  # the bridge's own requests not answered yet
+        self.answers: dict[RequestId, Message] = {}
+
+    def start(self) -> None:
+        requests = [jsonrpc.request(f"{_LISTEN_ID}-d", "server/discover", {})]
+        requests += [jsonrpc.request(f"{_LISTEN_ID}-{i}", "resources/subscribe", {"uri": uri}) for i, uri in enumerate(self.uris)]
+        self.pending = {r["id"] for r in requests}
+        try:
+            common.route(self.head.gateway, self.session, requests)
+        except BaseException:
+            self.close("refused")
+            raise
+        super().start()
+
+    def step(self) -> None:
+        session = self.session
+        if self.sink is None:
+            while session.queue and self.pending:
+                data, related, final = session.pop()
+                if final and related is not None and related in self.pending:
+                    self.pending.discard(related)
+                    self.answers[related] = jsonrpc.decode(data)
+            if self.pending:
+                if session.ended:
+                    self.close("ended")
+                    self.reply.error(HttpError(503, "listen ended before its subscriptions were in place", jsonrpc.SESSION_CLOSED, request_id=self.rid))
+                return
+            ack = jsonrpc.notification("notifications/subscriptions/acknowledged", {"_meta": self.meta, "notifications": self._agreed()})
+            self.sink = self.reply.open_stream(None, _event(jsonrpc.encode(ack)))
+        events: list[bytes] = []
+        while session.queue:
+            data, related, _ = session.pop()
+            if related is not None:
+                continue  # a late answer to the bridge's own subscribe
+            note = jsonrpc.decode(data)
+            params = note.get("params")
+            if params.__class__ is not dict:
+                params = note["params"] = {}
+            note_meta = params.get("_meta")
+            params["_meta"] = {**note_meta, **self.meta} if note_meta.__class__ is dict else self.meta
+            events.append(_event(jsonrpc.encode(note)))
+        if session.ended:
+            # The bridge ends it (shutdown, server gone): a response says it ended gracefully.
+            done = jsonrpc.result(self.rid, {"resultType": "complete", "_meta": self.meta})
+            self.close("ended")
+            self.reply.end_stream(b"".join(events) + _event(jsonrpc.encode(done)))
+            return
+        if session.ping_due:
+            session.ping_due = False
+            events.append(common.PING)
+        if events:
+            self.sink.write(b"".join(events))
+
+    def _agreed(self) -> dict[str, Any]:
+        """The subset of what the client wanted that the server honours."""
+        capabilities = self.answers[f"{_LISTEN_ID}-d"].get("result", {}).get("capabilities", {})
+        agreed: dict[str, Any] = {}
+        for flag, (_, capability) in stateless.LIST_CHANGES.items():
+            cap = capabilities.get(capability)
+            if self.wanted.get(flag) is True and isinstance(cap, dict) and cap.get("listChanged"):
+                agreed[flag] = True
+        if self.uris:
+            agreed["resourceSubscriptions"] = [uri for i, uri in enumerate(self.uris) if "result" in self.answers[f"{_LISTEN_ID}-{i}"]]
+        return agreed
 
 
 def _event(data: bytes) -> bytes:

@@ -171,7 +171,7 @@ SINCE = [
     Fault("mux-turns-never-served", MUX, "        self._held.served(self._peers[_caller(call)[0]].principal)\n", ""),
     Fault("mux-turns-lifo", MUX, "msg = queue.popleft()", "msg = queue.pop()"),
     Fault("mux-turns-remove-miscounts", MUX, "                    del queue[i]\n                    self._count -= 1\n", "                    del queue[i]\n"),
-    Fault("mux-turns-forgets-live-principal", MUX, "        if not any(p.principal == peer.principal for p in self._peers.values()):\n            self._held.forget(peer.principal)\n", "        self._held.forget(peer.principal)\n"),
+    Fault("mux-turns-forgets-live-principal", MUX, "        if left:\n            self._by_principal[peer.principal] = left\n        else:", "        self._held.forget(peer.principal)\n        if left:\n            self._by_principal[peer.principal] = left\n        else:"),
     Fault("mux-turns-remembered-forever", MUX, "            self._held.forget(peer.principal)\n", "            pass\n"),
     # mux.py: notifications nothing owns, and requests about no call (rules 4 and 6)
     Fault("mux-busy-counts-held-calls", MUX, "            if call.sent and call.session is not None:", "            if call.session is not None:"),
