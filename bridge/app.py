@@ -38,6 +38,7 @@ def create_app(config: Config) -> web.Application:
     app[GATEWAYS] = gateways
     forwarder = _add_cluster(app, config) if config.cluster is not None else None
     app[modern.PARKING] = modern.Parking.of(forwarder)  # in a cluster, requestStates name their replica
+    app[streamable.HOLDS] = streamable.Holds()
     limiter = policy.RateLimiter.of(config, live.in_flight, metrics.rate_limited)
     for name, server in config.servers.items():
         gateways[name] = Gateway(

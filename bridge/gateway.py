@@ -669,6 +669,8 @@ class Gateway:
     def apply(self, upstream: Upstream, actions: list[Action], flush: bool = True) -> None:
         """Carry out `actions` in order. What the mux says about a message the server's
         input had no room for is appended to `actions` and carried out in turn."""
+        if not actions:
+            return  # nothing delivered here: whoever delivered before flushes
         slow: list[Session] = []
         metrics = self.metrics
         unflushed = self._unflushed

@@ -347,7 +347,7 @@ class Mux:
         # Calls held back until the one call allowed to ask (`_holder`) asks,
         # finishes or has had `attribution_window` seconds (rule 4).
         self._held = _Turns()
-        self._by_principal: Counter[str | None] = Counter()  # open sessions per principal
+        self._by_principal: dict[str | None, int] = {}  # open sessions per principal
         self._holder: Call | None = None
         self._cancelled: OrderedDict[int, None] = OrderedDict()
         # Per-session mode replays the client's own initialize after a restart.
@@ -368,7 +368,7 @@ class Mux:
         if session in self._peers:
             raise ValueError(f"session {session!r} already open")
         self._peers[session] = Peer(session, principal, view, last_active=next(self._seq))
-        self._by_principal[principal] += 1
+        self._by_principal[principal] = self._by_principal.get(principal, 0) + 1
 
     def adopt(
         self,

@@ -21,7 +21,8 @@ from typing import Any
 
 import aiohttp
 
-SSE_AND_JSON = "application/json, text/event-stream"
+SSE_AND_JSON = "application/json, text/event-stream"  # as the SDK clients send it: either answer, as the bridge sees fit
+SSE_FIRST = "text/event-stream, application/json;q=0.9"  # a client that prefers a stream: it always gets one
 JSON_ONLY = "application/json"
 SESSION = "Mcp-Session-Id"
 VERSION = "MCP-Protocol-Version"

@@ -25,6 +25,7 @@ from rawclient import call as sse_call
 from rawstreamable import (
     JSON_ONLY,
     SESSION,
+    SSE_FIRST,
     Event,
     RawStreamable,
     notification,
@@ -109,7 +110,7 @@ async def metric(b: Bridge, name: str, **labels: str) -> float | None:
 
 async def test_initialize_sse_creates_session(bridge: Any) -> None:
     async with bridge(DEMO) as b, RawStreamable(b.url("demo", "mcp")) as c:
-        reply = await c.post(request("initialize", init_params("2025-11-25"), "i1"), session=False, version=False)
+        reply = await c.post(request("initialize", init_params("2025-11-25"), "i1"), session=False, version=False, accept=SSE_FIRST)
         assert reply.status == 200, reply.text
         assert reply.content_type == "text/event-stream"
         sid = reply.headers[SESSION]
@@ -131,7 +132,7 @@ async def test_initialize_sse_creates_session(bridge: Any) -> None:
         # Each initialize is a new session with a fresh random id.
         ids = {sid}
         for _ in range(4):
-            other = await c.post(request("initialize", init_params(), 1), session=False, version=False)
+            other = await c.post(request("initialize", init_params(), 1), session=False, version=False, accept=SSE_FIRST)
             assert other.status == 200
             assert SESSION_ID.match(other.headers[SESSION])
             ids.add(other.headers[SESSION])
@@ -244,7 +245,7 @@ async def test_protocol_version_header(bridge: Any) -> None:
         assert c.protocol_version == "2025-06-18"
         # Absent (taken as 2025-03-26) and the negotiated one are fine.
         for version in (False, "2025-06-18"):
-            reply = await c.post(request("ping", None, f"v-{version}"), version=version)
+            reply = await c.post(request("ping", None, f"v-{version}"), version=version, accept=SSE_FIRST)
             assert reply.status == 200, (version, reply.status, reply.text)
             assert reply.stream is not None
             response, _ = await reply.stream.response(f"v-{version}")
@@ -287,10 +288,41 @@ async def test_post_stream_carries_progress_and_response_then_closes(bridge: Any
         assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs), [e.id for e in events]
 
         # Two requests in one POST: both answered on it, then it closes.
-        reply = await c.post([tool_call("echo", {"text": "a"}, "a"), tool_call("echo", {"text": "b"}, "b")])
+        reply = await c.post([tool_call("echo", {"text": "a"}, "a"), tool_call("echo", {"text": "b"}, "b")], accept=SSE_FIRST)
         assert reply.status == 200 and reply.stream is not None
         got = messages(await reply.stream.until_end())
         assert sorted((m["id"], text_of(m)) for m in got) == [("a", "a"), ("b", "b")]
+        # A client that takes either, answered at once: both responses as one JSON array.
+        reply = await c.post([tool_call("echo", {"text": "a"}, "a2"), tool_call("echo", {"text": "b"}, "b2")])
+        assert (reply.status, reply.content_type) == (200, "application/json"), reply
+        assert sorted((m["id"], text_of(m)) for m in reply.json) == [("a2", "a"), ("b2", "b")]
+
+
+async def test_a_client_that_takes_either_form_gets_the_one_its_answer_needs(bridge: Any) -> None:
+    """Accept with both as much (as the SDK clients send it): the form is chosen when the
+    answer is due. Its response within streamable.HOLD_S with nothing before it: one JSON
+    body. No answer by then, or something before the response: a stream, opening with the
+    priming event. A client that prefers the stream always gets one."""
+    async with bridge(DEMO) as b, RawStreamable(b.url("demo", "mcp")) as c:
+        await c.initialize("2025-11-25")
+        quick = await c.post(tool_call("echo", {"text": "q"}, "q"))
+        assert (quick.status, quick.content_type) == (200, "application/json"), quick
+        assert quick.json["id"] == "q" and text_of(quick.json) == "q"
+
+        slow = await c.post(tool_call("countdown", {"steps": 2, "interval_ms": 60}, "s"))  # no progress: silent for 120 ms
+        assert slow.content_type == "text/event-stream" and slow.stream is not None
+        events = await slow.stream.until_end()
+        assert events[0].priming and [e.message["id"] for e in events[1:]] == ["s"], events
+
+        told = await c.post(tool_call("countdown", {"steps": 2, "interval_ms": 0}, "p", token="tok-p"))
+        assert told.content_type == "text/event-stream" and told.stream is not None
+        got = messages(await told.stream.until_end())
+        assert [m.get("method") for m in got] == ["notifications/progress"] * 2 + [None], got
+
+        preferred = await c.post(tool_call("echo", {"text": "r"}, "r"), accept=SSE_FIRST)
+        assert preferred.content_type == "text/event-stream" and preferred.stream is not None
+        response, _ = await preferred.stream.response("r")
+        assert text_of(response) == "r"
 
 
 async def test_server_request_goes_to_the_post_stream(bridge: Any) -> None:
@@ -547,7 +579,7 @@ async def test_priming_event(bridge: Any) -> None:
     async with bridge(DEMO) as b, RawStreamable(b.url("demo", "mcp")) as c, RawStreamable(b.url("demo", "mcp")) as old:
         await c.initialize("2025-11-25")
         for payload, rid in ((tool_call("echo", {"text": "x"}, "e"), "e"), (request("ping", None, "p"), "p")):
-            reply = await c.post(payload)
+            reply = await c.post(payload, accept=SSE_FIRST)
             assert reply.stream is not None
             events = await reply.stream.until_end()
             assert len(events) == 2, events
@@ -564,7 +596,7 @@ async def test_priming_event(bridge: Any) -> None:
 
         # Older clients get no priming event (an empty message would confuse them).
         await old.initialize("2025-06-18")
-        reply = await old.post(request("ping", None, 1))
+        reply = await old.post(request("ping", None, 1), accept=SSE_FIRST)
         assert reply.stream is not None
         events = await reply.stream.until_end()
         assert [e.priming for e in events] == [False], events
@@ -642,7 +674,7 @@ async def test_origin_host_and_preflight(bridge: Any) -> None:
                 exposed = {h.strip().lower() for h in resp.headers["Access-Control-Expose-Headers"].split(",")}
                 assert "mcp-session-id" in exposed
             # And the real request from it is served, exposing the session id to the page.
-            reply = await c.post(request("initialize", init_params(), 1), session=False, headers={"Origin": allowed})
+            reply = await c.post(request("initialize", init_params(), 1), session=False, headers={"Origin": allowed}, accept=SSE_FIRST)
             assert reply.status == 200
             assert reply.headers["Access-Control-Allow-Origin"] == allowed
             assert "mcp-session-id" in reply.headers["Access-Control-Expose-Headers"].lower()

@@ -53,11 +53,6 @@ MAX_HEAD = 8190  # aiohttp's limit on one line; a longer head (of any shape) is 
 MAX_FIELDS = 100  # under aiohttp's limit of 128 headers: more are aiohttp's to judge
 DISCARD_LIMIT = 64 * 1024  # a refused request's body up to this size is read, to keep the connection
 LINGER_S, LINGER_BYTES = 2.0, 1 << 20  # reading on after a refusal, before closing
-# A stream's head (with its priming event) waits up to this long for the stream's first
-# event, so that a call answered quickly is one write and one wake-up of the client rather
-# than two. Only the head waits, never an event: a slow call's client sees its stream open
-# this much later, well inside any client's wait for response headers.
-HEAD_HOLD_S = 0.02
 _PREFIX = b"/servers/"
 _MESSAGES = b"/messages"  # HTTP+SSE
 _MCP = b"/mcp"  # Streamable HTTP
@@ -267,27 +262,6 @@ class Connections:
     def __init__(self) -> None:
         self.live: set[Connection] = set()
         self.accepted = 0
-        # Connections holding a stream's head, by when it must go (HEAD_HOLD_S): one timer
-        # for them all, rather than one per request.
-        self._holding: dict[Connection, float] = {}
-        self._sweep: asyncio.TimerHandle | None = None
-
-    def hold(self, connection: Connection, loop: asyncio.AbstractEventLoop) -> None:
-        self._holding[connection] = loop.time() + HEAD_HOLD_S
-        if self._sweep is None:
-            self._sweep = loop.call_later(HEAD_HOLD_S, self._release_due, loop)
-
-    def unhold(self, connection: Connection) -> None:
-        self._holding.pop(connection, None)
-
-    def _release_due(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._sweep = None
-        now = loop.time()
-        for connection in [c for c, due in self._holding.items() if due <= now]:
-            connection.release_head()
-        if self._holding:
-            # A head goes at most half a hold late.
-            self._sweep = loop.call_later(HEAD_HOLD_S / 2, self._release_due, loop)
 
     def stop_taking(self) -> None:
         """Take no more requests, as aiohttp's pre-shutdown does: a connection between requests
@@ -326,7 +300,6 @@ class Connection(asyncio.Protocol):
         self._idle: asyncio.TimerHandle | None = None
         self._write_paused = False
         self._unacked_limited = False  # common.limit_unacked done: once per connection, not per stream
-        self._held = b""  # a stream's head, held for its first event (HEAD_HOLD_S)
         self._loop = asyncio.get_running_loop()
         self._busy: _Reply | None = None  # answering a Streamable POST; later requests wait
         self._served_waiter: asyncio.Future[None] | None = None  # shutdown waits for the answer under way
@@ -512,6 +485,7 @@ class Connection(asyncio.Protocol):
             self._app[common.LIVE].config.streamable.resume_buffer,
             head.mirrored,
             self._app[modern.PARKING],
+            self._app[streamable.HOLDS],
         )
         reply = self._busy = _Reply(self, head)
         try:
@@ -552,22 +526,13 @@ class Connection(asyncio.Protocol):
         return transport is None or transport.is_closing()
 
     def write(self, data: bytes) -> None:
-        """Bytes of a stream under way, after its held head; dropped once the client is gone."""
-        if self._held:
-            data = self._held + data
-            self._held = b""
-            self._registry.unhold(self)
+        """Bytes of a stream under way; dropped once the client is gone."""
         transport = self._transport
         if transport is not None and not transport.is_closing():
             transport.write(data)
 
-    def release_head(self) -> None:
-        """The stream's head has waited long enough for an event: it goes alone."""
-        if self._held:
-            self.write(b"")
-
     def unsent(self) -> int:
-        return len(self._held) + (self._transport.get_write_buffer_size() if self._transport is not None else 0)
+        return self._transport.get_write_buffer_size() if self._transport is not None else 0
 
     def open_stream(self, head: Head, headers: dict[str, str], first: bytes) -> None:
         transport = self._transport
@@ -578,8 +543,7 @@ class Connection(asyncio.Protocol):
             self._unacked_limited = True
         cors = cors_headers(self._app[common.LIVE].guard, head.origin)
         stream_head = render_stream_head({**headers, **cors} if cors else headers, head.close)
-        self._held = stream_head + http.chunk(first) if first else stream_head
-        self._registry.hold(self, self._loop)
+        self.write(stream_head + http.chunk(first) if first else stream_head)
 
     def _reply_error(self, head: Head, error: HttpError, linger: bool = False) -> None:
         """The one place this path renders an HttpError (aiohttp's is `http.middleware`)."""
@@ -635,9 +599,6 @@ class Connection(asyncio.Protocol):
 
     def _detach(self) -> None:
         self._registry.live.discard(self)
-        if self._held:
-            self._held = b""
-            self._registry.unhold(self)
         if self._idle is not None:
             self._idle.cancel()
             self._idle = None
@@ -673,7 +634,6 @@ class Connection(asyncio.Protocol):
 
     def close(self) -> None:
         if self._transport is not None:
-            self.release_head()  # what was said goes out before the end
             self._transport.close()
 
 

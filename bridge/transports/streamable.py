@@ -17,6 +17,7 @@ A POST whose body carries the 2026-07-28 `_meta` is no session's: it goes to
 from __future__ import annotations
 
 import asyncio
+import enum
 import functools
 from collections import deque
 from collections.abc import Callable
@@ -39,6 +40,12 @@ VERSION_HEADER = "MCP-Protocol-Version"
 DEFAULT_VERSION = "2025-03-26"  # what a request without the header speaks, per the spec
 PRIMING_SINCE = "2025-11-25"  # clients from this version on resume from an empty priming event
 STANDALONE = "g"
+# A POST that accepts both forms has its answer's form chosen when the answer is first due:
+# at the first message for it, or after this long. All its responses there and nothing
+# before them: one JSON body, which costs the bridge and the client least (no stream head,
+# no chunks, no events to frame and parse). Else an SSE stream: a slow call's client sees its
+# stream open this much later, well inside any client's wait for response headers.
+HOLD_S = 0.02
 
 
 class Stream:
@@ -72,19 +79,54 @@ class Stream:
 
 
 class Reader:
-    """An HTTP answer reading a stream: its events as SSE (`sink`), or, for a POST that takes
-    JSON, its responses gathered into one body. `done` runs once, when it stops reading."""
+    """An HTTP answer reading a stream: its events as SSE (`sink`, once opened), or its
+    responses gathered into one JSON body. A POST that takes either is `held` until its
+    answer is due (HOLD_S). `done` runs once, when it stops reading."""
 
-    __slots__ = ("batch", "done", "last", "reply", "responses", "sink", "stream")
+    __slots__ = ("batch", "done", "first", "held", "last", "reply", "responses", "sink", "stream")
 
     def __init__(self, stream: Stream, reply: Reply, batch: bool, done: Callable[[], None] | None) -> None:
         self.stream = stream
         self.reply = reply
         self.sink: EventSink | None = None
+        self.held: Holds | None = None  # its form not chosen yet: the holds that time it
+        self.first = b""  # what a stream opens with (the priming event, the replay)
         self.last = 0  # the sequence number of the last event it sent
         self.batch = batch  # a JSON answer to a batch is an array
         self.responses: list[bytes] = []
         self.done = done
+
+
+class Holds:
+    """The POST answers whose form is not chosen yet, and one timer for them all (rather
+    than one per request): past HOLD_S, each opens its stream."""
+
+    __slots__ = ("_due", "_loop", "_timer")
+
+    def __init__(self) -> None:
+        self._due: dict[Reader, tuple[StreamableSession, float]] = {}
+        self._timer: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def add(self, session: StreamableSession, reader: Reader) -> None:
+        loop = self._loop = self._loop or asyncio.get_running_loop()
+        reader.held = self
+        self._due[reader] = (session, loop.time() + HOLD_S)
+        if self._timer is None:
+            self._timer = loop.call_later(HOLD_S, self._expire, loop)
+
+    def discard(self, reader: Reader) -> None:
+        reader.held = None
+        self._due.pop(reader, None)
+
+    def _expire(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._timer = None
+        now = loop.time()
+        for reader, (session, due) in [item for item in self._due.items() if item[1][1] <= now]:
+            self.discard(reader)
+            session.open(reader)
+        if self._due:
+            self._timer = loop.call_later(HOLD_S / 2, self._expire, loop)  # at most half a hold late
 
 
 class StreamableSession(Session):
@@ -178,11 +220,13 @@ class StreamableSession(Session):
         batch: bool = False,
         replay_after: int | None = None,
         prime: int | None = None,
+        hold: Holds | None = None,
         done: Callable[[], None] | None = None,
     ) -> None:
         """Answer `reply` from `stream`: as SSE (after what it sent after `replay_after`, when
-        resuming, or a priming event with the id of `prime`), or as one JSON body. A reader
-        already on the stream ends: this one takes over."""
+        resuming, or a priming event with the id of `prime`), as one JSON body, or, given
+        `hold`, in the form its answer takes by when it is due. A reader already on the
+        stream ends: this one takes over."""
         old = stream.reader
         if old is not None:
             self._stop(old)
@@ -190,14 +234,24 @@ class StreamableSession(Session):
         reader = stream.reader = Reader(stream, reply, batch, done)
         reply.watch(functools.partial(self._stop, reader))  # its client went: the unsent stays for a resume
         if as_stream:
-            first = b"" if prime is None else b"id: %s_%d\ndata: \n\n" % (stream.key.encode(), prime)
+            reader.first = b"" if prime is None else b"id: %s_%d\ndata: \n\n" % (stream.key.encode(), prime)
             if replay_after is not None:
                 reader.last = replay_after
                 replayed = self.replay(stream.key, replay_after)
                 if replayed:
-                    first += b"".join([_event(stream, seq, data) for seq, data in replayed])
+                    reader.first += b"".join([_event(stream, seq, data) for seq, data in replayed])
                     reader.last = replayed[-1][0]
-            reader.sink = reply.open_stream(self.id, first)
+            if hold is None:
+                self.open(reader)
+                return
+            hold.add(self, reader)
+        self._pump(reader)
+
+    def open(self, reader: Reader) -> None:
+        """Answer as a stream: its head and first events now."""
+        if reader.stream.reader is not reader:
+            return  # answered, or its client went, meanwhile
+        reader.sink = reader.reply.open_stream(self.id, reader.first)
         self._pump(reader)
 
     def forget(self, stream: Stream) -> None:
@@ -221,7 +275,15 @@ class StreamableSession(Session):
         stream = reader.stream
         sink = reader.sink
         if sink is None:
-            self._gather(reader)
+            held = reader.held
+            if held is None:
+                self._gather(reader)  # a JSON answer
+            elif self.ended or any(not item[2] for item in stream.pending):
+                held.discard(reader)
+                self.open(reader)  # something besides its responses: the answer is a stream
+            elif not stream.owed:
+                held.discard(reader)
+                self._gather(reader)  # all its responses, and nothing else: one JSON body
             return
         while stream.pending and stream.pending[0][0] <= reader.last:
             stream.pop()  # sent already, by the replay
@@ -262,6 +324,8 @@ class StreamableSession(Session):
     def _stop(self, reader: Reader) -> None:
         """The reader is done with its stream (answered, replaced, or its client went)."""
         stream = reader.stream
+        if reader.held is not None:
+            reader.held.discard(reader)
         if stream.reader is reader:
             stream.reader = None
             if not stream.owed and stream.key != STANDALONE and self.streams.get(stream.key) is stream:
@@ -279,6 +343,9 @@ class StreamableSession(Session):
             self._replay_size -= len(self._replay.popleft()[2])
 
 
+HOLDS = web.AppKey("holds", Holds)
+
+
 # ------------------------------------------------------------------ handlers
 
 
@@ -294,6 +361,7 @@ class PostHead(msgspec.Struct, frozen=True):
     resume_buffer: int
     mirrored: stateless.Headers  # what 2026-07-28 requests mirror of their body in headers
     parking: modern.Parking
+    holds: Holds
 
 
 class _AiohttpReply:
@@ -417,6 +485,7 @@ async def post(request: web.Request) -> web.StreamResponse:
         request.app[common.LIVE].config.streamable.resume_buffer,
         _mirrored(headers),
         request.app[modern.PARKING],
+        request.app[HOLDS],
     )
     reply = _AiohttpReply(request)
     answer_post(head, payload, reply)
@@ -433,7 +502,7 @@ def answer_post(head: PostHead, payload: Any, reply: Reply) -> None:
     if not messages:
         raise HttpError(400, "invalid request: empty batch")
     request_ids = [m["id"] for m in messages if m.__class__ is dict and "method" in m and jsonrpc.is_id(m.get("id"))]
-    as_stream = bool(request_ids) and _answer_as_stream(head.accept)  # before anything is opened or routed
+    form = _answer_form(head.accept) if request_ids else Form.JSON  # before anything is opened or routed
     if head.session_id is not None:
         try:
             session = _session(head.gateway, head.principal, head.session_id)
@@ -441,9 +510,9 @@ def answer_post(head: PostHead, payload: Any, reply: Reply) -> None:
         except HttpError as exc:
             exc.request_id = request_ids[0] if len(request_ids) == 1 and payload.__class__ is dict else None
             raise
-        _take(head, session, payload, request_ids, as_stream, reply)
+        _take(head, session, payload, request_ids, form, reply)
     elif any(m.__class__ is dict and m.get("method") == "initialize" for m in messages):
-        http.later(reply, _initialize(head, payload, request_ids, as_stream, reply), "initialize")
+        http.later(reply, _initialize(head, payload, request_ids, form, reply), "initialize")
     elif request_ids and payload.__class__ is dict:
         # One request with no session that is not initialize: only 2026-07-28 sends
         # those, so it is one (whose envelope is missing: -32602, as its clients expect).
@@ -452,17 +521,17 @@ def answer_post(head: PostHead, payload: Any, reply: Reply) -> None:
         raise HttpError(400, f"missing {SESSION_HEADER} header (only initialize may come without one)")
 
 
-async def _initialize(head: PostHead, payload: Any, request_ids: list[RequestId], as_stream: bool, reply: Reply) -> None:
+async def _initialize(head: PostHead, payload: Any, request_ids: list[RequestId], form: Form, reply: Reply) -> None:
     """A new session (which may wait for a process of its own), then its initialize."""
     gateway = head.gateway
     limits = gateway.limits
     session = StreamableSession(gateway.name, head.principal, limits.session_queue, limits.slow_bytes, head.resume_buffer)
     await common.open_session(gateway, session)
-    _take(head, session, payload, request_ids, as_stream, reply, initializing=True)
+    _take(head, session, payload, request_ids, form, reply, initializing=True)
 
 
 def _take(
-    head: PostHead, session: StreamableSession, payload: Any, request_ids: list[RequestId], as_stream: bool, reply: Reply, initializing: bool = False
+    head: PostHead, session: StreamableSession, payload: Any, request_ids: list[RequestId], form: Form, reply: Reply, initializing: bool = False
 ) -> None:
     gateway = head.gateway
     if any(session.owes(rid) for rid in request_ids):
@@ -481,8 +550,10 @@ def _take(
     except HttpError:
         session.forget(stream)
         raise
+    as_stream = form is not Form.JSON
     prime = primed if as_stream and not initializing and session.protocol_version >= PRIMING_SINCE else None
-    session.read(stream, reply, as_stream=as_stream, batch=payload.__class__ is list, prime=prime, done=done)
+    hold = head.holds if form is Form.EITHER else None
+    session.read(stream, reply, as_stream=as_stream, batch=payload.__class__ is list, prime=prime, hold=hold, done=done)
 
 
 async def get(request: web.Request) -> web.StreamResponse:
@@ -567,16 +638,24 @@ def _after_initialize(gateway: Gateway, session: StreamableSession) -> None:
         session.protocol_version = version
 
 
+class Form(enum.Enum):
+    """The form of a POST's answer, by what its Accept prefers."""
+
+    JSON = "json"
+    STREAM = "stream"
+    EITHER = "either"  # both, as much: chosen when the answer is due (HOLD_S)
+
+
 @functools.lru_cache(maxsize=128)  # as http.quality: clients send the same few values
-def _answer_as_stream(accept: str) -> bool:
-    """Whether a POST's answer is a stream of events, by its Accept: the one it prefers (a
-    tie goes to the stream); one JSON body when it sends none; 406 when it takes neither."""
+def _answer_form(accept: str) -> Form:
+    """The form a POST's answer takes, by its Accept: the one it prefers, either when it
+    wants both as much; one JSON body when it sends none; 406 when it takes neither."""
     if not accept:
-        return False
+        return Form.JSON
     sse, json = http.quality(accept, http.SSE), http.quality(accept, http.JSON)
     if not sse and not json:
         raise HttpError(406, f"POST needs Accept: {http.JSON} or {http.SSE}")
-    return bool(sse) and sse >= json
+    return Form.EITHER if sse == json else Form.STREAM if sse > json else Form.JSON
 
 
 def _parse_event_id(value: str | None) -> tuple[str, int]:
