@@ -10,9 +10,9 @@ with the same HTTP layer as aiohttp's handlers (`http.check_access`, errors
 as `http.HttpError`, Streamable events to an `http.EventSink`), the same
 handler code (`sse.posted_session` and `sse.take`; `streamable.answer_post`, which
 hands 2026-07-28 requests to `modern.answer`),
-and writes the response itself. A Streamable POST whose answer
-is a stream holds the connection until the stream ends; requests that come
-meanwhile wait their turn.
+and writes the response itself. A Streamable POST holds the connection
+until its answer has ended (no task waits for it: the session's deliveries
+write it, through `_Reply`); requests that come meanwhile wait their turn.
 
 Any request it does not fully understand is aiohttp's: at the first byte of
 such a request (another path or method, HTTP/1.0, a chunked body, `Expect`,

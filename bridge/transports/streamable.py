@@ -2,8 +2,10 @@
 
 A POST carrying requests is answered on its own stream: the responses and
 the messages the mux says belong to those requests (progress, server
-requests made while they run) go there, as SSE when the client accepts it,
-else as one JSON body. Everything else for the session (list_changed,
+requests made while they run) go there, as SSE when the client prefers it,
+else as one JSON body. A client that takes both as much gets the form its
+answer needs, chosen when the answer is due (HOLD_S): one JSON body when its
+responses came first and quickly, else a stream. Everything else for the session (list_changed,
 resources/updated, log messages, server requests with no call in flight)
 goes to the session's standalone stream, which one GET at a time may read;
 a second GET takes it over and the first ends. Every event has an id
