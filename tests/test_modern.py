@@ -815,3 +815,39 @@ def test_a_requests_queue_is_bounded_by_count_and_bytes() -> None:
     session.ask_again([b"x" * 97])
     assert [item[0] for item in session.queue] == [b"x" * 97, b"c", b"c", b"c"]
     assert not session.deliver(b"", None, False)
+
+
+def test_a_bug_in_a_step_ends_its_request_with_a_500_not_the_flush_that_ran_it() -> None:
+    """A Driver runs inside the gateway's flush of a server's output: what it raises must
+    end its own request (500, its session closed) and reach no further."""
+    from bridge.transports.modern import Driver, StatelessSession
+
+    closed: list[str] = []
+    answers: list[int] = []
+
+    class Gateway:
+        name = "s"
+
+        def close_session(self, session: StatelessSession, reason: str) -> None:
+            closed.append(reason)
+            session.end(reason)
+
+    class Head:
+        gateway = Gateway()
+
+    class Reply:
+        def watch(self, left: object) -> None:
+            pass
+
+        def error(self, exc: Any) -> None:
+            answers.append(exc.status)
+
+    class Broken(Driver):
+        def step(self) -> None:
+            raise RuntimeError("a bug")
+
+    session = StatelessSession("s", None, 10, 1000)
+    Broken(Head(), session, Reply()).start()  # type: ignore[arg-type]
+    session.deliver(b"{}", None, False)
+    session.flush()  # its driver is gone: nothing runs again
+    assert answers == [500] and closed == ["internal error"] and session.driver is None and session.ended

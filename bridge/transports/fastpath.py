@@ -638,22 +638,28 @@ class Connection(asyncio.Protocol):
 
 
 class _Reply:
-    """An `http.Reply` through this connection, and its stream's EventSink."""
+    """An `http.Reply` through this connection, and its stream's EventSink. Once ended, it
+    takes nothing more: a second answer would be a response the client never asked for."""
 
-    __slots__ = ("_connection", "_head", "_left", "streaming")
+    __slots__ = ("_connection", "_ended", "_head", "_left", "streaming")
 
     def __init__(self, connection: Connection, head: Head) -> None:
         self._connection = connection
         self._head = head
         self._left: Callable[[], object] | None = None
+        self._ended = False
         self.streaming = False
 
     def whole(self, status: int, body: bytes, session_id: str | None = None) -> None:
+        if self._ended:
+            return
         headers = {streamable.SESSION_HEADER: session_id} if session_id else None
         self._connection._reply(self._head, status, body, _JSON if body else _TEXT, headers)
         self._done()
 
     def error(self, exc: HttpError) -> None:
+        if self._ended:
+            return
         if self.streaming:
             self.abort()  # nothing can be said once the stream is under way
             return
@@ -666,18 +672,23 @@ class _Reply:
         return self
 
     def write(self, data: bytes) -> None:
-        self._connection.write(http.chunk(data))
+        if not self._ended:
+            self._connection.write(http.chunk(data))
 
     def unsent(self) -> int:
         return self._connection.unsent()
 
     def end_stream(self, last: bytes = b"") -> None:
+        if self._ended:
+            return
         self._connection.write(http.chunk(last) + http.LAST_CHUNK if last else http.LAST_CHUNK)  # one write: one send
         if self._head.close:
             self._connection.close()
         self._done()
 
     def abort(self) -> None:
+        if self._ended:
+            return
         self._connection.close()
         self._done()
 
@@ -697,6 +708,7 @@ class _Reply:
         return CIMultiDict((name.decode("latin-1"), _text(value)) for name, value in self._head.fields.items())
 
     def _done(self) -> None:
+        self._ended = True
         self._left = None
         self._connection._served(self)
 

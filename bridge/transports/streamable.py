@@ -375,7 +375,7 @@ class _AiohttpReply:
         self._response: web.StreamResponse | None = None
         self._headers: dict[str, str] | None = None  # a stream's, once decided
         self._early: list[bytes] = []  # events written before the stream's head went out
-        self._out: asyncio.BaseTransport | None = None
+        self._out: asyncio.Transport | None = None
         self._chunked = True
         self._ended = False
         self._left: Callable[[], object] | None = None
@@ -391,11 +391,18 @@ class _AiohttpReply:
         return transport is None or transport.is_closing()
 
     def whole(self, status: int, body: bytes, session_id: str | None = None) -> None:
+        if self._ended:
+            return  # answered already: nothing more is said
         headers = {SESSION_HEADER: session_id} if session_id else None
-        self._response = web.Response(status=status, body=body, content_type=http.JSON, headers=headers) if body else web.Response(status=status, headers=headers)
+        if body:
+            self._response = web.Response(status=status, body=body, content_type=http.JSON, headers=headers)
+        else:
+            self._response = web.Response(status=status, headers=headers)
         self._end()
 
     def error(self, exc: HttpError) -> None:
+        if self._ended:
+            return
         if self.streaming:
             self.abort()
         else:
@@ -410,22 +417,30 @@ class _AiohttpReply:
         return self
 
     def write(self, data: bytes) -> None:
+        if not self._ended:
+            self._put(data)
+
+    def _put(self, data: bytes) -> None:
         out = self._out
         if out is None:
             self._early.append(data)
         elif not out.is_closing():
-            out.write(http.chunk(data) if self._chunked else data)  # type: ignore[attr-defined]
+            out.write(http.chunk(data) if self._chunked else data)
 
     def unsent(self) -> int:
         out = self._out
-        return out.get_write_buffer_size() if out is not None else sum(map(len, self._early))  # type: ignore[attr-defined]
+        return out.get_write_buffer_size() if out is not None else sum(map(len, self._early))
 
     def end_stream(self, last: bytes = b"") -> None:
+        if self._ended:
+            return
         if last:
             self.write(last)
         self._end()  # aiohttp writes the last chunk when the handler returns
 
     def abort(self) -> None:
+        if self._ended:
+            return
         if self._request.transport is not None:
             self._request.transport.close()
         self._end()
@@ -462,7 +477,7 @@ class _AiohttpReply:
             self._chunked = self._response.headers.get("Transfer-Encoding") == "chunked"
             if self._early:
                 early, self._early = b"".join(self._early), []
-                self.write(early)
+                self._put(early)
             while not self._ended:
                 await self._wait()
         except (ConnectionResetError, asyncio.CancelledError):
