@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -851,3 +852,33 @@ def test_a_bug_in_a_step_ends_its_request_with_a_500_not_the_flush_that_ran_it()
     session.deliver(b"{}", None, False)
     session.flush()  # its driver is gone: nothing runs again
     assert answers == [500] and closed == ["internal error"] and session.driver is None and session.ended
+
+
+@pytest.mark.parametrize("path", PATHS)
+async def test_a_request_whose_client_reads_nothing_is_dropped_as_too_slow(bridge: Any, path: str) -> None:
+    """A call streaming progress to a client that reads nothing: what its socket has not
+    taken counts toward limits.session_queue_bytes, so the request is closed as too slow and
+    its call cancelled upstream, rather than the daemon's memory growing with its stream."""
+    config = {**shared(demo=demo()), "limits": {"max_message_bytes": "64KiB", "session_queue_bytes": "256KiB"}}
+    async with bridge(config) as b:
+        call = request("tools/call", {"name": "countdown", "arguments": {"steps": 1_000_000, "interval_ms": 0}}, rid=7, progressToken="pt")
+        body = json.dumps(call).encode()
+        head = ["POST /servers/demo/mcp HTTP/1.1", f"Host: 127.0.0.1:{b.port}", *(f"{k}: {v}" for k, v in headers_for(call).items())]
+        if path == "fast":
+            wire = ("\r\n".join([*head, f"Content-Length: {len(body)}"]) + "\r\n\r\n").encode() + body
+        else:  # a chunked body: aiohttp's path
+            wire = ("\r\n".join([*head, "Transfer-Encoding: chunked"]) + "\r\n\r\n").encode() + b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+        mark = len(b.events)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.setblocking(False)
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.sock_connect(sock, ("127.0.0.1", b.port))
+            await loop.sock_sendall(sock, wire)  # and never read
+            slow = await b.wait_for("session_too_slow", timeout=30, start=mark)
+            assert slow["session"].startswith("req-"), slow
+            audit = await b.wait_for("audit", timeout=10, where=lambda e: e.get("name") == "countdown", start=mark)
+            assert audit["outcome"] == "cancelled", audit
+        finally:
+            sock.close()

@@ -889,3 +889,50 @@ def test_stream_bytes_bound_a_reader_and_the_backlog() -> None:
     assert session.deliver(message, None, False)
     session.flush()
     assert b"data: " + message in reply.written[-1] and not reply.ended
+
+
+class _JsonReply(_UnreadReply):
+    """An http.Reply for a POST that takes only JSON: records its whole answer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.answer: tuple[int, bytes] | None = None
+
+    def whole(self, status: int, body: bytes, session_id: str | None = None) -> None:
+        self.answer = (status, body)
+
+
+def test_what_a_json_answer_does_not_carry_goes_to_the_standalone_stream_within_its_bounds() -> None:
+    """A POST answered as one JSON body carries only its responses: the progress of its call
+    goes to the standalone stream as it comes, within the same bounds as anything there (with
+    no reader, the newest are kept), not into a backlog of its own."""
+    message = b"p" * 300
+    session = StreamableSession("s", None, queue_limit=1000, queue_bytes=1000, replay_bytes=1 << 20)
+    post = session.open_post_stream(["c"])
+    reply = _JsonReply()
+    session.read(post, reply, as_stream=False)  # type: ignore[arg-type]
+    for _ in range(50):
+        assert session.deliver(message, "c", False)
+        session.flush()
+    standalone = session.streams[STANDALONE]
+    assert not post.pending and standalone.pending_bytes <= 1000 and len(standalone.pending) == 3
+    assert reply.answer is None
+    assert session.deliver(b'{"id":"c"}', "c", True)
+    session.flush()
+    assert reply.answer == (200, b'{"id":"c"}')
+
+
+async def test_a_get_cannot_take_over_a_post_answered_as_json(bridge: Any) -> None:
+    """A GET naming the stream of a POST that is being answered as one JSON body is refused
+    (409: there is no stream to resume), and the POST still gets its answer, whole."""
+    async with bridge(DEMO) as b, RawStreamable(b.url("demo", "mcp")) as c:
+        await c.initialize()
+        get = await c.get()
+        assert get.status == 200 and get.stream is not None
+        post = asyncio.create_task(c.post(tool_call("countdown", {"steps": 3, "interval_ms": 100}, "j", token="tok-j"), accept=JSON_ONLY))
+        first = await get.stream.message()  # its progress, on the standalone stream: the call is under way
+        assert first["method"] == "notifications/progress" and first["params"]["progressToken"] == "tok-j", first
+        refused = await c.get("p2_0")  # the POST's stream: initialize had p1
+        assert refused.status == 409, (refused.status, refused.text)
+        reply = await asyncio.wait_for(post, 10)
+        assert (reply.status, reply.content_type) == (200, "application/json") and text_of(reply.json) == "done", reply

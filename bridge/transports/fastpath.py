@@ -681,6 +681,8 @@ class _Reply:
     def end_stream(self, last: bytes = b"") -> None:
         if self._ended:
             return
+        if not self.streaming:
+            self.open_stream(None)  # ended before it began: still a stream, an empty one
         self._connection.write(http.chunk(last) + http.LAST_CHUNK if last else http.LAST_CHUNK)  # one write: one send
         if self._head.close:
             self._connection.close()

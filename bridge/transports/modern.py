@@ -82,7 +82,9 @@ class StatelessSession(Session):
         self.driver: Driver | None = None  # none while parked: the queue waits for the retry
 
     def deliver(self, data: bytes, related: RequestId | None, final: bool) -> bool:
-        if len(self.queue) >= self._limit or self._bytes + len(data) > self._byte_limit:
+        # Written to its stream and not yet taken by the socket counts too, as for SseSession.
+        unsent = self.driver.sink.unsent() if self.driver is not None and self.driver.sink is not None else 0
+        if len(self.queue) >= self._limit or self._bytes + unsent + len(data) > self._byte_limit:
             return False  # limits.session_queue(_bytes): the gateway drops the session as too slow
         self.queue.append((data, related, final))
         self._bytes += len(data)
@@ -111,7 +113,11 @@ class StatelessSession(Session):
 
     def end(self, reason: str) -> None:
         super().end(reason)
-        self.flush()
+        driver = self.driver
+        if reason == "slow" and driver is not None and driver.sink is not None and driver.sink.unsent():
+            driver.drop()  # its socket is not being read: only an abort frees what is queued for it
+        else:
+            self.flush()
 
 
 class Driver:
@@ -120,12 +126,13 @@ class Driver:
     again while it runs; that round is taken once it is done. A bug in a step ends this
     request with a 500, never the flush of the server's output that ran it."""
 
-    __slots__ = ("_again", "_running", "head", "over", "reply", "session")
+    __slots__ = ("_again", "_running", "head", "over", "reply", "session", "sink")
 
     def __init__(self, head: PostHead, session: StatelessSession, reply: Reply) -> None:
         self.head = head
         self.session = session
         self.reply = reply
+        self.sink: EventSink | None = None  # once the answer is a stream
         self.over = False  # answered, parked, or its client went: nothing more to do
         self._running = False
         self._again = False
@@ -167,6 +174,12 @@ class Driver:
         self.over = True
         self.session.driver = None
         self.head.gateway.close_session(self.session, reason)
+
+    def drop(self) -> None:
+        """Its session was closed as too slow: the answer is cut off, not ended."""
+        self.over = True
+        self.session.driver = None
+        self.reply.abort()
 
 
 @dataclass(eq=False)
@@ -351,7 +364,7 @@ class Exchange(Driver):
     the session parked, unless `offered`, the call's inputResponses not spent yet, answers
     it), or the client going (the session closed: the call is cancelled upstream)."""
 
-    __slots__ = ("asked", "call_id", "can_stream", "digest", "ids", "method", "offered", "reply_id", "sink")
+    __slots__ = ("asked", "call_id", "can_stream", "digest", "ids", "method", "offered", "reply_id")
 
     def __init__(
         self,
@@ -366,7 +379,6 @@ class Exchange(Driver):
     ) -> None:
         super().__init__(head, session, reply)
         self.call_id, self.method, self.reply_id, self.digest, self.offered = call_id, method, reply_id, digest, offered
-        self.sink: EventSink | None = None
         self.asked: dict[str, Message] = {}  # input key -> the server request, as the client is shown it
         self.ids: dict[str, RequestId] = {}  # input key -> the server request's id at the session
         self.can_stream = bool(head.accept) and http.quality(head.accept, http.SSE) > 0
@@ -573,13 +585,12 @@ class Listen(Driver):
     then the acknowledgement, then the notifications it asked for, each tagged with its
     subscription id, until the client closes the stream."""
 
-    __slots__ = ("answers", "meta", "pending", "rid", "sink", "uris", "wanted")
+    __slots__ = ("answers", "meta", "pending", "rid", "uris", "wanted")
 
     def __init__(self, head: PostHead, session: StatelessSession, reply: Reply, rid: RequestId, wanted: dict[str, Any], uris: list[str]) -> None:
         super().__init__(head, session, reply)
         self.rid, self.wanted, self.uris = rid, wanted, uris
         self.meta = {stateless.SUBSCRIPTION_KEY: rid}
-        self.sink: EventSink | None = None
         self.pending: set[RequestId] = set()  # the bridge's own requests not answered yet
         self.answers: dict[RequestId, Message] = {}
 

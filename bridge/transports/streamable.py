@@ -98,6 +98,11 @@ class Reader:
         self.responses: list[bytes] = []
         self.done = done
 
+    @property
+    def gathers(self) -> bool:
+        """Its answer is one JSON body: only responses go to it."""
+        return self.sink is None and self.held is None
+
 
 class Holds:
     """The POST answers whose form is not chosen yet, and one timer for them all (rather
@@ -164,18 +169,26 @@ class StreamableSession(Session):
             stream.owed.discard(related)
             if not stream.owed and stream.reader is None and stream.key != STANDALONE:
                 self.streams.pop(stream.key, None)  # its POST is gone; a resume replays from the buffer
+        elif stream.reader is not None and stream.reader.gathers:
+            stream = self.streams[STANDALONE]  # a JSON answer carries only responses: the rest goes there
         self._seq += 1
         self._remember(self._seq, stream.key, data)
+        return self._queue(stream, (self._seq, data, response))
+
+    def _queue(self, stream: Stream, item: tuple[int, bytes, bool]) -> bool:
+        """Queue an event on `stream`, within the session's bounds: False when its reader is
+        not keeping up (the gateway drops the session as too slow); with no reader, the
+        oldest go (they stay in the replay buffer)."""
         reader = stream.reader
-        limit, byte_limit = self._queue_limit - 1, self._queue_bytes - len(data)  # room for this one
+        limit, byte_limit = self._queue_limit - 1, self._queue_bytes - len(item[1])  # room for this one
         if reader is not None and reader.sink is not None:
             byte_limit -= reader.sink.unsent()  # written, and not yet taken by the socket
         if len(stream.pending) > limit or stream.pending_bytes > byte_limit:
             if reader is not None:
-                return False  # a reader is attached and not keeping up
+                return False
             while stream.pending and (len(stream.pending) > limit or stream.pending_bytes > byte_limit):
-                stream.pop()  # nobody listening: keep the newest, the rest is in the replay buffer
-        stream.push((self._seq, data, response))
+                stream.pop()
+        stream.push(item)
         if reader is not None:
             self._due[stream] = None
         return True
@@ -199,8 +212,15 @@ class StreamableSession(Session):
     def end(self, reason: str) -> None:
         super().end(reason)
         for stream in list(self.streams.values()):
-            if stream.reader is not None:
-                self._pump(stream.reader)
+            reader = stream.reader
+            if reader is None:
+                continue
+            if reason == "slow" and reader.sink is not None and reader.sink.unsent():
+                # A stream whose socket is not being read: only an abort frees what is queued for it.
+                self._stop(reader)
+                reader.reply.abort()
+            else:
+                self._pump(reader)
 
     # Called by the handlers.
 
@@ -301,7 +321,8 @@ class StreamableSession(Session):
             sink.write(events)
 
     def _gather(self, reader: Reader) -> None:
-        """A JSON answer: the responses it owes; anything else goes to the standalone stream."""
+        """A JSON answer: the responses it owes. Anything else (what came before it was read:
+        `deliver` sends the rest straight there) goes to the standalone stream."""
         stream = reader.stream
         standalone = self.streams[STANDALONE]
         moved = False
@@ -310,8 +331,8 @@ class StreamableSession(Session):
             if item[2]:
                 reader.responses.append(item[1])
             else:
-                standalone.push(item)
-                moved = True
+                # A standalone reader not keeping up misses it, and is dropped at its next delivery.
+                moved = self._queue(standalone, item) or moved
         if moved and standalone.reader is not None:
             self._pump(standalone.reader)
         if stream.owed and not self.ended:
@@ -434,6 +455,8 @@ class _AiohttpReply:
     def end_stream(self, last: bytes = b"") -> None:
         if self._ended:
             return
+        if self._headers is None:
+            self.open_stream(None)  # ended before it began: still a stream, an empty one
         if last:
             self.write(last)
         self._end()  # aiohttp writes the last chunk when the handler returns
@@ -586,6 +609,8 @@ async def get(request: web.Request) -> web.StreamResponse:
     stream = session.streams.get(key)
     if stream is None:
         stream = Stream(key)  # it has ended: replay what it sent after `last`, then end
+    elif stream.reader is not None and stream.reader.sink is None:
+        raise HttpError(409, "that stream's POST is being answered as one JSON body: there is no stream to resume")
     reply = _AiohttpReply(request)
     session.read(stream, reply, as_stream=True, replay_after=last if resume else None)
     return await reply.send()
