@@ -602,6 +602,18 @@ async def test_accept_decides_a_posts_answer_the_same_on_both_paths(daemon: Brid
             assert (status, content_type) == (200, answer), got
 
 
+async def test_a_notification_post_is_answered_the_same_on_both_paths(daemon: Bridge) -> None:
+    async for wire in _wire(daemon):
+        sid = f"Mcp-Session-Id: {await _mcp_session(wire)}"
+        body = json.dumps({"jsonrpc": "2.0", "method": "notifications/roots/list_changed"}).encode()
+        await wire.send(mcp_post(body, sid))  # the fast path
+        fast = await wire.response()
+        await wire.send(mcp_post(b"", sid, "Transfer-Encoding: chunked") + b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body))
+        slow = await wire.response()  # aiohttp
+        answers = [(status, headers.get("content-type"), headers.get("mcp-session-id"), text) for status, headers, text in (fast, slow)]
+        assert answers[0] == answers[1] and answers[0][0] == 202 and answers[0][3] in ("", b""), answers
+
+
 @pytest.mark.parametrize(("accept", "status"), [("text/event-stream;q=0", 406), ("application/json", 406), ("text/*", 200), ("*/*;q=0.1", 200)])
 async def test_accept_decides_a_get(daemon: Bridge, accept: str, status: int) -> None:
     async for wire in _wire(daemon):

@@ -418,7 +418,7 @@ class _AiohttpReply:
         if body:
             self._response = web.Response(status=status, body=body, content_type=http.JSON, headers=headers)
         else:
-            self._response = web.Response(status=status, headers=headers)
+            self._response = web.Response(status=status, headers=headers, content_type="text/plain", charset="utf-8")  # as the fast path's
         self._end()
 
     def error(self, exc: HttpError) -> None:
