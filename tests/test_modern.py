@@ -735,19 +735,23 @@ TS_CLIENT_PACKAGE = Path(__file__).parent / "node" / "node_modules" / "@modelcon
 
 
 @pytest.mark.skipif(not TS_CLIENT_PACKAGE.exists(), reason="@modelcontextprotocol/client is not installed: run `npm ci --prefix tests/node`")
+async def _run_client(*cmd: str) -> bytes:
+    """Run a client to its end (60 s at most, then killed): its output; it must exit 0."""
+    proc = await asyncio.create_subprocess_exec(*cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    try:
+        async with asyncio.timeout(60):
+            out, err = await proc.communicate()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode == 0, err.decode()[-2000:]
+    return out
+
+
 async def test_typescript_client_pinned_to_2026_07_28(bridge):
     async with bridge(shared(demo=demo())) as b:
-        proc = await asyncio.create_subprocess_exec(
-            "node", str(TS_CLIENT), b.url("demo", "mcp"), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
-        )
-        try:
-            async with asyncio.timeout(60):
-                out, err = await proc.communicate()
-        finally:
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
-        assert proc.returncode == 0, err.decode()[-2000:]
+        out = await _run_client("node", str(TS_CLIENT), b.url("demo", "mcp"))
         seen = json.loads(out.decode().strip().splitlines()[-1])
         assert "echo" in seen["tools"] and seen["echoed"] == "from typescript"
         assert seen["sampled"] == "ts answers ts prompt" and seen["serverInfo"] == "mcp-bridge-demo"
@@ -786,19 +790,10 @@ INSPECTOR = Path(__file__).parent / "node" / "node_modules" / "@modelcontextprot
 @pytest.mark.skipif(not (INSPECTOR.exists() and NODE22.exists()), reason="the Inspector or Node.js 22 is not installed: run `npm ci --prefix tests/node`")
 async def test_inspector_cli_with_the_modern_era(bridge):
     async with bridge(shared(demo=demo())) as b:
-        proc = await asyncio.create_subprocess_exec(
+        out = await _run_client(
             str(NODE22), str(INSPECTOR), "--cli", b.url("demo", "mcp"), "--transport", "http", "--protocol-era", "modern",
             "--method", "tools/call", "--tool-name", "echo", "--tool-arg", "text=hello-inspector",
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         )  # fmt: skip
-        try:
-            async with asyncio.timeout(60):
-                out, err = await proc.communicate()
-        finally:
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
-        assert proc.returncode == 0, err.decode()[-2000:]
         result = json.loads(out)
         assert result["content"][0]["text"] == "hello-inspector"
         assert result["_meta"]["io.modelcontextprotocol/serverInfo"]["name"] == "mcp-bridge-demo"
