@@ -36,7 +36,7 @@ from rawstreamable import (
 from sdk import TIME_SERVER, Client, Wire, _RecordingReader, _RecordingWriter, prompt_text
 from sdk import text_of as sdk_text
 
-from bridge.transports.streamable import STANDALONE, StreamableSession
+from bridge.transports.streamable import STANDALONE, Form, Holds, StreamableSession
 
 pytestmark = [
     # The SDK marks 2025-era features (logging, subscriptions) deprecated for 2026-07-28.
@@ -882,7 +882,7 @@ def test_stream_bytes_bound_a_reader_and_the_backlog() -> None:
     assert len(stream.pending) == 3 and stream.pending_bytes == 900
     assert [seq for seq, _, _ in stream.pending] == [8, 9, 10]
     reply = _UnreadReply()
-    session.read(stream, reply, as_stream=True)  # type: ignore[arg-type]
+    session.resume(stream, reply, None)  # type: ignore[arg-type]
     assert not stream.pending and reply.unsent() > 900  # written at once, and not taken
     assert not session.deliver(message, None, False)  # a reader attached, and not keeping up
     reply.written.clear()  # the socket took it all
@@ -910,7 +910,7 @@ def test_what_a_json_answer_does_not_carry_goes_to_the_standalone_stream_within_
     session = StreamableSession("s", None, queue_limit=1000, queue_bytes=1000, replay_bytes=1 << 20)
     post = session.open_post_stream(["c"])
     reply = _JsonReply()
-    session.read(post, reply, as_stream=False)  # type: ignore[arg-type]
+    session.answer(post, reply, Form.JSON, False, None, Holds(), None)  # type: ignore[arg-type]
     for _ in range(50):
         assert session.deliver(message, "c", False)
         session.flush()

@@ -38,6 +38,7 @@ from collections.abc import Callable, Mapping
 from email.utils import formatdate
 from http import HTTPStatus
 
+import msgspec
 from aiohttp import web
 from multidict import CIMultiDict
 
@@ -74,32 +75,27 @@ _ACCEPTED_BODY = b"Accepted"
 _NOT_MIRRORED = stateless.Headers(None, None, None, {})
 
 
-class Head:
-    """The parts of a message POST's head that this path reads."""
+class Head(msgspec.Struct, eq=False):
+    """The parts of a message POST's head that this path reads (a Struct: one is made per
+    request, in C)."""
 
-    __slots__ = (
-        "accept", "authorization", "close", "content_length", "fields", "forwarded", "gateway", "host", "mcp", "mcp_version",
-        "mirrored", "origin", "principal", "refusal", "server", "session", "session_id",
-    )  # fmt: skip
-
-    def __init__(self) -> None:
-        self.server = ""
-        self.mcp = False  # Streamable HTTP; else HTTP+SSE
-        self.principal: str | None = None
-        self.accept = ""
-        self.mcp_version: str | None = None
-        self.mirrored = _NOT_MIRRORED
-        self.gateway: Gateway | None = None  # these two once admitted
-        self.session: Session | None = None
-        self.refusal: HttpError | None = None  # the answer, when refused
-        self.session_id: str | None = None
-        self.host: str | None = None
-        self.origin: str | None = None
-        self.authorization: str | None = None
-        self.forwarded: Forwarded = NOT_FORWARDED
-        self.content_length = 0
-        self.close = False
-        self.fields: dict[bytes, bytes] = {}  # the watched fields, as read: a forwarded MRTR retry's headers
+    server: str = ""
+    mcp: bool = False  # Streamable HTTP; else HTTP+SSE
+    principal: str | None = None
+    accept: str = ""
+    mcp_version: str | None = None
+    mirrored: stateless.Headers = _NOT_MIRRORED
+    gateway: Gateway | None = None  # these two once admitted
+    session: Session | None = None
+    refusal: HttpError | None = None  # the answer, when refused
+    session_id: str | None = None
+    host: str | None = None
+    origin: str | None = None
+    authorization: str | None = None
+    forwarded: Forwarded = NOT_FORWARDED
+    content_length: int = 0
+    close: bool = False
+    fields: dict[bytes, bytes] = msgspec.field(default_factory=dict)  # the watched fields, as read: a forwarded MRTR retry's headers
 
 
 def read_head(head: bytes) -> tuple[bytes, dict[bytes, bytes]] | None:
@@ -117,9 +113,11 @@ def read_head(head: bytes) -> tuple[bytes, dict[bytes, bytes]] | None:
     for name, value in _FIELD.findall(fields):
         name = name.lower()
         if name in _WATCHED or name.startswith(b"mcp-param-"):
-            if name in found or name in _HAND_OFF_FIELDS:
+            if name in found:
                 return None  # a repeat is ambiguous: aiohttp says what it means
             found[name] = value.strip(b" \t")
+    if not found.keys().isdisjoint(_HAND_OFF_FIELDS):
+        return None
     return parts[1], found
 
 
@@ -156,15 +154,17 @@ def message_head(target: bytes, found: dict[bytes, bytes]) -> Head | None:
     if b"x-forwarded-host" in found or b"x-forwarded-proto" in found or b"x-forwarded-prefix" in found:
         get = found.get
         out.forwarded = (_or_none(get(b"x-forwarded-proto")), _or_none(get(b"x-forwarded-host")), _or_none(get(b"x-forwarded-prefix")))
-    if out.mcp:
-        out.accept = _text(found.get(b"accept", b""))
+    if out.mcp:  # every Streamable POST: decoded as _text does, without a call each
+        if (accept := found.get(b"accept")) is not None:
+            out.accept = accept.decode("utf-8", "surrogateescape")
         if (session_id := found.get(b"mcp-session-id")) is not None:
-            out.session_id = _text(session_id)
+            out.session_id = session_id.decode("utf-8", "surrogateescape")
         if (version := found.get(b"mcp-protocol-version")) is not None:
-            out.mcp_version = _text(version)
+            out.mcp_version = version.decode("utf-8", "surrogateescape")
         method, name = found.get(b"mcp-method"), found.get(b"mcp-name")
-        params = {_text(k[10:]): _text(v) for k, v in found.items() if k.startswith(b"mcp-param-")}
-        if method is not None or name is not None or params or out.mcp_version is not None:
+        # What is found and not watched is an Mcp-Param-* (read_head keeps nothing else).
+        params = {_text(k[10:]): _text(v) for k, v in found.items() if k not in _WATCHED} if found.keys() - _WATCHED else {}
+        if method is not None or name is not None or params or version is not None:
             out.mirrored = stateless.Headers(out.mcp_version, _or_none(method), _or_none(name), params)
     return out
 
@@ -233,27 +233,28 @@ def render(status: int, body: bytes, content_type: bytes, headers: Mapping[str, 
     first = b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\nDate: %s\r\n" % (
         status, _PHRASES.get(status, b""), content_type, len(body), _date()
     )
-    return b"".join(_head(first, headers, close)) + body
+    return first + _fields(headers, close) + b"\r\n" + body
 
 
 def render_stream_head(headers: dict[str, str], close: bool) -> bytes:
     """The head of an SSE response, with chunked framing to follow: `common.SSE_HEADERS`
     (rendered once, at import), then `headers`, which name none of them."""
     first = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nDate: %s\r\n%s" % (_date(), _SSE_FIELDS[close])
-    return b"".join(_head(first, headers, False))
+    return first + _fields(headers, False) + b"\r\n"
 
 
-def _head(first: bytes, headers: Mapping[str, str] | None, close: bool) -> list[bytes]:
+def _fields(headers: Mapping[str, str] | None, close: bool) -> bytes:
     if close:  # replaces a Connection header given, rather than adding a second one
         headers = {**(headers or {}), "Connection": "close"}
-    lines = [first]
-    if headers:
-        lines.extend(f"{k}: {v}\r\n".encode("latin-1", "replace") for k, v in headers.items())
-    lines.append(b"\r\n")
-    return lines
+    if not headers:
+        return b""
+    lines = ""
+    for name, value in headers.items():
+        lines += f"{name}: {value}\r\n"
+    return lines.encode("latin-1", "replace")
 
 
-_SSE_FIELDS = {close: b"".join(_head(b"", common.SSE_HEADERS, close)[:-1]) for close in (False, True)}  # without the blank line
+_SSE_FIELDS = {close: _fields(common.SSE_HEADERS, close) for close in (False, True)}
 
 
 class Connections:
@@ -285,7 +286,13 @@ class Connection(asyncio.Protocol):
     def __init__(
         self, app: web.Application, fallback: Callable[[], asyncio.Protocol], registry: Connections, idle_timeout: float
     ) -> None:
-        self._app = app
+        # What every request reads of the app: each lives as long as the app (a reload changes
+        # what is inside `_live` and `_gateways`, never the objects).
+        self._live = app[common.LIVE]
+        self._gateways = app[common.GATEWAYS]
+        self._rejected = app[common.METRICS].rejected
+        self._parking = app[modern.PARKING]
+        self._holds = app[streamable.HOLDS]
         self._cluster = app.get(forward.CLUSTER)  # with one, only sessions of this replica are served here
         self._idle_timeout = idle_timeout  # limits.keepalive_timeout, as aiohttp's keepalive_timeout
         self._fallback = fallback
@@ -299,6 +306,7 @@ class Connection(asyncio.Protocol):
         self._last_active = 0.0
         self._idle: asyncio.TimerHandle | None = None
         self._write_paused = False
+        self._held_back = False  # reading paused until the answer under way has ended
         self._unacked_limited = False  # common.limit_unacked done: once per connection, not per stream
         self._loop = asyncio.get_running_loop()
         self._busy: _Reply | None = None  # answering a Streamable POST; later requests wait
@@ -343,6 +351,7 @@ class Connection(asyncio.Protocol):
             self._pending += data
             if len(self._pending) > MAX_HEAD + DISCARD_LIMIT and self._transport is not None:
                 self._transport.pause_reading()  # a client that will not wait its turn waits anyway
+                self._held_back = True
             return
         if self._head is not None:
             # A body that keeps coming is activity; bytes of a head are not (else a
@@ -423,11 +432,10 @@ class Connection(asyncio.Protocol):
         """The checks that come before the body is read. A refused request's body is still
         read (and dropped), so that the connection stays usable, unless it is large: then
         the answer goes now and the connection closes. False when it closed."""
-        app = self._app
         try:
             head.principal = check_access(
-                app[common.LIVE].guard,
-                app[common.METRICS].rejected,
+                self._live.guard,
+                self._rejected,
                 method="POST",
                 path=f"/servers/{head.server}/{'mcp' if head.mcp else 'messages'}",
                 server=head.server,
@@ -437,7 +445,7 @@ class Connection(asyncio.Protocol):
                 remote=self._remote,
                 forwarded=head.forwarded,
             ).principal
-            head.gateway = common.gateway_named(app[common.GATEWAYS], head.server)
+            head.gateway = common.gateway_named(self._gateways, head.server)
             if not head.mcp:  # Streamable looks its session up after reading the body, as aiohttp does
                 head.session = sse.posted_session(head.gateway, head.session_id, head.principal)
             common.check_length(head.content_length, head.gateway)
@@ -482,10 +490,10 @@ class Connection(asyncio.Protocol):
             head.session_id,
             head.mcp_version,
             head.accept,
-            self._app[common.LIVE].config.streamable.resume_buffer,
+            self._live.config.streamable.resume_buffer,
             head.mirrored,
-            self._app[modern.PARKING],
-            self._app[streamable.HOLDS],
+            self._parking,
+            self._holds,
         )
         reply = self._busy = _Reply(self, head)
         try:
@@ -509,7 +517,8 @@ class Connection(asyncio.Protocol):
         if self._stopping:
             self.close()
             return
-        if not self._write_paused:
+        if self._held_back and not self._write_paused:
+            self._held_back = False
             self._transport.resume_reading()
         if self._pending:
             # Not now: this may run inside the flush of a server's output (or inside _parse).
@@ -541,7 +550,7 @@ class Connection(asyncio.Protocol):
         if not self._unacked_limited:
             common.limit_unacked(transport)
             self._unacked_limited = True
-        cors = cors_headers(self._app[common.LIVE].guard, head.origin)
+        cors = None if head.origin is None else cors_headers(self._live.guard, head.origin)
         stream_head = render_stream_head({**headers, **cors} if cors else headers, head.close)
         self.write(stream_head + http.chunk(first) if first else stream_head)
 
@@ -556,7 +565,7 @@ class Connection(asyncio.Protocol):
         if transport is None:
             return
         self._last_active = time.monotonic()
-        cors = cors_headers(self._app[common.LIVE].guard, head.origin)
+        cors = None if head.origin is None else cors_headers(self._live.guard, head.origin)
         if cors is not None:
             headers = {**headers, **cors} if headers else cors
         transport.write(render(status, body, content_type, headers, head.close))

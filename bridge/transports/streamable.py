@@ -50,18 +50,16 @@ STANDALONE = "g"
 HOLD_S = 0.02
 
 
-class Stream:
-    """One SSE stream of a session: events waiting for a reader, and the requests it still owes."""
+class Stream(msgspec.Struct, eq=False):
+    """One SSE stream of a session: events waiting for a reader, and the requests it still owes.
+    (A Struct, as Reader: one of each is made per POST, and a Struct is made in C.)"""
 
-    __slots__ = ("key", "owed", "pending", "pending_bytes", "reader")
-
-    def __init__(self, key: str) -> None:
-        self.key = key
-        # (sequence number, message, is the response to a request this stream owes)
-        self.pending: deque[tuple[int, bytes, bool]] = deque()
-        self.pending_bytes = 0  # of the messages in pending
-        self.owed: set[RequestId] = set()
-        self.reader: Reader | None = None  # the HTTP answer reading it now, if any
+    key: str
+    # (sequence number, message, is the response to a request this stream owes)
+    pending: deque[tuple[int, bytes, bool]] = msgspec.field(default_factory=deque)
+    pending_bytes: int = 0  # of the messages in pending
+    owed: set[RequestId] = msgspec.field(default_factory=set)
+    reader: Reader | None = None  # the HTTP answer reading it now, if any
 
     def push(self, item: tuple[int, bytes, bool]) -> None:
         self.pending.append(item)
@@ -80,66 +78,67 @@ class Stream:
         return items
 
 
-class Reader:
+class Reader(msgspec.Struct, eq=False):
     """An HTTP answer reading a stream: its events as SSE (`sink`, once opened), or its
     responses gathered into one JSON body. A POST that takes either is `held` until its
     answer is due (HOLD_S). `done` runs once, when it stops reading."""
 
-    __slots__ = ("batch", "done", "first", "held", "last", "reply", "responses", "sink", "stream")
-
-    def __init__(self, stream: Stream, reply: Reply, batch: bool, done: Callable[[], None] | None) -> None:
-        self.stream = stream
-        self.reply = reply
-        self.sink: EventSink | None = None
-        self.held: Holds | None = None  # its form not chosen yet: the holds that time it
-        self.first = b""  # what a stream opens with (the priming event, the replay)
-        self.last = 0  # the sequence number of the last event it sent
-        self.batch = batch  # a JSON answer to a batch is an array
-        self.responses: list[bytes] = []
-        self.done = done
+    stream: Stream
+    reply: Reply
+    batch: bool = False  # a JSON answer to a batch is an array
+    done: Callable[[], None] | None = None
+    sink: EventSink | None = None
+    held: bool = False  # its form not chosen yet: in Holds, until it is
+    first: bytes = b""  # what a stream opens with after its priming event: the replay
+    prime: int | None = None  # the sequence number its priming event names, if it has one
+    last: int = 0  # the sequence number of the last event it sent
+    responses: list[bytes] = msgspec.field(default_factory=list)
 
     @property
     def gathers(self) -> bool:
         """Its answer is one JSON body: only responses go to it."""
-        return self.sink is None and self.held is None
+        return self.sink is None and not self.held
 
 
 class Holds:
-    """The POST answers whose form is not chosen yet, and one timer for them all (rather
-    than one per request): past HOLD_S, each opens its stream."""
+    """The POST answers whose form is not chosen yet, in the order they are due, and one timer
+    for them all (rather than one per request): past HOLD_S, each opens its stream. A reader
+    whose form was chosen meanwhile (`held` set False) is passed over when its turn comes,
+    so that choosing costs nothing here."""
 
     __slots__ = ("_due", "_loop", "_timer")
 
     def __init__(self) -> None:
-        self._due: dict[Reader, tuple[StreamableSession, float]] = {}
+        self._due: deque[tuple[float, StreamableSession, Reader]] = deque()
         self._timer: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def add(self, session: StreamableSession, reader: Reader) -> None:
         loop = self._loop = self._loop or asyncio.get_running_loop()
-        reader.held = self
-        self._due[reader] = (session, loop.time() + HOLD_S)
+        reader.held = True
+        self._due.append((loop.time() + HOLD_S, session, reader))
         if self._timer is None:
             self._timer = loop.call_later(HOLD_S, self._expire, loop)
 
-    def discard(self, reader: Reader) -> None:
-        reader.held = None
-        self._due.pop(reader, None)
-
     def _expire(self, loop: asyncio.AbstractEventLoop) -> None:
         self._timer = None
-        now = loop.time()
-        for reader, (session, due) in [item for item in self._due.items() if item[1][1] <= now]:
-            self.discard(reader)
-            session.open(reader)
-        if self._due:
-            self._timer = loop.call_later(HOLD_S / 2, self._expire, loop)  # at most half a hold late
+        due = self._due
+        now = loop.time() + 0.001  # the loop may run a timer a hair before its time: never spin for it
+        while due and (due[0][0] <= now or not due[0][2].held):  # past due, or answered meanwhile
+            _, session, reader = due.popleft()
+            if reader.held:
+                reader.held = False
+                session.open(reader)
+        if due:  # timed for the first still held
+            self._timer = loop.call_at(due[0][0], self._expire, loop)
 
 
 class StreamableSession(Session):
     """Its streams are written by the callbacks that deliver to it: `deliver` queues, `flush`
     (once per batch of server output) writes what each reader's stream got, in one write, and
-    ends a POST's answer with its last response. No task waits on a stream."""
+    ends a POST's answer with its last response. A POST answered as one JSON body, with
+    nothing but its responses, is answered by the delivery of the last one. No task waits on
+    a stream."""
 
     transport = "streamable"
 
@@ -167,8 +166,17 @@ class StreamableSession(Session):
         elif final and related is not None:
             del self.by_request[related]
             stream.owed.discard(related)
-            if not stream.owed and stream.reader is None and stream.key != STANDALONE:
-                self.streams.pop(stream.key, None)  # its POST is gone; a resume replays from the buffer
+            reader = stream.reader
+            if not stream.owed:
+                if reader is None:
+                    if stream.key != STANDALONE:
+                        self.streams.pop(stream.key, None)  # its POST is gone; a resume replays from the buffer
+                elif reader.sink is None and not stream.pending and reader.done is None:
+                    # Its answer is one JSON body that this response completes: it goes now, as
+                    # one write, with nothing queued (it is never an event a client could resume
+                    # after, and one message is within the session's bounds, which config checks).
+                    self._answer_whole(reader, data)
+                    return True
         elif stream.reader is not None and stream.reader.gathers:
             stream = self.streams[STANDALONE]  # a JSON answer carries only responses: the rest goes there
         self._seq += 1
@@ -233,47 +241,48 @@ class StreamableSession(Session):
             self.by_request[rid] = stream
         return stream
 
-    def read(
-        self,
-        stream: Stream,
-        reply: Reply,
-        *,
-        as_stream: bool,
-        batch: bool = False,
-        replay_after: int | None = None,
-        prime: int | None = None,
-        hold: Holds | None = None,
-        done: Callable[[], None] | None = None,
+    def answer(
+        self, stream: Stream, reply: Reply, form: Form, batch: bool, prime: int | None, holds: Holds, done: Callable[[], None] | None
     ) -> None:
-        """Answer `reply` from `stream`: as SSE (after what it sent after `replay_after`, when
-        resuming, or a priming event with the id of `prime`), as one JSON body, or, given
-        `hold`, in the form its answer takes by when it is due. A reader already on the
-        stream ends: this one takes over."""
+        """Answer a POST from its stream: as SSE (after a priming event with the id of `prime`),
+        as one JSON body, or, when `form` is EITHER, in the form its answer takes by when it
+        is due (`holds` times it). `done` runs once the answer has ended."""
+        reader = stream.reader = Reader(stream, reply, batch, done)
+        reply.watch(functools.partial(self._stop, reader))  # its client went: the unsent stays for a resume
+        if form is not Form.JSON:
+            reader.prime = prime
+            if form is Form.STREAM:
+                self.open(reader)
+                return
+            holds.add(self, reader)
+        if stream.pending or not stream.owed or self.ended:
+            self._pump(reader)  # answered already (by the mux, at once), or nothing to wait for
+
+    def resume(self, stream: Stream, reply: Reply, after: int | None) -> None:
+        """Answer a GET with `stream`, as SSE: what it sent after `after` (when resuming), then
+        what comes. A reader already on the stream ends: this one takes over."""
         old = stream.reader
         if old is not None:
             self._stop(old)
             old.reply.end_stream()
-        reader = stream.reader = Reader(stream, reply, batch, done)
+        reader = stream.reader = Reader(stream, reply, False, None)
         reply.watch(functools.partial(self._stop, reader))  # its client went: the unsent stays for a resume
-        if as_stream:
-            reader.first = b"" if prime is None else b"id: %s_%d\ndata: \n\n" % (stream.key.encode(), prime)
-            if replay_after is not None:
-                reader.last = replay_after
-                replayed = self.replay(stream.key, replay_after)
-                if replayed:
-                    reader.first += b"".join([_event(stream, seq, data) for seq, data in replayed])
-                    reader.last = replayed[-1][0]
-            if hold is None:
-                self.open(reader)
-                return
-            hold.add(self, reader)
-        self._pump(reader)
+        if after is not None:
+            reader.last = after
+            replayed = self.replay(stream.key, after)
+            if replayed:
+                reader.first = b"".join([_event(stream, seq, data) for seq, data in replayed])
+                reader.last = replayed[-1][0]
+        self.open(reader)
 
     def open(self, reader: Reader) -> None:
         """Answer as a stream: its head and first events now."""
         if reader.stream.reader is not reader:
             return  # answered, or its client went, meanwhile
-        reader.sink = reader.reply.open_stream(self.id, reader.first)
+        first = reader.first
+        if reader.prime is not None:
+            first = b"id: %s_%d\ndata: \n\n" % (reader.stream.key.encode(), reader.prime) + first
+        reader.sink = reader.reply.open_stream(self.id, first)
         self._pump(reader)
 
     def forget(self, stream: Stream) -> None:
@@ -282,9 +291,6 @@ class StreamableSession(Session):
             self.by_request.pop(rid, None)
         stream.owed.clear()
         self.streams.pop(stream.key, None)
-
-    def owes(self, request_id: RequestId) -> bool:
-        return request_id in self.by_request
 
     def mark(self) -> int:
         return self._seq
@@ -297,14 +303,13 @@ class StreamableSession(Session):
         stream = reader.stream
         sink = reader.sink
         if sink is None:
-            held = reader.held
-            if held is None:
+            if not reader.held:
                 self._gather(reader)  # a JSON answer
-            elif self.ended or any(not item[2] for item in stream.pending):
-                held.discard(reader)
+            elif self.ended or not all(item[2] for item in stream.pending):
+                reader.held = False
                 self.open(reader)  # something besides its responses: the answer is a stream
             elif not stream.owed:
-                held.discard(reader)
+                reader.held = False
                 self._gather(reader)  # all its responses, and nothing else: one JSON body
             return
         while stream.pending and stream.pending[0][0] <= reader.last:
@@ -320,11 +325,17 @@ class StreamableSession(Session):
         elif events:
             sink.write(events)
 
+    def _answer_whole(self, reader: Reader, last: bytes) -> None:
+        """End a JSON answer with its last response (the others, of a batch, gathered already)."""
+        self._stop(reader)
+        responses = reader.responses
+        body = b"[" + b",".join([*responses, last]) + b"]" if reader.batch else last
+        reader.reply.whole(200, body, self.id)
+
     def _gather(self, reader: Reader) -> None:
         """A JSON answer: the responses it owes. Anything else (what came before it was read:
         `deliver` sends the rest straight there) goes to the standalone stream."""
         stream = reader.stream
-        standalone = self.streams[STANDALONE]
         moved = False
         while stream.pending:
             item = stream.pop()
@@ -332,9 +343,9 @@ class StreamableSession(Session):
                 reader.responses.append(item[1])
             else:
                 # A standalone reader not keeping up misses it, and is dropped at its next delivery.
-                moved = self._queue(standalone, item) or moved
-        if moved and standalone.reader is not None:
-            self._pump(standalone.reader)
+                moved = self._queue(self.streams[STANDALONE], item) or moved
+        if moved and (standalone := self.streams[STANDALONE].reader) is not None:
+            self._pump(standalone)
         if stream.owed and not self.ended:
             return
         self._stop(reader)
@@ -347,8 +358,7 @@ class StreamableSession(Session):
     def _stop(self, reader: Reader) -> None:
         """The reader is done with its stream (answered, replaced, or its client went)."""
         stream = reader.stream
-        if reader.held is not None:
-            reader.held.discard(reader)
+        reader.held = False
         if stream.reader is reader:
             stream.reader = None
             if not stream.owed and stream.key != STANDALONE and self.streams.get(stream.key) is stream:
@@ -538,15 +548,19 @@ def answer_post(head: PostHead, payload: Any, reply: Reply) -> None:
     if stateless.is_modern(payload):
         modern.answer(head, payload, reply)
         return
-    messages = payload if payload.__class__ is list else [payload]
-    if not messages:
-        raise HttpError(400, "invalid request: empty batch")
-    request_ids = [m["id"] for m in messages if m.__class__ is dict and "method" in m and jsonrpc.is_id(m.get("id"))]
+    messages: list[Any] | tuple[Any]
+    if payload.__class__ is list:
+        messages = payload
+        if not messages:
+            raise HttpError(400, "invalid request: empty batch")
+        request_ids = [m["id"] for m in messages if m.__class__ is dict and "method" in m and jsonrpc.is_id(m.get("id"))]
+    else:
+        messages = (payload,)
+        request_ids = [payload["id"]] if payload.__class__ is dict and "method" in payload and jsonrpc.is_id(payload.get("id")) else []
     form = _answer_form(head.accept) if request_ids else Form.JSON  # before anything is opened or routed
     if head.session_id is not None:
         try:
-            session = _session(head.gateway, head.principal, head.session_id)
-            _check_version(head.version)
+            session = _session(head.gateway, head.principal, head.session_id, head.version)
         except HttpError as exc:
             exc.request_id = request_ids[0] if len(request_ids) == 1 and payload.__class__ is dict else None
             raise
@@ -574,7 +588,7 @@ def _take(
     head: PostHead, session: StreamableSession, payload: Any, request_ids: list[RequestId], form: Form, reply: Reply, initializing: bool = False
 ) -> None:
     gateway = head.gateway
-    if any(session.owes(rid) for rid in request_ids):
+    if not session.by_request.keys().isdisjoint(request_ids):
         raise HttpError(400, "invalid request: a request id in this body is already in flight", jsonrpc.INVALID_REQUEST)
     done = functools.partial(_after_initialize, gateway, session) if initializing else None
     if not request_ids:
@@ -590,10 +604,8 @@ def _take(
     except HttpError:
         session.forget(stream)
         raise
-    as_stream = form is not Form.JSON
-    prime = primed if as_stream and not initializing and session.protocol_version >= PRIMING_SINCE else None
-    hold = head.holds if form is Form.EITHER else None
-    session.read(stream, reply, as_stream=as_stream, batch=payload.__class__ is list, prime=prime, hold=hold, done=done)
+    prime = primed if form is not Form.JSON and not initializing and session.protocol_version >= PRIMING_SINCE else None
+    session.answer(stream, reply, form, payload.__class__ is list, prime, head.holds, done)
 
 
 async def get(request: web.Request) -> web.StreamResponse:
@@ -602,8 +614,7 @@ async def get(request: web.Request) -> web.StreamResponse:
     if accept and not http.quality(accept, http.SSE):
         raise HttpError(406, "GET needs Accept: text/event-stream")
     session_id = _session_header(request)
-    session = _session(gateway, common.principal(request), session_id)
-    _check_version(request.headers.get(VERSION_HEADER))
+    session = _session(gateway, common.principal(request), session_id, request.headers.get(VERSION_HEADER))
     resume = request.headers.get("Last-Event-ID")
     key, last = _parse_event_id(resume)
     stream = session.streams.get(key)
@@ -612,14 +623,13 @@ async def get(request: web.Request) -> web.StreamResponse:
     elif stream.reader is not None and stream.reader.sink is None:
         raise HttpError(409, "that stream's POST is being answered as one JSON body: there is no stream to resume")
     reply = _AiohttpReply(request)
-    session.read(stream, reply, as_stream=True, replay_after=last if resume else None)
+    session.resume(stream, reply, last if resume else None)
     return await reply.send()
 
 
 async def delete(request: web.Request) -> web.Response:
     gateway = common.gateway_for(request)
-    session = _session(gateway, common.principal(request), _session_header(request))
-    _check_version(request.headers.get(VERSION_HEADER))
+    session = _session(gateway, common.principal(request), _session_header(request), request.headers.get(VERSION_HEADER))
     gateway.close_session(session, "client ended session")
     return web.Response(status=204)
 
@@ -650,16 +660,15 @@ def _mirrored(headers: CIMultiDictProxy[str]) -> stateless.Headers:
     return stateless.Headers(headers.get(VERSION_HEADER), headers.get("Mcp-Method"), headers.get("Mcp-Name"), params, repeated)
 
 
-def _session(gateway: Gateway, principal: str | None, session_id: str) -> StreamableSession:
+def _session(gateway: Gateway, principal: str | None, session_id: str, version: str | None) -> StreamableSession:
+    """The session a request names (404 when it is not one of `principal`'s), if the
+    `MCP-Protocol-Version` it sends is one sessions speak (else 400)."""
     session = gateway.session(session_id, principal)
-    if session is None or not isinstance(session, StreamableSession):
+    if session is None or session.__class__ is not StreamableSession:
         raise HttpError(404, "unknown session")
-    return session
-
-
-def _check_version(version: str | None) -> None:
     if version is not None and version not in PROTOCOL_VERSIONS:
         raise HttpError(400, f"unsupported {VERSION_HEADER}: {version!r} (supported: {', '.join(PROTOCOL_VERSIONS)})")
+    return session
 
 
 def _route(gateway: Gateway, session: StreamableSession, payload: Any, initializing: bool) -> None:
