@@ -36,7 +36,7 @@ from rawstreamable import (
 from sdk import TIME_SERVER, Client, Wire, _RecordingReader, _RecordingWriter, prompt_text
 from sdk import text_of as sdk_text
 
-from bridge.transports.streamable import STANDALONE, Form, Holds, StreamableSession
+from bridge.transports.streamable import HOLD_S, STANDALONE, Form, Holds, StreamableSession
 
 pytestmark = [
     # The SDK marks 2025-era features (logging, subscriptions) deprecated for 2026-07-28.
@@ -936,3 +936,43 @@ async def test_a_get_cannot_take_over_a_post_answered_as_json(bridge: Any) -> No
         assert refused.status == 409, (refused.status, refused.text)
         reply = await asyncio.wait_for(post, 10)
         assert (reply.status, reply.content_type) == (200, "application/json") and text_of(reply.json) == "done", reply
+
+
+class _HeldReply(_JsonReply):
+    """An http.Reply for a POST that takes either form: says when its stream opens."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.opened: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def open_stream(self, session_id: str | None, first: bytes = b"") -> _HeldReply:
+        super().open_stream(session_id, first)
+        self.opened.set_result(None)
+        return self
+
+
+async def test_held_answers_share_one_timer_and_a_quick_answer_leaves_nothing_behind() -> None:
+    """Of two answers held at once, the one whose response comes first is one JSON body at
+    that delivery (nothing of it kept for a resume: no event of it was ever sent); the
+    other opens its stream when the hold is over, with its priming event; then no timer is
+    left, since nothing is held (the first answer's place in the holds, due later, goes too)."""
+    session = StreamableSession("s", None, queue_limit=100, queue_bytes=1 << 20, replay_bytes=1 << 20)
+    holds = Holds()
+    quick, slow = session.open_post_stream(["q"]), session.open_post_stream(["s"])
+    quick_reply, slow_reply = _HeldReply(), _HeldReply()
+    session.answer(slow, slow_reply, Form.EITHER, False, 0, holds, None)  # type: ignore[arg-type]
+    loop = asyncio.get_running_loop()
+    halfway = loop.create_future()
+    loop.call_later(HOLD_S / 2, halfway.set_result, None)
+    await asyncio.wait_for(halfway, 1.0)
+    # Held after the other, and answered at once: its place in the holds is due after the other's.
+    session.answer(quick, quick_reply, Form.EITHER, False, 0, holds, None)  # type: ignore[arg-type]
+    assert session.deliver(b'{"id":"q"}', "q", True)
+    assert quick_reply.answer == (200, b'{"id":"q"}') and not quick_reply.streaming
+    assert session.replay(quick.key, 0) == [] and session.replay(STANDALONE, 0) == []
+    await asyncio.wait_for(slow_reply.opened, 1.0)
+    assert slow_reply.answer is None and slow_reply.written == [b"id: %s_0\ndata: \n\n" % slow.key.encode()]
+    assert holds._timer is None  # nothing held: nothing timed
+    assert session.deliver(b'{"id":"s"}', "s", True)
+    session.flush()
+    assert slow_reply.ended and session.replay(slow.key, 0) == [(1, b'{"id":"s"}')]
