@@ -489,9 +489,10 @@ class Gateway:
         session.end(reason)
         if reason in DROP_REASONS:
             self.metrics.sessions_dropped[reason] += 1
-        if self.server.mode == "per-session":
+        mode = self.server.mode
+        if mode == "per-session":
             self._stop_later(upstream)
-        elif self.server.mode == "per-principal" and not upstream.mux.sessions() and session.owner not in self._retiring:
+        elif mode == "per-principal" and not upstream.mux.sessions() and session.owner not in self._retiring:
             self._retiring[session.owner] = asyncio.get_running_loop().call_later(
                 self.server.principal_idle_timeout, self._retire, session.owner
             )
@@ -658,10 +659,14 @@ class Gateway:
                     self.log.info("rate_limited", principal=session.owner, limit=exc.limit, calls=calls, suppressed=held)
                 raise
         actions = upstream.mux.from_client(session.id, payload)
-        count = self.metrics.message
-        for msg in payload if payload.__class__ is list else (payload,):
-            count("from_client", msg.get("method", "response"))
-        self.metrics.eras[session.era] += len(payload) if payload.__class__ is list else 1
+        metrics = self.metrics
+        if payload.__class__ is list:
+            for msg in payload:
+                metrics.message("from_client", msg.get("method", "response"))
+            metrics.eras[session.era] += len(payload)
+        else:
+            metrics.message("from_client", payload.get("method", "response"))
+            metrics.eras[session.era] += 1
         self.apply(upstream, actions)
 
     # ------------------------------------------------------------------ actions
@@ -720,12 +725,13 @@ class Gateway:
                     upstream.supervisor.restart(reason)
                 case Timer(delay):
                     upstream.set_timer(delay)
-        for session in dict.fromkeys(slow):  # once each, however many messages it missed
-            limits = self.limits
-            self.log.warning(
-                "session_too_slow", session=session.id, queue_limit=limits.session_queue, queue_bytes=limits.slow_bytes
-            )
-            self.close_session(session, "slow")
+        if slow:
+            for session in dict.fromkeys(slow):  # once each, however many messages it missed
+                limits = self.limits
+                self.log.warning(
+                    "session_too_slow", session=session.id, queue_limit=limits.session_queue, queue_bytes=limits.slow_bytes
+                )
+                self.close_session(session, "slow")
         if flush:
             self.flush()
 

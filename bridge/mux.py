@@ -85,7 +85,7 @@ import itertools
 import time
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeVar
 
 from . import jsonrpc
@@ -195,30 +195,38 @@ class ServerRequest:
     task: bool
 
 
-@dataclass(slots=True, eq=False)
 class Peer:
-    """What the mux knows of one client session."""
+    """What the mux knows of one client session. One is made per session, and a 2026-07-28
+    request is a session: written out rather than a dataclass, whose default factories
+    cost a call each (seven of them, most for tables a request never fills)."""
 
-    id: str
-    principal: str | None = None  # who opened it: a trust boundary (None: no auth configured)
-    view: View | None = None  # the tools, prompts and resources it may see; None: all
-    calls: dict[RequestId, Call] = field(default_factory=dict)
-    server_requests: dict[int, ServerRequest] = field(default_factory=dict)
-    capabilities: dict[str, Any] = field(default_factory=dict)
-    initialized: bool = False
-    can_answer: bool = False  # declared a capability the server may ask it to use
-    protocol_version: str | None = None
-    level: int | None = None
-    subscriptions: set[str] = field(default_factory=set)
-    tasks: set[str] = field(default_factory=set)  # server-side tasks it created
-    client_tasks: set[str] = field(default_factory=set)  # its own tasks, polled by the server
-    elicitations: set[str] = field(default_factory=set)
-    last_active: int = 0
-    waiting_init: RequestId | None = None
-    # A 2026-07-28 request (or subscriptions/listen): adopted, never initialized by a
-    # handshake; it hears only its own calls and the notifications in `notices`.
-    stateless: bool = False
-    notices: frozenset[str] | None = None  # None: every list change (handshake-era sessions)
+    __slots__ = (
+        "id", "principal", "view", "calls", "server_requests", "capabilities", "initialized", "can_answer",
+        "protocol_version", "level", "subscriptions", "tasks", "client_tasks", "elicitations", "last_active",
+        "waiting_init", "stateless", "notices",
+    )  # fmt: skip
+
+    def __init__(self, session: str, principal: str | None, view: View | None, last_active: int) -> None:
+        self.id = session
+        self.principal = principal  # who opened it: a trust boundary (None: no auth configured)
+        self.view = view  # the tools, prompts and resources it may see; None: all
+        self.calls: dict[RequestId, Call] = {}
+        self.server_requests: dict[int, ServerRequest] = {}
+        self.capabilities: dict[str, Any] = {}
+        self.initialized = False
+        self.can_answer = False  # declared a capability the server may ask it to use
+        self.protocol_version: str | None = None
+        self.level: int | None = None
+        self.subscriptions: set[str] = set()
+        self.tasks: set[str] = set()  # server-side tasks it created
+        self.client_tasks: set[str] = set()  # its own tasks, polled by the server
+        self.elicitations: set[str] = set()
+        self.last_active = last_active
+        self.waiting_init: RequestId | None = None
+        # A 2026-07-28 request (or subscriptions/listen): adopted, never initialized by a
+        # handshake; it hears only its own calls and the notifications in `notices`.
+        self.stateless = False
+        self.notices: frozenset[str] | None = None  # None: every list change (handshake-era sessions)
 
 
 _CAPABILITY_FOR = {
@@ -226,6 +234,7 @@ _CAPABILITY_FOR = {
     "roots/list": "roots",
     "elicitation/create": "elicitation",
 }
+_ASKABLE = frozenset(_CAPABILITY_FOR.values())  # what a session declares to be asked anything
 
 
 def negotiate(client_version: object, server_version: str) -> str:
@@ -256,23 +265,22 @@ class _Turns:
     waiting calls delay another's by at most the one attribution window under way, however
     many they are."""
 
-    __slots__ = ("_queues", "_served", "_turn", "_count")
+    __slots__ = ("_queues", "_served", "_turn", "waiting")
 
     def __init__(self) -> None:
         self._queues: dict[str | None, deque[Message]] = {}
         self._served: dict[str | None, int] = {}  # principal -> turn it was last let through at
         self._turn = itertools.count()
-        self._count = 0
-
-    def __len__(self) -> int:
-        return self._count
+        # How many calls are held. An attribute, not `__len__`: the mux asks after every
+        # event, and a `__len__` is a Python call made through C each time.
+        self.waiting = 0
 
     def push(self, principal: str | None, msg: Message) -> None:
         queue = self._queues.get(principal)
         if queue is None:
             queue = self._queues[principal] = deque()
         queue.append(msg)
-        self._count += 1
+        self.waiting += 1
 
     def pop(self) -> Message:
         principal = min(self._queues, key=lambda p: self._served.get(p, -1))
@@ -280,7 +288,7 @@ class _Turns:
         msg = queue.popleft()
         if not queue:
             del self._queues[principal]
-        self._count -= 1
+        self.waiting -= 1
         return msg
 
     def served(self, principal: str | None) -> None:
@@ -295,7 +303,7 @@ class _Turns:
             for i, msg in enumerate(queue):
                 if msg["id"] == upstream_id:
                     del queue[i]
-                    self._count -= 1
+                    self.waiting -= 1
                     if not queue:
                         del self._queues[principal]
                     return True
@@ -303,7 +311,7 @@ class _Turns:
 
     def clear(self) -> None:
         self._queues.clear()
-        self._count = 0
+        self.waiting = 0
 
 
 class Mux:
@@ -367,7 +375,7 @@ class Mux:
     def open_session(self, session: str, principal: str | None = None, view: View | None = None) -> None:
         if session in self._peers:
             raise ValueError(f"session {session!r} already open")
-        self._peers[session] = Peer(session, principal, view, last_active=next(self._seq))
+        self._peers[session] = Peer(session, principal, view, next(self._seq))
         self._by_principal[principal] = self._by_principal.get(principal, 0) + 1
 
     def adopt(
@@ -384,7 +392,7 @@ class Mux:
         `level` (none without one) and, of what is not about its calls, only `notices`."""
         peer = self._peers[session]
         peer.capabilities = capabilities
-        peer.can_answer = any(name in capabilities for name in _CAPABILITY_FOR.values())
+        peer.can_answer = not _ASKABLE.isdisjoint(capabilities)
         peer.protocol_version = version
         peer.initialized = peer.stateless = True
         peer.notices = notices
@@ -406,35 +414,39 @@ class Mux:
         if peer is None:
             return []
         out: list[Action] = []
-        for call in list(peer.calls.values()):
-            self._forget_call(call)
-            out.append(Abandoned(call))
-            if call.sent:
-                out.append(ToServer(_cancelled(call.upstream_id, "client session closed")))
-            else:
-                self._unqueue(call)
-        for req in list(peer.server_requests.values()):
-            self._forget_server_request(req)
-            out.append(ToServer(jsonrpc.error(req.server_id, jsonrpc.SESSION_CLOSED, "client session closed")))
+        # Most sessions close with every table empty (a 2026-07-28 request's always does,
+        # once answered): each is looked at, and walked only when it holds something.
+        if peer.calls:
+            for call in list(peer.calls.values()):
+                self._forget_call(call)
+                out.append(Abandoned(call))
+                if call.sent:
+                    out.append(ToServer(_cancelled(call.upstream_id, "client session closed")))
+                else:
+                    self._unqueue(call)
+        if peer.server_requests:
+            for req in list(peer.server_requests.values()):
+                self._forget_server_request(req)
+                out.append(ToServer(jsonrpc.error(req.server_id, jsonrpc.SESSION_CLOSED, "client session closed")))
         for uri in peer.subscriptions:
             out += self._drop_subscriber(uri, session)
-        for owner, names in (
-            (self._task_owner, peer.tasks),
-            (self._client_task_owner, peer.client_tasks),
-            (self._elicitation_owner, peer.elicitations),
-        ):
-            for name in names:
-                owner.pop(name, None)
+        for name in peer.tasks:
+            self._task_owner.pop(name, None)
+        for name in peer.client_tasks:
+            self._client_task_owner.pop(name, None)
+        for name in peer.elicitations:
+            self._elicitation_owner.pop(name, None)
         if peer.level is not None:
             out += self._sync_level()
-        left = self._by_principal[peer.principal] - 1
+        principal = peer.principal
+        left = self._by_principal[principal] - 1
         if left:
-            self._by_principal[peer.principal] = left
+            self._by_principal[principal] = left
         else:
-            del self._by_principal[peer.principal]
-            self._held.forget(peer.principal)
+            del self._by_principal[principal]
+            self._held.forget(principal)
         self._forget_early_notes()
-        return self._settle(out)
+        return self._settle(out) if self._held.waiting else out
 
     def sessions(self) -> list[str]:
         return list(self._peers)
@@ -457,7 +469,7 @@ class Mux:
             "tasks": len(self._task_owner) + len(self._client_task_owner),
             "elicitations": len(self._elicitation_owner),
             "early_task_notes": self._early_count,
-            "queued_calls": sum(1 for m in self._backlog if "method" in m and "id" in m) + len(self._held),
+            "queued_calls": sum(1 for m in self._backlog if "method" in m and "id" in m) + self._held.waiting,
         }
 
     def is_idle(self) -> bool:
@@ -480,9 +492,9 @@ class Mux:
             out: list[Action] = []
             for msg, kind in zip(payload, kinds, strict=True):
                 out += self._from_client(peer, msg, kind)
-            return self._settle(out) if self._held else out
+            return self._settle(out) if self._held.waiting else out
         out = self._from_client(peer, payload, jsonrpc.classify(payload))
-        return self._settle(out) if self._held else out
+        return self._settle(out) if self._held.waiting else out
 
     def _from_client(self, peer: Peer, msg: Message, kind: Kind) -> list[Action]:
         peer.last_active = next(self._seq)
@@ -518,7 +530,8 @@ class Mux:
         call = Call(peer.id, client_id, upstream_id, method, self._clock(), principal=peer.principal)
         if params is not None:
             if (audited := _AUDITED.get(method)) is not None:
-                call.target = _text(msg, audited)
+                target = params.get(audited)
+                call.target = target if isinstance(target, str) else None
             meta = params.get("_meta")
             if meta.__class__ is dict and "progressToken" in meta:
                 call.token = meta["progressToken"]
@@ -526,7 +539,8 @@ class Mux:
             call.task = params.get("task").__class__ is dict if task is None else task
         peer.calls[client_id] = call
         self._calls[upstream_id] = call
-        self._in_flight[peer.principal] += 1
+        in_flight = self._in_flight
+        in_flight[peer.principal] = in_flight.get(peer.principal, 0) + 1  # not `+=`: Counter's __missing__ is Python
         msg["id"] = upstream_id
         if self.attribution_window and peer.can_answer and call.method not in _INERT:
             if self._holder_active():
@@ -585,7 +599,7 @@ class Mux:
 
     def _settle(self, out: list[Action]) -> list[Action]:
         """After any event: if the holder is done asking, let the next held call through."""
-        while self._held and not self._holder_active():
+        while self._held.waiting and not self._holder_active():
             msg = self._held.pop()
             call = self._calls.get(msg["id"])
             if call is not None:
@@ -595,7 +609,7 @@ class Mux:
     def timer(self) -> list[Action]:
         out = self._settle([])
         left = self._holder_left()
-        if self._held and left and not out:
+        if self._held.waiting and left and not out:
             out.append(Timer(left))  # fired early: the window is not over yet
         return out
 
@@ -648,7 +662,7 @@ class Mux:
         params = msg.get("params") or {}
         caps = params.get("capabilities")
         peer.capabilities = caps if caps.__class__ is dict else {}
-        peer.can_answer = any(name in peer.capabilities for name in _CAPABILITY_FOR.values())
+        peer.can_answer = not _ASKABLE.isdisjoint(peer.capabilities)
         peer.protocol_version = params.get("protocolVersion")  # provisional until answered
         return self._answer_when_ready(peer, msg["id"])
 
@@ -799,7 +813,7 @@ class Mux:
             out = []
             for msg in payload:
                 out += self._from_server(msg)
-        return self._settle(out) if self._held else out
+        return self._settle(out) if self._held.waiting else out
 
     def _from_server(self, msg: Any) -> list[Action]:
         try:
@@ -925,7 +939,7 @@ class Mux:
         form of a modern server's input_required): it goes to that call's session, if able."""
         call = self._calls.get(upstream_id) if upstream_id.__class__ is int else None
         out = self._server_request(msg, self._asked_by(call, msg))
-        return self._settle(out) if self._held else out
+        return self._settle(out) if self._held.waiting else out
 
     def _server_request(self, msg: Message, asker: tuple[Peer | None, Call | None] | None = None) -> list[Action]:
         """`asker`: the session and call it belongs to, when known; else they are guessed."""
@@ -1299,10 +1313,12 @@ class Mux:
     def _forget_call(self, call: Call) -> None:
         if self._calls.pop(call.upstream_id, None) is None or call.session is None or call.client_id is None:
             return
-        in_flight = self._in_flight
-        in_flight[call.principal] -= 1
-        if not in_flight[call.principal]:
-            del in_flight[call.principal]
+        in_flight, principal = self._in_flight, call.principal
+        left = in_flight[principal] - 1
+        if left:
+            in_flight[principal] = left
+        else:
+            in_flight.pop(principal)  # not `del`: Counter's __delitem__ is Python
         peer = self._peers.get(call.session)
         if peer is not None:
             peer.calls.pop(call.client_id, None)

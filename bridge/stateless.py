@@ -137,8 +137,8 @@ def envelope(msg: Message) -> Envelope:
     # took for a 2026-07-28 one. A legacy client that sent it gets a 400 without a modern
     # error code (so a dual-era client falls back) that says how its sessions begin.
     meta = meta if meta.__class__ is dict else {}
-    missing = [key for key in (VERSION_KEY, CAPABILITIES_KEY) if key not in meta]
-    if missing:
+    if VERSION_KEY not in meta or CAPABILITIES_KEY not in meta:
+        missing = [key for key in (VERSION_KEY, CAPABILITIES_KEY) if key not in meta]
         hint = "" if VERSION_KEY in meta else " (a request without Mcp-Session-Id is a 2026-07-28 one; a 2025 session begins with initialize)"
         raise ModernError(jsonrpc.INVALID_PARAMS, f"params._meta is missing {', '.join(missing)}{hint}", request_id=rid)
     version, capabilities = meta[VERSION_KEY], meta[CAPABILITIES_KEY]
@@ -152,17 +152,18 @@ def envelope(msg: Message) -> Envelope:
     return Envelope(version, capabilities, meta.get(CLIENT_INFO_KEY), level)
 
 
-_ENVELOPE_KEYS = (VERSION_KEY, CAPABILITIES_KEY, CLIENT_INFO_KEY, LOG_LEVEL_KEY)
+_ENVELOPE_KEYS = frozenset({VERSION_KEY, CAPABILITIES_KEY, CLIENT_INFO_KEY, LOG_LEVEL_KEY})
 
 
 def strip_envelope(params: dict[str, Any]) -> None:
     """Take the envelope out of a request for a legacy server: servers on the newer SDKs
     refuse a request that carries it on a connection that began with initialize."""
     meta = params["_meta"]
+    if meta.keys() <= _ENVELOPE_KEYS:  # the usual `_meta`: the envelope alone, compared in one C call
+        del params["_meta"]
+        return
     for key in _ENVELOPE_KEYS:
         meta.pop(key, None)
-    if not meta:
-        del params["_meta"]
 
 
 def check_headers(msg: Message, env: Envelope, headers: Headers, tool_headers: Mapping[str, tuple[str, ...]] | None) -> None:
@@ -170,22 +171,18 @@ def check_headers(msg: Message, env: Envelope, headers: Headers, tool_headers: M
     `tool_headers`: the called tool's `x-mcp-header` names (lower case) and the argument
     path each mirrors, when the bridge has seen its schema."""
     rid = msg.get("id")
-
-    def mismatch(what: str) -> ModernError:
-        return ModernError(HEADER_MISMATCH, f"header mismatch: {what}", request_id=rid)
-
     if headers.repeated is not None:
-        raise mismatch(f"{headers.repeated} appears more than once")
+        raise _mismatch(rid, f"{headers.repeated} appears more than once")
     if headers.version != env.version:
-        raise mismatch(f"MCP-Protocol-Version {headers.version!r} does not match the body's {env.version!r}")
+        raise _mismatch(rid, f"MCP-Protocol-Version {headers.version!r} does not match the body's {env.version!r}")
     method = msg["method"]
     if headers.method != method:
-        raise mismatch(f"Mcp-Method {headers.method!r} does not match the body's {method!r}")
+        raise _mismatch(rid, f"Mcp-Method {headers.method!r} does not match the body's {method!r}")
     key = NAMED.get(method)
     if key is not None:
         value = msg["params"].get(key)
         if value is not None and decode_header(headers.name) != value:
-            raise mismatch(f"Mcp-Name {headers.name!r} does not match the body's {key} {value!r}")
+            raise _mismatch(rid, f"Mcp-Name {headers.name!r} does not match the body's {key} {value!r}")
     if tool_headers:
         arguments = msg["params"].get("arguments")
         for name, path in tool_headers.items():
@@ -194,12 +191,16 @@ def check_headers(msg: Message, env: Envelope, headers: Headers, tool_headers: M
             rendered = _render(value)
             if rendered is None:
                 if sent is not None:
-                    raise mismatch(f"Mcp-Param-{name} is sent but argument {'.'.join(path)} is absent")
+                    raise _mismatch(rid, f"Mcp-Param-{name} is sent but argument {'.'.join(path)} is absent")
                 continue
             if sent is None:
-                raise mismatch(f"Mcp-Param-{name} is missing for argument {'.'.join(path)}")
+                raise _mismatch(rid, f"Mcp-Param-{name} is missing for argument {'.'.join(path)}")
             if not _same(decode_header(sent), value, rendered):
-                raise mismatch(f"Mcp-Param-{name} does not match argument {'.'.join(path)}")
+                raise _mismatch(rid, f"Mcp-Param-{name} does not match argument {'.'.join(path)}")
+
+
+def _mismatch(rid: RequestId | None, what: str) -> ModernError:
+    return ModernError(HEADER_MISMATCH, f"header mismatch: {what}", request_id=rid)
 
 
 def check_version(msg: Message, env: Envelope) -> None:
@@ -311,7 +312,7 @@ def answer(data: bytes, method: str, reply_id: RequestId, server: Server) -> tup
     with the HTTP status it goes with: the retry's id; every result with a `resultType` and
     the server's info, cacheable ones with `ttlMs` and `cacheScope`; the 2025 code for a
     missing resource becomes the one 2026-07-28 uses."""
-    message: dict[str, Any] = dict(_MEMBERS.decode(data))
+    message: dict[str, Any] = _MEMBERS.decode(data)
     message["id"] = reply_id
     raw = message.get("result")
     if raw is None:
@@ -322,7 +323,7 @@ def answer(data: bytes, method: str, reply_id: RequestId, server: Server) -> tup
         code = error.get("code") if isinstance(error, dict) else None
         return jsonrpc.encode(message), STATUS_FOR.get(code, 200) if isinstance(code, int) else 200
     try:
-        result: dict[str, Any] = dict(_MEMBERS.decode(raw))
+        result: dict[str, Any] = _MEMBERS.decode(raw)
     except msgspec.ValidationError:
         return jsonrpc.encode(message), 200  # not an object: nothing to decorate
     kind = jsonrpc.decode(result["resultType"]) if "resultType" in result else "complete"

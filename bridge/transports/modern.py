@@ -60,6 +60,7 @@ _LISTEN = "subscriptions/listen"
 _LISTEN_ID = "mcp-bridge-listen"  # ids of the bridge's own requests in a listen session (its own: no clash)
 _TOOL_HEADERS_KEPT = 4096  # tools whose x-mcp-header names are remembered, per server
 _request_numbers = itertools.count(1)
+_NO_NOTICES: frozenset[str] = frozenset()  # a call's session hears only about its call
 
 
 class StatelessSession(Session):
@@ -83,7 +84,8 @@ class StatelessSession(Session):
 
     def deliver(self, data: bytes, related: RequestId | None, final: bool) -> bool:
         # Written to its stream and not yet taken by the socket counts too, as for SseSession.
-        unsent = self.driver.sink.unsent() if self.driver is not None and self.driver.sink is not None else 0
+        driver = self.driver
+        unsent = driver.sink.unsent() if driver is not None and driver.sink is not None else 0
         if len(self.queue) >= self._limit or self._bytes + unsent + len(data) > self._byte_limit:
             return False  # limits.session_queue(_bytes): the gateway drops the session as too slow
         self.queue.append((data, related, final))
@@ -114,10 +116,12 @@ class StatelessSession(Session):
     def end(self, reason: str) -> None:
         super().end(reason)
         driver = self.driver
-        if reason == "slow" and driver is not None and driver.sink is not None and driver.sink.unsent():
+        if driver is None:
+            return  # parked (its expiry or a retry ends it), or its driver is what closed it
+        if reason == "slow" and driver.sink is not None and driver.sink.unsent():
             driver.drop()  # its socket is not being read: only an abort frees what is queued for it
         else:
-            self.flush()
+            driver.pump()
 
 
 class Driver:
@@ -322,16 +326,23 @@ def _answer(head: PostHead, msg: Message, reply: Reply) -> None:
     # which a digest leaves out), so the params are digested only if the call is ever parked.
     rid, digest = msg["id"], functools.partial(stateless.digest, params)
     stateless.strip_envelope(params)
+    # A partial rather than a closure: one is made per request, and a closure costs a cell
+    # for each variable it shares (eight here).
+    _open(head, msg, env, reply, _NO_NOTICES, functools.partial(_call, head, msg, rid, method, reply, digest, offered))
 
-    def call(session: StatelessSession) -> None:
-        try:
-            common.route(gateway, session, msg)
-        except BaseException:
-            gateway.close_session(session, "refused")
-            raise
-        Exchange(head, session, rid, method, rid, reply, digest, offered).start()
 
-    _open(head, msg, env, reply, frozenset(), call)
+def _call(
+    head: PostHead, msg: Message, rid: RequestId, method: str, reply: Reply, digest: Callable[[], str], offered: dict[str, Any],
+    session: StatelessSession,
+) -> None:  # fmt: skip
+    """A fresh call, routed in its session and answered by an `Exchange`."""
+    gateway = head.gateway
+    try:
+        common.route(gateway, session, msg)
+    except BaseException:
+        gateway.close_session(session, "refused")
+        raise
+    Exchange(head, session, rid, method, rid, reply, digest, offered).start()
 
 
 def _open(
@@ -342,20 +353,25 @@ def _open(
     gateway = head.gateway
     limits = gateway.limits
     session = StatelessSession(gateway.name, head.principal, limits.session_queue, limits.slow_bytes)
-
-    def adopted() -> None:
-        gateway.adopt(session, env.capabilities, env.version, env.client_info, env.log_level, notices)
-        then(session)
-
     if common.open_at_once(gateway, session):
-        adopted()
+        _adopted(gateway, session, env, notices, then)
     else:
-        http.later(reply, _refusing(head, msg, reply, _opened(gateway, session, adopted)), "modern_request")
+        opened = _opened(gateway, session, env, notices, then)
+        http.later(reply, _refusing(head, msg, reply, opened), "modern_request")
 
 
-async def _opened(gateway: Gateway, session: StatelessSession, then: Callable[[], None]) -> None:
+async def _opened(
+    gateway: Gateway, session: StatelessSession, env: Envelope, notices: frozenset[str], then: Callable[[StatelessSession], None]
+) -> None:
     await common.open_session(gateway, session)
-    then()
+    _adopted(gateway, session, env, notices, then)
+
+
+def _adopted(
+    gateway: Gateway, session: StatelessSession, env: Envelope, notices: frozenset[str], then: Callable[[StatelessSession], None]
+) -> None:
+    gateway.adopt(session, env.capabilities, env.version, env.client_info, env.log_level, notices)
+    then(session)
 
 
 class Exchange(Driver):
@@ -364,7 +380,7 @@ class Exchange(Driver):
     the session parked, unless `offered`, the call's inputResponses not spent yet, answers
     it), or the client going (the session closed: the call is cancelled upstream)."""
 
-    __slots__ = ("asked", "call_id", "can_stream", "digest", "ids", "method", "offered", "reply_id")
+    __slots__ = ("asked", "call_id", "digest", "ids", "method", "offered", "reply_id")
 
     def __init__(
         self,
@@ -381,11 +397,9 @@ class Exchange(Driver):
         self.call_id, self.method, self.reply_id, self.digest, self.offered = call_id, method, reply_id, digest, offered
         self.asked: dict[str, Message] = {}  # input key -> the server request, as the client is shown it
         self.ids: dict[str, RequestId] = {}  # input key -> the server request's id at the session
-        self.can_stream = bool(head.accept) and http.quality(head.accept, http.SSE) > 0
 
     def step(self) -> None:
-        gateway, session = self.head.gateway, self.session
-        asked, ids, offered = self.asked, self.ids, self.offered
+        session, asked = self.session, self.asked
         events: list[bytes] = []
         while session.queue:
             data, related, final = session.pop()
@@ -394,6 +408,7 @@ class Exchange(Driver):
                 return
             msg = jsonrpc.decode(data)
             if "method" in msg and "id" in msg:  # a server request: MRTR
+                gateway, ids, offered = self.head.gateway, self.ids, self.offered
                 if self.method not in stateless.MRTR_METHODS:
                     # Only these may be answered input_required: the server's question gets an error.
                     refusal = f"{msg['method']} during {self.method}: 2026-07-28 asks the client only during tools/call, prompts/get and resources/read"
@@ -410,11 +425,11 @@ class Exchange(Driver):
             if msg.get("method") == "notifications/cancelled":
                 # The server withdrew a request of its own: the client never saw its id, so
                 # it is not asked (again) rather than told.
-                withdrawn = msg.get("params", {}).get("requestId")
+                withdrawn, ids = msg.get("params", {}).get("requestId"), self.ids
                 for key in [k for k, downstream in ids.items() if downstream == withdrawn]:
                     del asked[key], ids[key]
                 continue
-            if self.sink is not None or (self.can_stream and not asked):
+            if self.sink is not None or (not asked and _can_stream(self.head.accept)):
                 events.append(_event(data))
         if events:
             self._send(b"".join(events))
@@ -473,6 +488,12 @@ class Exchange(Driver):
             self.reply.end_stream(_event(body))
         else:
             self.reply.whole(200, body)
+
+
+def _can_stream(accept: str) -> bool:
+    """Whether the client takes the answer as a stream: asked only once a message comes
+    before the answer, which most calls never have."""
+    return bool(accept) and http.quality(accept, http.SSE) > 0
 
 
 def _server(head: PostHead, session: StatelessSession) -> stateless.Server:
