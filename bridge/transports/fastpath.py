@@ -32,6 +32,7 @@ the headers this path read.
 from __future__ import annotations
 
 import asyncio
+import functools
 import re
 import time
 from collections.abc import Callable, Mapping
@@ -84,7 +85,6 @@ class Head(msgspec.Struct, eq=False):
     principal: str | None = None
     accept: str = ""
     mcp_version: str | None = None
-    mirrored: stateless.Headers = _NOT_MIRRORED
     gateway: Gateway | None = None  # these two once admitted
     session: Session | None = None
     refusal: HttpError | None = None  # the answer, when refused
@@ -161,12 +161,18 @@ def message_head(target: bytes, found: dict[bytes, bytes]) -> Head | None:
             out.session_id = session_id.decode("utf-8", "surrogateescape")
         if (version := found.get(b"mcp-protocol-version")) is not None:
             out.mcp_version = version.decode("utf-8", "surrogateescape")
-        method, name = found.get(b"mcp-method"), found.get(b"mcp-name")
-        # What is found and not watched is an Mcp-Param-* (read_head keeps nothing else).
-        params = {_text(k[10:]): _text(v) for k, v in found.items() if k not in _WATCHED} if found.keys() - _WATCHED else {}
-        if method is not None or name is not None or params or version is not None:
-            out.mirrored = stateless.Headers(out.mcp_version, _or_none(method), _or_none(name), params)
     return out
+
+
+def _mirrored(head: Head) -> stateless.Headers:
+    """What a 2026-07-28 request's headers mirror of its body (read only for one of those)."""
+    found = head.fields
+    method, name = found.get(b"mcp-method"), found.get(b"mcp-name")
+    # What is found and not watched is an Mcp-Param-* (read_head keeps nothing else).
+    params = {_text(k[10:]): _text(v) for k, v in found.items() if k not in _WATCHED}
+    if method is None and name is None and not params and head.mcp_version is None:
+        return _NOT_MIRRORED
+    return stateless.Headers(head.mcp_version, _or_none(method), _or_none(name), params)
 
 
 def _target(target: bytes, out: Head) -> bool:
@@ -491,7 +497,7 @@ class Connection(asyncio.Protocol):
             head.mcp_version,
             head.accept,
             self._live.config.streamable.resume_buffer,
-            head.mirrored,
+            functools.partial(_mirrored, head),
             self._parking,
             self._holds,
         )

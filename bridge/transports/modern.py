@@ -300,7 +300,7 @@ def _answer(head: PostHead, msg: Message, reply: Reply) -> None:
     env = stateless.envelope(msg)
     tools = gateway.name in head.parking.tool_headers and msg["method"] == "tools/call"
     known = head.parking.tool_headers[gateway.name].get(msg["params"].get("name")) if tools else None
-    stateless.check_headers(msg, env, head.mirrored, known)
+    stateless.check_headers(msg, env, head.mirrored(), known)
     stateless.check_version(msg, env)
     method = msg["method"]
     if method in stateless.REMOVED:

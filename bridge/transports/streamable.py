@@ -392,7 +392,8 @@ class PostHead(msgspec.Struct, frozen=True):
     version: str | None
     accept: str
     resume_buffer: int
-    mirrored: stateless.Headers  # what 2026-07-28 requests mirror of their body in headers
+    # What a 2026-07-28 request mirrors of its body in headers: read only for one of those.
+    mirrored: Callable[[], stateless.Headers]
     parking: modern.Parking
     holds: Holds
 
@@ -533,7 +534,7 @@ async def post(request: web.Request) -> web.StreamResponse:
         headers.get(VERSION_HEADER),
         headers.get("Accept", ""),
         request.app[common.LIVE].config.streamable.resume_buffer,
-        _mirrored(headers),
+        functools.partial(_mirrored, headers),
         request.app[modern.PARKING],
         request.app[HOLDS],
     )

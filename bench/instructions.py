@@ -1,0 +1,131 @@
+"""Instructions per call in the bridge, by transport: a count where timings only swing.
+
+Runs mcp-bridge under valgrind's callgrind, which counts the user-space
+instructions the bridge process executes (not its server's, not the
+kernel's). It warms the bridge with 300 calls, zeroes the count, runs N
+sequential calls (workload a's shape) with bench/load.py, and reads the
+count. The same code given the same calls executes the same instructions to
+within about 0.1%, however busy the machine is. bench/run.py's CPU times, on
+a shared two-core machine, swing by 10% from one set of runs to the next. So
+this is the measure that can tell whether a change to the per-call path made
+it cheaper, and by how much. bench/run.py remains the measure of what users
+get: instructions are not time, and kernel work (the sends, the wakeups) is
+not counted here.
+
+    python bench/instructions.py                               # sse, streamable, stateless; 1,000 calls each
+    python bench/instructions.py --transport streamable --calls 2000
+
+Needs valgrind (Debian's `valgrind`). Under it the bridge runs about 50 times
+slower, so a transport takes two to three minutes. Loopback only; it stops
+exactly the processes it started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import run as bench  # noqa: E402  (bench/run.py: the config the benchmark uses)
+
+WARMUP_CALLS = 300
+START_TIMEOUT_S = 120.0  # python and aiohttp importing under valgrind
+
+
+def _listening_port(log: str, proc: subprocess.Popen[bytes]) -> int:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the bridge exited with {proc.returncode} before listening; log: {bench._tail(log)}")
+        with open(log, "rb") as f:
+            for line in f:
+                with contextlib.suppress(ValueError):
+                    event = json.loads(line)
+                    if event.get("event") == "listening":
+                        return int(event["port"])
+        time.sleep(0.2)
+    raise RuntimeError(f"the bridge did not listen within {START_TIMEOUT_S:g}s; log: {bench._tail(log)}")
+
+
+def _load(mode: str, url: str, calls: int) -> dict[str, object]:
+    cmd = [sys.executable, os.path.join(HERE, "load.py"), "--mode", mode, "--url", url, "-n", "1", "-k", str(calls), "-c", "1",
+           "--call-timeout", "60", "--run-timeout", "1800"]  # fmt: skip
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=1900, check=False)
+    report: dict[str, object] = json.loads(out.stdout)
+    if report.get("ok") != calls:
+        raise RuntimeError(f"{mode}: {report.get('ok')} of {calls} calls answered: {report.get('error_samples')}")
+    return report
+
+
+def _total(dump: str) -> int:
+    with open(dump) as f:
+        for line in f:
+            if line.startswith(("summary:", "totals:")):
+                return int(line.split()[1])
+    raise RuntimeError(f"no total in {dump}")
+
+
+def measure(transport: str, calls: int) -> int:
+    """User-space instructions the bridge executes per call of `transport`."""
+    with tempfile.TemporaryDirectory(prefix="mcp-bridge-instr-") as workdir:
+        config, log = os.path.join(workdir, "bridge.yaml"), os.path.join(workdir, "bridge.log")
+        bench.bridge_config(config)
+        out = os.path.join(workdir, "callgrind.%p")
+        cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable, "-m", "bridge", "--config", config, "--port", "0"]
+        with open(log, "wb") as logfile:
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logfile, stderr=subprocess.STDOUT, cwd=bench.ROOT, start_new_session=True)
+        try:
+            port = _listening_port(log, proc)
+            url = f"http://127.0.0.1:{port}/servers/bench/{'sse' if transport == 'sse' else 'mcp'}"
+            _load(transport, url, WARMUP_CALLS)
+            subprocess.run(["callgrind_control", "--zero", str(proc.pid)], capture_output=True, check=True, timeout=60)
+            _load(transport, url, calls)
+            subprocess.run(["callgrind_control", "--dump", str(proc.pid)], capture_output=True, check=True, timeout=60)
+            dumps = sorted((p for p in os.listdir(workdir) if p.startswith(f"callgrind.{proc.pid}.")), key=lambda p: int(p.rsplit(".", 1)[1]))
+            if not dumps:
+                raise RuntimeError(f"callgrind wrote no dump; log: {bench._tail(log)}")
+            return _total(os.path.join(workdir, dumps[-1])) // calls
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--transport", default="sse,streamable,stateless", help="comma-separated: sse, streamable, stateless")
+    parser.add_argument("--calls", type=int, default=1000)
+    args = parser.parse_args()
+    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+        print("needs valgrind (Debian package valgrind)", file=sys.stderr)
+        return 2
+    transports = args.transport.split(",")
+    unknown = [t for t in transports if t not in bench.TRANSPORTS]
+    if unknown:
+        parser.error(f"unknown transport {', '.join(unknown)} (known: {', '.join(bench.TRANSPORTS)})")
+    counts = {t: measure(t, args.calls) for t in transports}
+    base = counts.get("sse")
+    print(f"bridge instructions per call, 1 session x {args.calls:,} sequential calls (callgrind, user space):")
+    for transport, count in counts.items():
+        ratio = f"   {count / base:.3f}x HTTP+SSE" if base and transport != "sse" else ""
+        print(f"  {bench.TRANSPORTS[transport]:<16}{count:>10,}{ratio}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
