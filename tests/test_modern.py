@@ -845,6 +845,8 @@ def test_a_bug_in_a_step_ends_its_request_with_a_500_not_the_flush_that_ran_it()
     session = StatelessSession("s", None, 10, 1000)
     Broken(Head(), session, Reply()).start()  # type: ignore[arg-type]
     session.deliver(b"{}", None, False)
+    session.flush()  # its step runs, and raises
+    session.deliver(b"{}", None, False)
     session.flush()  # its driver is gone: nothing runs again
     assert answers == [500] and closed == ["internal error"] and session.driver is None and session.ended
 
@@ -877,3 +879,60 @@ async def test_a_request_whose_client_reads_nothing_is_dropped_as_too_slow(bridg
             assert audit["outcome"] == "cancelled", audit
         finally:
             sock.close()
+
+
+def test_a_calls_answer_with_nothing_before_it_goes_at_its_delivery_else_in_turn() -> None:
+    """The common call: its final response, delivered with nothing queued before it, is
+    the answer at that delivery (no queue, no flush); one that came after a progress
+    notification is sent in turn at the flush, after it, on a stream."""
+    from bridge.transports.modern import Exchange, StatelessSession
+
+    class Gateway:
+        name = "s"
+        server = type("Server", (), {"cache_scope": "private"})()
+
+        def close_session(self, session: StatelessSession, reason: str) -> None:
+            session.end(reason)
+
+        def init_result(self, session: StatelessSession) -> dict[str, Any]:
+            return {"serverInfo": {"name": "x", "version": "1"}}
+
+    class Head:
+        gateway = Gateway()
+        accept = "application/json, text/event-stream"
+
+    class Reply:
+        def __init__(self) -> None:
+            self.whole_body: bytes | None = None
+            self.events: list[bytes] = []
+
+        def watch(self, left: object) -> None:
+            pass
+
+        def whole(self, status: int, body: bytes) -> None:
+            self.whole_body = body
+
+        def open_stream(self, session_id: str | None, first: bytes = b"") -> Reply:
+            self.events.append(first)
+            return self
+
+        def write(self, data: bytes) -> None:
+            self.events.append(data)
+
+        def end_stream(self, last: bytes = b"") -> None:
+            self.events.append(last)
+
+    answer = b'{"jsonrpc":"2.0","id":7,"result":{"content":[]}}'
+    quick, quick_reply = StatelessSession("s", None, 10, 1000), Reply()
+    Exchange(Head(), quick, 7, "tools/call", 7, quick_reply, lambda: "", {}).start()  # type: ignore[arg-type]
+    assert quick.deliver(answer, 7, True)
+    assert not quick.queue and quick.ended and json.loads(quick_reply.whole_body or b"")["result"]["resultType"] == "complete"
+
+    slow, slow_reply = StatelessSession("s", None, 10, 1000), Reply()
+    Exchange(Head(), slow, 7, "tools/call", 7, slow_reply, lambda: "", {}).start()  # type: ignore[arg-type]
+    progress = b'{"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":1,"progress":1}}'
+    assert slow.deliver(progress, 7, False) and slow.deliver(answer, 7, True)
+    assert len(slow.queue) == 2 and not slow.ended and slow_reply.events == []
+    slow.flush()
+    assert slow_reply.whole_body is None and slow.ended
+    assert b"notifications/progress" in slow_reply.events[0] and b'"resultType":"complete"' in slow_reply.events[-1]

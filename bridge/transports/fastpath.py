@@ -169,7 +169,7 @@ def _mirrored(head: Head) -> stateless.Headers:
     found = head.fields
     method, name = found.get(b"mcp-method"), found.get(b"mcp-name")
     # What is found and not watched is an Mcp-Param-* (read_head keeps nothing else).
-    params = {_text(k[10:]): _text(v) for k, v in found.items() if k not in _WATCHED}
+    params = {_text(k[10:]): _text(v) for k, v in found.items() if k not in _WATCHED} if found.keys() - _WATCHED else {}
     if method is None and name is None and not params and head.mcp_version is None:
         return _NOT_MIRRORED
     return stateless.Headers(head.mcp_version, _or_none(method), _or_none(name), params)

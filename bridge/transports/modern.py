@@ -38,7 +38,7 @@ import functools
 import itertools
 import secrets
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -66,7 +66,8 @@ _NO_NOTICES: frozenset[str] = frozenset()  # a call's session hears only about i
 class StatelessSession(Session):
     """One modern request (or listen stream): what the mux says to it, in order. Whatever
     answers it (an `Exchange`, a `Listen`) is `driver`, run at every flush, at its end and
-    when a keepalive is due: no task waits on it."""
+    when a keepalive is due: no task waits on it. A call's answer delivered with nothing
+    before it is taken by the driver at that delivery, never queued."""
 
     transport = "stateless"
     logged = False
@@ -83,8 +84,10 @@ class StatelessSession(Session):
         self.driver: Driver | None = None  # none while parked: the queue waits for the retry
 
     def deliver(self, data: bytes, related: RequestId | None, final: bool) -> bool:
-        # Written to its stream and not yet taken by the socket counts too, as for SseSession.
         driver = self.driver
+        if final and driver is not None and not self.queue and driver.takes(data, related):
+            return True  # its request's answer, with nothing before it: sent as it came
+        # Written to its stream and not yet taken by the socket counts too, as for SseSession.
         unsent = driver.sink.unsent() if driver is not None and driver.sink is not None else 0
         if len(self.queue) >= self._limit or self._bytes + unsent + len(data) > self._byte_limit:
             return False  # limits.session_queue(_bytes): the gateway drops the session as too slow
@@ -142,9 +145,11 @@ class Driver:
         self._again = False
 
     def start(self) -> None:
-        self.session.driver = self
+        session = self.session
+        session.driver = self
         self.reply.watch(self.left)
-        self.pump()
+        if session.queue or session.ended:  # else its first step waits for the first delivery
+            self.pump()
 
     def pump(self) -> None:
         if self.over:
@@ -152,22 +157,33 @@ class Driver:
         if self._running:
             self._again = True
             return
+        self._run(self._steps)
+
+    def takes(self, data: bytes, related: RequestId | None) -> bool:
+        """Take a final response delivered with nothing queued before it, as it comes,
+        if that ends the request: no queue, no step."""
+        return False
+
+    def step(self) -> None:
+        raise NotImplementedError
+
+    def _steps(self) -> None:
+        again = True
+        while again and not self.over:  # ends: each round is one more flush of the session's
+            self._again = False
+            self.step()
+            again = self._again
+
+    def _run(self, work: Callable[..., None], *args: Any) -> None:
         self._running = True
         try:
-            again = True
-            while again and not self.over:  # ends: each round is one more flush of the session's
-                self._again = False
-                self.step()
-                again = self._again
+            work(*args)
         except Exception:
             logs.get().exception("internal_error", where="modern_request", server=self.head.gateway.name, session=self.session.id)
             self.close("internal error")
             self.reply.error(http.INTERNAL_ERROR)
         finally:
             self._running = False
-
-    def step(self) -> None:
-        raise NotImplementedError
 
     def left(self) -> None:
         """The client closed its stream: closing the session cancels the call upstream."""
@@ -398,6 +414,13 @@ class Exchange(Driver):
         self.asked: dict[str, Message] = {}  # input key -> the server request, as the client is shown it
         self.ids: dict[str, RequestId] = {}  # input key -> the server request's id at the session
 
+    def takes(self, data: bytes, related: RequestId | None) -> bool:
+        # Not while a step runs (what it routes may answer at once): that step takes it in turn.
+        if related != self.call_id or self.sink is not None or self._running:
+            return False
+        self._run(self._finish, data, ())
+        return True
+
     def step(self) -> None:
         session, asked = self.session, self.asked
         events: list[bytes] = []
@@ -461,7 +484,7 @@ class Exchange(Driver):
         else:
             self.reply.whole(status, body)
 
-    def _finish(self, data: bytes, events: list[bytes]) -> None:
+    def _finish(self, data: bytes, events: Sequence[bytes]) -> None:
         head, session, method = self.head, self.session, self.method
         if method == "server/discover":
             msg = jsonrpc.decode(data)
