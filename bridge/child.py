@@ -2,7 +2,8 @@
 
 stdout and stderr are read by an asyncio protocol, so each complete line is
 handed to the owner synchronously from the data callback: no task wake-up
-per message on the server side. `on_batch` follows the lines of each read,
+per message on the server side, and, for stdout, not a turn of the loop later
+either (`_Stdout`). `on_batch` follows the lines of each read,
 so that the owner can write what they produced in one go.
 """
 
@@ -243,6 +244,10 @@ class Child:
         if self._stdin is not None:
             self._stdin.set_write_buffer_limits(high=self.input_limit // 2)
         self.pid = transport.get_pid()
+        stdout = transport.get_pipe_transport(1)
+        inner = stdout.get_protocol() if isinstance(stdout, asyncio.ReadTransport) else None
+        if isinstance(stdout, asyncio.ReadTransport) and isinstance(inner, asyncio.Protocol):
+            stdout.set_protocol(_Stdout(inner, self))
 
     def _data(self, fd: int, data: bytes) -> None:
         if fd == 1:
@@ -324,6 +329,28 @@ class _Protocol(asyncio.SubprocessProtocol):
 
     def connection_lost(self, exc: Any) -> None:
         self._child._connection_lost()
+
+
+class _Stdout(asyncio.Protocol):
+    """stdout's reads, handed over as they come. asyncio's subprocess transport defers
+    each pipe callback with call_soon: a turn of the loop (an epoll_wait) per read of
+    the server's output, before any of it reaches a client. Its own pipe protocol
+    still hears the end of the pipe, so the transport's exit and close are as before."""
+
+    __slots__ = ("_child", "_inner")
+
+    def __init__(self, inner: asyncio.Protocol, child: Child) -> None:
+        self._inner = inner
+        self._child = child
+
+    def data_received(self, data: bytes) -> None:
+        self._child._data(1, data)
+
+    def eof_received(self) -> bool | None:
+        return self._inner.eof_received()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._inner.connection_lost(exc)
 
 
 def _preexec(limits: Rlimits, group: cgroups.MemoryGroup | None, report: int) -> Callable[[], None] | None:
