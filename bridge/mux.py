@@ -15,6 +15,9 @@ Rules
 3. Cancellation. A client's `notifications/cancelled` is rewritten to the
    upstream id and the call is forgotten at once, so no late result reaches
    the client. A session that goes away cancels all of its calls upstream.
+   Whatever cancels a call upstream (the client, its session closing, a
+   timeout, shutdown) remembers it, so what the server still says of it is
+   dropped without a warning.
 4. Server requests. Requests from the server get a fresh downstream id and go
    to one session able to answer (see `_attribute`): the owner of a related
    task, else the session of the call that asked, among those that declared
@@ -421,7 +424,7 @@ class Mux:
                 self._forget_call(call)
                 out.append(Abandoned(call))
                 if call.sent:
-                    out.append(ToServer(_cancelled(call.upstream_id, "client session closed")))
+                    out.append(self._cancel_upstream(call, "client session closed"))
                 else:
                     self._unqueue(call)
         if peer.server_requests:
@@ -984,10 +987,9 @@ class Mux:
         if not peer.stateless or wanted in peer.capabilities:
             return []
         self._forget_call(call)
-        self._remember_cancelled(call.upstream_id)
         message = f"the server asked for {wanted}, which this request did not declare in its client capabilities"
         error = jsonrpc.error(call.client_id, MISSING_CAPABILITY, message, {"requiredCapabilities": {wanted: {}}})
-        return [ToServer(_cancelled(call.upstream_id, message)), ToSession(peer.id, error, call.client_id, True, call)]
+        return [self._cancel_upstream(call, message), ToSession(peer.id, error, call.client_id, True, call)]
 
     def _attribute(self, msg: Message) -> tuple[Peer | None, Call | None]:
         """The session (and call) a server request most likely belongs to.
@@ -1212,7 +1214,7 @@ class Mux:
         out: list[Action] = []
         for call in [c for c in self._calls.values() if c.session is not None]:
             if call.sent:
-                out.append(ToServer(_cancelled(call.upstream_id, reason)))
+                out.append(self._cancel_upstream(call, reason))
             else:
                 self._unqueue(call)
             out.append(self._fail(call, jsonrpc.SERVER_UNAVAILABLE, reason))
@@ -1244,8 +1246,7 @@ class Mux:
             if call.started >= deadline:
                 continue
             if call.sent:
-                self._remember_cancelled(call.upstream_id)
-                out.append(ToServer(_cancelled(call.upstream_id, "request timed out")))
+                out.append(self._cancel_upstream(call, "request timed out"))
             else:
                 self._unqueue(call)
             out.append(self._fail(call, jsonrpc.REQUEST_TIMEOUT, f"request timed out after {timeout:g}s"))
@@ -1329,6 +1330,12 @@ class Mux:
         peer = self._peers.get(req.session)
         if peer is not None:
             peer.server_requests.pop(req.downstream_id, None)
+
+    def _cancel_upstream(self, call: Call, reason: str) -> ToServer:
+        """Tell the server a call of ours is off. What it still sends about it (its answer,
+        progress) is then dropped quietly: it is late, not foreign."""
+        self._remember_cancelled(call.upstream_id)
+        return ToServer(_cancelled(call.upstream_id, reason))
 
     def _remember_cancelled(self, upstream_id: int) -> None:
         self._cancelled[upstream_id] = None

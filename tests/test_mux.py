@@ -321,6 +321,9 @@ def test_closing_a_session_cancels_its_calls_upstream() -> None:
     (cancel,) = to_server(mux.close_session("a"))
     assert cancel["method"] == "notifications/cancelled" and cancel["params"]["requestId"] == fa["id"]
     assert mux.inflight() == 1
+    # What the server still says of the cancelled call is late, not foreign: dropped quietly.
+    assert mux.from_server(note("notifications/progress", progressToken=fa["id"], progress=1)) == []
+    assert mux.from_server(jsonrpc.result(fa["id"], {})) == []
 
 
 def test_request_timeout_answers_the_client_and_cancels_upstream() -> None:
