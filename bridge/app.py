@@ -47,8 +47,8 @@ def create_app(config: Config) -> web.Application:
         _apply_policy(gateways[name], config, limiter)
         _mint_cluster_ids(app, gateways[name])
     app.router.add_get("/servers/{name}/sse", sse.stream, allow_head=False)  # a HEAD must not open a session
-    app.router.add_post("/servers/{name}/messages", sse.post_message)
-    app.router.add_post("/servers/{name}/mcp", streamable.post)
+    app.router.add_post("/servers/{name}/messages", sse.post_message, expect_handler=http.expect_continue)
+    app.router.add_post("/servers/{name}/mcp", streamable.post, expect_handler=http.expect_continue)
     app.router.add_get("/servers/{name}/mcp", streamable.get, allow_head=False)
     app.router.add_delete("/servers/{name}/mcp", streamable.delete)
     app.router.add_get(WELL_KNOWN, protected_resource)

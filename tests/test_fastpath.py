@@ -657,3 +657,37 @@ async def test_refusals_while_draining_are_the_same_on_both_paths(bridge: Any) -
                 assert answers[0][:2] == (503, "5") and "shutting down" in answers[0][3]["error"]["message"], answers
                 status, headers, body = await streaming.response(timeout=15)  # the stream ends, with its error
                 assert status == 200 and b"-32003" in body, body
+
+
+@pytest.mark.parametrize("route", ["messages", "mcp"])
+async def test_a_client_gone_during_expect_continue_is_not_an_error(daemon: Bridge, route: str) -> None:
+    """`Expect` goes to aiohttp. A client that sent its whole request and left at once used
+    to get a 100 Continue written to its closing transport: the write raised, the request
+    was dropped and logged as an error with a traceback (found in review). Now nothing is
+    written to it, the call runs (and is audited) and nothing is logged as an error."""
+    client = await _session(daemon)
+    try:
+        if route == "messages":
+            data = post(client.session_id, echo(7), "Expect: 100-continue")
+        else:
+            async for wire in _wire(daemon):
+                session = await _mcp_session(wire)
+            data = mcp_post(echo(7), f"Mcp-Session-Id: {session}", "Expect: 100-continue")
+        start = len(daemon.events)
+        _, writer = await asyncio.open_connection("127.0.0.1", daemon.port)
+        writer.write(data)
+        await writer.drain()
+        writer.transport.abort()
+        await daemon.wait_for("audit", where=lambda e: e.get("name") == "echo", start=start)
+        errors = [e for e in daemon.events[start:] if e.get("level") in ("error", "critical")]
+        assert errors == [], errors
+    finally:
+        await client.close()
+
+
+async def test_an_unknown_expectation_is_417_with_a_json_rpc_error(daemon: Bridge) -> None:
+    async for wire in _wire(daemon):
+        await wire.send(mcp_post(echo(1), "Expect: something-else"))
+        status, headers, body = await wire.response()
+    assert status == 417 and headers["content-type"].startswith("application/json"), (status, headers)
+    assert "something-else" in json.loads(body)["error"]["message"], body
