@@ -385,6 +385,24 @@ async def test_raw_round_trip_and_every_refused_state(bridge, path):
 
 
 @pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("accept", ["text/event-stream", "application/json;q=0, text/event-stream"])
+async def test_a_client_that_takes_no_json_gets_every_answer_as_a_stream(bridge, path, accept):
+    """An Accept that refuses JSON (absent from it, or q=0) gets its answer as a stream of
+    one event, an input_required as much as a result (found in review: both were JSON)."""
+    async with bridge(shared(demo=demo())) as b:
+        url = b.url("demo", "mcp")
+        call = request("tools/call", {"name": "echo", "arguments": {"text": "x"}})
+        answer = await post(url, call, headers_for(call, Accept=accept), path)
+        assert (answer.status, answer.content_type) == (200, "text/event-stream"), answer.body
+        assert answer.final()["result"]["content"][0]["text"] == "x"
+        ask = request("tools/call", {"name": "sample", "arguments": {"prompt": "p"}}, capabilities={"sampling": {}})
+        answer = await post(url, ask, headers_for(ask, Accept=accept), path)
+        assert answer.content_type == "text/event-stream" and answer.final()["result"]["resultType"] == "input_required"
+        answer = await post(url, retry(ask, answer.final()["result"]), headers_for(ask, Accept=accept), path)
+        assert answer.content_type == "text/event-stream" and answer.final()["result"]["content"][0]["text"] == "answer"
+
+
+@pytest.mark.parametrize("path", PATHS)
 async def test_a_request_that_did_not_declare_what_the_server_asks_for_gets_32021(bridge, path):
     async with bridge(shared(demo=demo())) as b:
         call = request("tools/call", {"name": "sample", "arguments": {"prompt": "p"}})  # no sampling capability

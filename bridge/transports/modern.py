@@ -476,13 +476,10 @@ class Exchange(Driver):
     def _end(self, body: bytes, status: int, events: bytes = b"") -> None:
         """The exchange's last word: the answer's body (an event when streaming), then the session closes."""
         self.close("answered")
-        if self.sink is not None:
-            self.reply.end_stream(events + _event(body))
-        elif events:
-            self.reply.open_stream(None, events)
-            self.reply.end_stream(_event(body))
-        else:
+        if self.sink is None and not events and _takes_json(self.head.accept):
             self.reply.whole(status, body)
+        else:
+            self.reply.end_stream(events + _event(body))
 
     def _finish(self, data: bytes, events: Sequence[bytes]) -> None:
         head, session, method = self.head, self.session, self.method
@@ -507,10 +504,16 @@ class Exchange(Driver):
         parking.park(Parked(key, gateway, session, head.principal, self.method, salient, self.asked, self.ids, self.call_id), ttl)
         token = parking.keys.seal(State(key, head.principal, self.method, salient, gateway.name), ttl)
         body = jsonrpc.encode(jsonrpc.result(self.reply_id, stateless.input_required(self.asked, token, _server(head, session))))
-        if self.sink is not None:
-            self.reply.end_stream(_event(body))
-        else:
+        if self.sink is None and _takes_json(head.accept):
             self.reply.whole(200, body)
+        else:
+            self.reply.end_stream(_event(body))
+
+
+def _takes_json(accept: str) -> bool:
+    """Whether the answer may be one JSON body: else (`Accept: text/event-stream` alone, say)
+    it is a stream, of one event if need be."""
+    return not accept or http.quality(accept, http.JSON) > 0
 
 
 def _can_stream(accept: str) -> bool:
