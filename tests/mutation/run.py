@@ -133,7 +133,8 @@ FURTHER = [
     Fault("mux-unsubscribe-last-kept", MUX, "len(subscribers) > 1:", "len(subscribers) >= 1:"),
     Fault("mux-level-always-forwarded", MUX, "        if wanted == self._upstream_level:\n            return [self._reply(peer, msg[\"id\"], {})]\n", ""),
     Fault("mux-cancel-not-remembered", MUX, "        self._remember_cancelled(call.upstream_id)\n        msg[\"params\"]", "        msg[\"params\"]"),
-    Fault("mux-timeout-not-remembered", MUX, "                self._remember_cancelled(call.upstream_id)\n                out.append(ToServer(_cancelled(call.upstream_id, \"request timed out\")))", "                out.append(ToServer(_cancelled(call.upstream_id, \"request timed out\")))"),
+    # A call cancelled upstream by the bridge (its session closed, a timeout, shutdown) not remembered.
+    Fault("mux-upstream-cancel-not-remembered", MUX, "        self._remember_cancelled(call.upstream_id)\n        return ToServer(", "        return ToServer("),
     Fault("mux-held-answer-accepted", MUX, "if call is None or not call.sent:  # a call still held back", "if call is None:  # a call still held back"),
     Fault("mux-unset-level-filtered", MUX, "return level is None or peer.level is None or level >= peer.level", "return level is None or peer.level is not None and level >= peer.level"),
     Fault("mux-unknown-level-hidden", MUX, "len(LOG_LEVELS) if level is None else level", "0 if level is None else level"),
