@@ -23,15 +23,12 @@ exactly the processes it started.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -40,21 +37,6 @@ import run as bench  # noqa: E402  (bench/run.py: the config the benchmark uses)
 
 WARMUP_CALLS = 300
 START_TIMEOUT_S = 120.0  # python and aiohttp importing under valgrind
-
-
-def _listening_port(log: str, proc: subprocess.Popen[bytes]) -> int:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the bridge exited with {proc.returncode} before listening; log: {bench._tail(log)}")
-        with open(log, "rb") as f:
-            for line in f:
-                with contextlib.suppress(ValueError):
-                    event = json.loads(line)
-                    if event.get("event") == "listening":
-                        return int(event["port"])
-        time.sleep(0.2)
-    raise RuntimeError(f"the bridge did not listen within {START_TIMEOUT_S:g}s; log: {bench._tail(log)}")
 
 
 def _load(mode: str, url: str, calls: int) -> dict[str, object]:
@@ -82,10 +64,9 @@ def measure(transport: str, calls: int) -> int:
         bench.bridge_config(config)
         out = os.path.join(workdir, "callgrind.%p")
         cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable, "-m", "bridge", "--config", config, "--port", "0"]
-        with open(log, "wb") as logfile:
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logfile, stderr=subprocess.STDOUT, cwd=bench.ROOT, start_new_session=True)
+        proc = bench._spawn(cmd, log, cwd=bench.ROOT)
         try:
-            port = _listening_port(log, proc)
+            port = bench.bridge_port(proc, log, START_TIMEOUT_S)
             url = f"http://127.0.0.1:{port}/servers/bench/{'sse' if transport == 'sse' else 'mcp'}"
             _load(transport, url, WARMUP_CALLS)
             subprocess.run(["callgrind_control", "--zero", str(proc.pid)], capture_output=True, check=True, timeout=60)
@@ -96,14 +77,7 @@ def measure(transport: str, calls: int) -> int:
                 raise RuntimeError(f"callgrind wrote no dump; log: {bench._tail(log)}")
             return _total(os.path.join(workdir, dumps[-1])) // calls
         finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(10)
+            bench.Target("bridge", proc).stop(grace=60)  # callgrind writes its last dump on the way out
 
 
 def main() -> int:

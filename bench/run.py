@@ -260,8 +260,8 @@ class Target:
     def url(self, transport: str) -> str:
         return self.sse_url if transport == "sse" else self.streamable_url  # stateless shares the /mcp endpoint
 
-    def stop(self) -> int | None:
-        """SIGTERM the group we started, SIGKILL it after 10 s; returns the exit code."""
+    def stop(self, grace: float = 10.0) -> int | None:
+        """SIGTERM the group we started, SIGKILL it after `grace` seconds; returns the exit code."""
         proc = self.proc
         if proc is None:
             return None
@@ -269,7 +269,7 @@ class Target:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)
             try:
-                proc.wait(10)
+                proc.wait(grace)
             except subprocess.TimeoutExpired:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
@@ -313,6 +313,14 @@ def start_bridge(workdir: str, keepalive: str = "15s", max_sessions: int = 1000)
     cmd = [exe, "--config", cfg, "--port", "0"] if exe else [sys.executable, "-m", "bridge", "--config", cfg, "--port", "0"]
     cmd += shlex.split(os.environ.get("BENCH_BRIDGE_ARGS", ""))  # e.g. "--loop asyncio" to compare loops
     proc = _spawn(cmd, logfile, cwd=ROOT)
+    port = bridge_port(proc, logfile)
+    _wait(lambda: http_get(port, "/readyz") == 200, proc, "mcp-bridge /readyz", logfile)
+    base = f"http://127.0.0.1:{port}/servers/bench"
+    return Target("bridge", proc, base + "/sse", base + "/mcp", logfile, {"port": port, "config": cfg})
+
+
+def bridge_port(proc: subprocess.Popen[bytes], logfile: str, timeout: float = 20.0) -> int:
+    """The port a bridge started with `--port 0` listens on, from its log."""
 
     def listening() -> int | None:
         with open(logfile, "rb") as f:
@@ -323,10 +331,8 @@ def start_bridge(workdir: str, keepalive: str = "15s", max_sessions: int = 1000)
                         return int(event["port"])
         return None
 
-    port = _wait(listening, proc, "mcp-bridge", logfile)
-    _wait(lambda: http_get(port, "/readyz") == 200, proc, "mcp-bridge /readyz", logfile)
-    base = f"http://127.0.0.1:{port}/servers/bench"
-    return Target("bridge", proc, base + "/sse", base + "/mcp", logfile, {"port": port, "config": cfg})
+    port: int = _wait(listening, proc, "mcp-bridge", logfile, timeout)
+    return port
 
 
 def start_supergateway(workdir: str, transport: str) -> Target:
