@@ -245,8 +245,7 @@ class Child:
             self._stdin.set_write_buffer_limits(high=self.input_limit // 2)
         self.pid = transport.get_pid()
         stdout = transport.get_pipe_transport(1)
-        inner = stdout.get_protocol() if isinstance(stdout, asyncio.ReadTransport) else None
-        if isinstance(stdout, asyncio.ReadTransport) and isinstance(inner, asyncio.Protocol):
+        if isinstance(stdout, asyncio.ReadTransport) and isinstance(inner := stdout.get_protocol(), asyncio.Protocol):
             stdout.set_protocol(_Stdout(inner, self))
 
     def _data(self, fd: int, data: bytes) -> None:
