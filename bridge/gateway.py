@@ -692,6 +692,8 @@ class Gateway:
                     session = self.sessions.get(sid)
                     if session is None:
                         continue
+                    if final and session.reshape is not None:
+                        session.reshape(message)
                     data = encode(message)
                     metrics.bytes_out += len(data)
                     if "error" in message:

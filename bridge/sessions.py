@@ -3,15 +3,16 @@
 A transport subclasses `Session` to say how messages reach its client. The
 gateway only calls `deliver` (which must never block: a full queue returns
 False and the gateway drops the session as too slow), `flush` (once what one
-batch of input produced is delivered) and `end`.
+batch of input produced is delivered), `reshape` when it has one, and `end`.
 """
 
 from __future__ import annotations
 
 import secrets
 import time
+from collections.abc import Callable
 
-from .jsonrpc import RequestId
+from .jsonrpc import Message, RequestId
 
 
 def new_session_id() -> str:
@@ -25,6 +26,10 @@ class Session:
     # A stateless request's session is never named by a client, so it takes a cheap id.
     addressed = True
     era = "legacy"  # the protocol era it speaks: "legacy" (2024-11-05 to 2025-11-25) or "2026-07-28"
+    # What a final response to this session's call passes through before it is encoded: the
+    # 2026-07-28 path makes a legacy server's answer a modern one there, in place, so a
+    # result is decoded once, where the server's line was read. None: sent as it came.
+    reshape: Callable[[Message], None] | None = None
 
     def __init__(self, server: str, owner: str | None, session_id: str | None = None) -> None:
         self.id = session_id or new_session_id()

@@ -128,6 +128,19 @@ async def test_cache_scope_public_when_configured(bridge):
         assert "cacheScope" not in result and result["resultType"] == "complete"
 
 
+async def test_a_missing_resource_is_answered_and_counted_with_the_modern_code(bridge):
+    """A legacy server's -32002 reaches a 2026-07-28 client as -32602 (400), and the error
+    metric counts what the client was sent, not what the server said."""
+    async with bridge(shared(demo=demo())) as b:
+        msg = request("resources/read", {"uri": "demo://no-such-thing"})
+        answer = await post(b.url("demo", "mcp"), msg, headers_for(msg))
+        assert answer.status == 400 and error_of(answer)["code"] == -32602
+        async with aiohttp.ClientSession() as http, http.get(f"{b.base}/metrics") as resp:
+            lines = (await resp.text()).splitlines()
+        assert 'mcp_bridge_errors_total{code="-32602",server="demo"} 1.0' in lines
+        assert not [x for x in lines if x.startswith("mcp_bridge_errors_total") and '"-32002"' in x]
+
+
 # --------------------------------------------------------------- refusals
 
 
@@ -940,16 +953,20 @@ def test_a_calls_answer_with_nothing_before_it_goes_at_its_delivery_else_in_turn
         def end_stream(self, last: bytes = b"") -> None:
             self.events.append(last)
 
-    answer = b'{"jsonrpc":"2.0","id":7,"result":{"content":[]}}'
+    def answer(session: StatelessSession) -> bytes:  # as the gateway delivers a final response
+        message = {"jsonrpc": "2.0", "id": 7, "result": {"content": []}}
+        session.reshape(message)
+        return json.dumps(message, separators=(",", ":")).encode()
+
     quick, quick_reply = StatelessSession("s", None, 10, 1000), Reply()
     Exchange(Head(), quick, 7, "tools/call", 7, quick_reply, lambda: "", {}).start()  # type: ignore[arg-type]
-    assert quick.deliver(answer, 7, True)
+    assert quick.deliver(answer(quick), 7, True)
     assert not quick.queue and quick.ended and json.loads(quick_reply.whole_body or b"")["result"]["resultType"] == "complete"
 
     slow, slow_reply = StatelessSession("s", None, 10, 1000), Reply()
     Exchange(Head(), slow, 7, "tools/call", 7, slow_reply, lambda: "", {}).start()  # type: ignore[arg-type]
     progress = b'{"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":1,"progress":1}}'
-    assert slow.deliver(progress, 7, False) and slow.deliver(answer, 7, True)
+    assert slow.deliver(progress, 7, False) and slow.deliver(answer(slow), 7, True)
     assert len(slow.queue) == 2 and not slow.ended and slow_reply.events == []
     slow.flush()
     assert slow_reply.whole_body is None and slow.ended

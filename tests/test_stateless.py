@@ -63,8 +63,10 @@ def test_mcp_param_headers_must_mirror_the_arguments() -> None:
 
 
 def answered(message: dict[str, Any], method: str, server: stateless.Server) -> tuple[dict[str, Any], int]:
-    body, status = stateless.answer(jsonrpc.encode(message), method, "retry-7", server)
-    return jsonrpc.decode(body), status
+    status = stateless.complete(message, method, server)
+    retried = jsonrpc.decode(stateless.with_id(jsonrpc.encode(message), "retry-7"))
+    assert retried == {**message, "id": "retry-7"}
+    return retried, status
 
 
 def test_results_are_decorated_and_old_codes_mapped() -> None:

@@ -82,6 +82,24 @@ class StatelessSession(Session):
         self._bytes = 0  # of the messages in queue
         self.ping_due = False
         self.driver: Driver | None = None  # none while parked: the queue waits for the retry
+        # Its call's (a listen stream has none): the request that made it, what it asks, and
+        # the HTTP status of its answer once that has been made modern (`reshape`).
+        self.head: PostHead | None = None
+        self.method = ""
+        self.status = 200
+
+    def reshape(self, message: Message) -> None:
+        """Its call's answer, as a legacy server gave it, made a modern one in place."""
+        head, method = self.head, self.method
+        if head is None:
+            return  # a listen stream's: answers to the bridge's own requests
+        result = message.get("result")
+        if result.__class__ is dict:
+            if method == "server/discover":
+                message["result"] = stateless.discover(result)
+            elif method == "tools/list":
+                head.parking.learn_tools(head.gateway.name, result)
+        self.status = stateless.complete(message, method, _server(head, self))
 
     def deliver(self, data: bytes, related: RequestId | None, final: bool) -> bool:
         driver = self.driver
@@ -353,12 +371,13 @@ def _call(
 ) -> None:  # fmt: skip
     """A fresh call, routed in its session and answered by an `Exchange`."""
     gateway = head.gateway
+    exchange = Exchange(head, session, rid, method, rid, reply, digest, offered)  # before routing: what it routes may be answered at once
     try:
         common.route(gateway, session, msg)
     except BaseException:
         gateway.close_session(session, "refused")
         raise
-    Exchange(head, session, rid, method, rid, reply, digest, offered).start()
+    exchange.start()
 
 
 def _open(
@@ -413,6 +432,7 @@ class Exchange(Driver):
         self.call_id, self.method, self.reply_id, self.digest, self.offered = call_id, method, reply_id, digest, offered
         self.asked: dict[str, Message] = {}  # input key -> the server request, as the client is shown it
         self.ids: dict[str, RequestId] = {}  # input key -> the server request's id at the session
+        session.head, session.method = head, method  # how its answer is made modern (a retry's head as good as the first's)
 
     def takes(self, data: bytes, related: RequestId | None) -> bool:
         # Not while a step runs (what it routes may answer at once): that step takes it in turn.
@@ -482,16 +502,10 @@ class Exchange(Driver):
             self.reply.end_stream(events + _event(body))
 
     def _finish(self, data: bytes, events: Sequence[bytes]) -> None:
-        head, session, method = self.head, self.session, self.method
-        if method == "server/discover":
-            msg = jsonrpc.decode(data)
-            if msg.get("result").__class__ is dict:
-                msg["result"] = stateless.discover(msg["result"])
-                data = jsonrpc.encode(msg)
-        elif method == "tools/list":
-            head.parking.learn_tools(head.gateway.name, jsonrpc.decode(data).get("result"))
-        body, status = stateless.answer(data, method, self.reply_id, _server(head, session))
-        self._end(body, status, b"".join(events))
+        """The call's answer, made modern as it was delivered (`StatelessSession.reshape`)."""
+        if self.reply_id != self.call_id:
+            data = stateless.with_id(data, self.reply_id)  # a retry's answer carries the retry's id
+        self._end(data, self.session.status, b"".join(events))
 
     def _input_required(self) -> None:
         head, gateway, parking = self.head, self.head.gateway, self.head.parking
