@@ -14,7 +14,7 @@ import shutil
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any
 
 from . import __version__, confine, jsonrpc, logs, stateless
@@ -341,6 +341,9 @@ class Gateway:
         self.in_flight: Counter[str | None] = Counter() if in_flight is None else in_flight  # by principal, daemon-wide
         self.max_sessions = server.max_sessions or limits.max_sessions
         self.sessions: dict[str, Session] = {}
+        # Open sessions a transport keeps, idle, for its next request of the same kind (a
+        # 2026-07-28 call's: see transports/modern.py); each is in `sessions` too.
+        self.spares: dict[Hashable, Session] = {}
         self.log = logs.get(server=name)
         self.launch = confine.launch(server)
         self.child_env = child_env(server, os.environ, self.launch.identity)
@@ -505,6 +508,12 @@ class Gateway:
             reason=reason,
             duration_s=round(time.monotonic() - session.created, 3),
         )
+
+    def quiet(self, session: Session) -> bool:
+        """Whether nothing of the session's is left at its server: no call, no server request
+        to it, no task or subscription of its. Only such a session may serve another request."""
+        upstream = self._upstreams.get(session.id)
+        return upstream is not None and upstream.mux.quiet(session.id)
 
     def end_session(self, session: Session, message: str) -> int:
         """End a session from outside (the admin API): each of its calls in flight gets an

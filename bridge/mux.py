@@ -454,6 +454,12 @@ class Mux:
     def sessions(self) -> list[str]:
         return list(self._peers)
 
+    def quiet(self, session: str) -> bool:
+        """Whether the session has nothing in flight and owns nothing: no call, no server
+        request, task, elicitation or subscription."""
+        peer = self._peers[session]
+        return not (peer.calls or peer.server_requests or peer.subscriptions or peer.tasks or peer.client_tasks or peer.elicitations)
+
     def peer(self, session: str) -> Peer:
         return self._peers[session]
 

@@ -275,6 +275,96 @@ async def test_legacy_sessions_still_work_beside_modern_requests(bridge):
         assert any(x.startswith('mcp_bridge_sessions_opened_total{server="demo",transport="stateless"}') for x in lines)
 
 
+# --------------------------------------------------------------- kept sessions
+
+
+async def metric(b: Any, prefix: str, headers: dict[str, str] | None = None) -> float:
+    async with aiohttp.ClientSession() as http, http.get(f"{b.base}/metrics", headers=headers) as resp:
+        assert resp.status == 200, resp.status
+        lines = [x for x in (await resp.text()).splitlines() if x.startswith(prefix)]
+    return sum(float(x.split()[-1]) for x in lines)
+
+
+async def test_calls_alike_take_turns_on_a_kept_session_and_never_another_principals(bridge):
+    """An answered call's session serves its principal's next call with the same
+    capabilities; another principal's, other capabilities, a call that asks for log
+    messages and a call made while the first is in flight each get a session of their own."""
+    config = shared(demo=demo())
+    config["security"] = {"tokens": [{"name": "alice", "token": "a" * 32}, {"name": "bob", "token": "b" * 32}]}
+    async with bridge(config) as b:
+        url = b.url("demo", "mcp")
+        alice, bob = {"Authorization": "Bearer " + "a" * 32}, {"Authorization": "Bearer " + "b" * 32}
+
+        async def echo(text: str, who: dict[str, str], capabilities: dict[str, Any] | None = None, level: str | None = None) -> None:
+            msg = request("tools/call", {"name": "echo", "arguments": {"text": text}}, capabilities=capabilities)
+            if level is not None:
+                msg["params"]["_meta"]["io.modelcontextprotocol/logLevel"] = level
+            answer = await post(url, msg, {**headers_for(msg), **who})
+            assert answer.final()["result"]["content"][0]["text"] == text
+
+        for i in range(3):
+            await echo(f"a{i}", alice)
+        for i in range(2):
+            await echo(f"b{i}", bob)
+        await echo("sampling", alice, {"sampling": {}})
+        await echo("logged-1", alice, level="debug")
+        await echo("logged-2", alice, level="debug")
+        slow = request("tools/call", {"name": "countdown", "arguments": {"steps": 30, "interval_ms": 100}}, rid=2)
+        countdown = asyncio.create_task(post(url, slow, {**headers_for(slow), **alice}))
+        async with asyncio.timeout(10):
+            while await metric(b, 'mcp_bridge_requests_in_flight{server="demo"}', alice) < 1:
+                await asyncio.sleep(0.02)
+        await echo("meanwhile", alice)
+        assert (await countdown).status == 200
+
+        audits = [e for e in b.named("audit") if e["method"] == "tools/call"]
+        session = {e["name"] + str(i): e["session"] for i, e in enumerate(audits)}
+        by_order = [e["session"] for e in audits]
+        assert len(by_order) == 10, audits
+        a0, a1, a2, b0, b1, sampled, logged1, logged2, meanwhile, counted = by_order
+        assert a0 == a1 == a2 and b0 == b1 and a0 != b0, session
+        assert len({a0, b0, sampled, logged1, logged2}) == 5, session
+        assert {meanwhile, counted} >= {a0} and meanwhile != counted, session  # the kept one went to one of them
+        assert [e["principal"] for e in audits[:5]] == ["alice"] * 3 + ["bob"] * 2
+
+
+async def test_a_kept_session_gives_way_to_a_request_and_is_ended_when_idle(bridge):
+    """At the session limit a kept session is closed for a new request (not a 503), and
+    one left idle is ended after limits.session_idle_timeout like any idle session."""
+    config = shared(demo=demo())
+    config["limits"] = {"max_sessions": 1, "session_idle_timeout": "1s"}
+    async with bridge(config) as b:
+        url = b.url("demo", "mcp")
+        for capabilities in ({}, {"roots": {}}):
+            msg = request("tools/call", {"name": "echo", "arguments": {"text": "x"}}, capabilities=capabilities)
+            assert (await post(url, msg, headers_for(msg))).status == 200
+        assert await metric(b, 'mcp_bridge_sessions_open{server="demo",transport="stateless"}') == 1
+        async with asyncio.timeout(10):
+            while await metric(b, 'mcp_bridge_sessions_open{server="demo",transport="stateless"}') != 0:
+                await asyncio.sleep(0.05)
+        assert await metric(b, 'mcp_bridge_sessions_dropped_total{reason="idle",server="demo"}') == 2
+
+
+def test_a_kept_session_takes_nothing_said_while_it_waits() -> None:
+    from bridge.transports.modern import StatelessSession
+
+    class Gateway:
+        def quiet(self, session: StatelessSession) -> bool:
+            return True
+
+    session = StatelessSession("s", "alice", 10, 1000)
+    session.spare_key, session.head = ("alice", b"{}"), type("Head", (), {"gateway": Gateway()})()  # type: ignore[assignment]
+    assert session.deliver(b'{"jsonrpc":"2.0","method":"notifications/message","params":{}}', None, False)
+    spares: dict[Any, Any] = {}
+    assert session.keep(spares) and spares == {("alice", b"{}"): session} and not session.queue
+    assert not session.attached()  # idle-reaped like any session
+    assert session.deliver(b'{"jsonrpc":"2.0","method":"notifications/message","params":{}}', None, False)
+    assert not session.queue
+    session.take()
+    assert spares == {} and session.attached()
+    assert not StatelessSession("s", "bob", 10, 1000).keep(spares)  # none kept without a kind
+
+
 # --------------------------------------------------------------- MRTR
 
 
@@ -854,6 +944,7 @@ def test_a_bug_in_a_step_ends_its_request_with_a_500_not_the_flush_that_ran_it()
 
     class Gateway:
         name = "s"
+        spares: dict[Any, Any] = {}
 
         def close_session(self, session: StatelessSession, reason: str) -> None:
             closed.append(reason)
@@ -920,6 +1011,7 @@ def test_a_calls_answer_with_nothing_before_it_goes_at_its_delivery_else_in_turn
 
     class Gateway:
         name = "s"
+        spares: dict[Any, Any] = {}
         server = type("Server", (), {"cache_scope": "private"})()
 
         def close_session(self, session: StatelessSession, reason: str) -> None:

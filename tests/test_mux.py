@@ -1126,3 +1126,20 @@ def test_a_stateless_call_that_lacks_the_capability_the_server_asks_for_ends_wit
     assert answer["error"]["data"] == {"requiredCapabilities": {"elicitation": {}}}
     assert mux.inflight("modern") == 0
     assert to_session(mux.from_server(jsonrpc.result(call["id"], {})), "modern") == []  # its late answer is dropped
+
+
+def test_a_session_is_quiet_only_once_nothing_of_its_is_left_at_the_server() -> None:
+    """What decides whether an answered 2026-07-28 call's session may serve another call:
+    not while its call is in flight, nor while a question of the server's to it is open,
+    even once the call itself was answered."""
+    mux = ready_mux()
+    mux.open_session("modern")
+    mux.adopt("modern", {"sampling": {}}, "2026-07-28", None, None)
+    assert mux.quiet("modern")
+    (call,) = to_server(mux.from_client("modern", req(7, "tools/call", name="asks")))
+    assert not mux.quiet("modern")
+    (asked,) = to_session(mux.from_server(sample("s1")), "modern")
+    to_session(mux.from_server(jsonrpc.result(call["id"], {"content": []})), "modern")
+    assert mux.inflight("modern") == 0 and not mux.quiet("modern")  # the server's question is still open
+    to_server(mux.from_client("modern", jsonrpc.result(asked["id"], {"role": "assistant", "content": {"type": "text", "text": "x"}})))
+    assert mux.quiet("modern")

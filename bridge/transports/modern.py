@@ -1,15 +1,18 @@
-"""2026-07-28 requests at `/servers/{name}/mcp`: each one a short-lived mux session.
+"""2026-07-28 requests at `/servers/{name}/mcp`: each one served by a mux session of its own.
 
 `streamable.answer_post` hands a POST here when its body carries the modern
 `_meta` (both HTTP paths, aiohttp's and the fast path, go through it). After
 the checks of `stateless` (envelope, mirrored headers, version, removed
-methods), the request gets a `StatelessSession` of its own, which the mux
+methods), the request gets a `StatelessSession` no other call is using, which the mux
 adopts already initialized with the request's capabilities, version, log
 level and principal. The session's messages are the request's: progress and
 log messages open an SSE stream (while there are none, the answer stays one
 JSON body with the status the spec gives its error code); the final response
-ends the exchange and closes the session. A client that goes away closes the
-session, which cancels the call upstream.
+ends the exchange and closes the session, or, in shared mode, keeps it open,
+idle, for the principal's next call with the same capabilities (`keep`:
+only when nothing of the call is left at the server; it hears nothing while
+it waits). A client that goes away closes the session, which cancels the
+call upstream.
 
 MRTR. A server request the mux routes to such a session (sampling,
 elicitation, roots) ends the exchange with `resultType: "input_required"`:
@@ -38,7 +41,7 @@ import functools
 import itertools
 import secrets
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -61,6 +64,10 @@ _LISTEN_ID = "mcp-bridge-listen"  # ids of the bridge's own requests in a listen
 _TOOL_HEADERS_KEPT = 4096  # tools whose x-mcp-header names are remembered, per server
 _request_numbers = itertools.count(1)
 _NO_NOTICES: frozenset[str] = frozenset()  # a call's session hears only about its call
+# Answered calls' sessions kept open, idle, per server, for their principal's next call
+# with the same capabilities: opening and closing a session is most of what a quick call
+# costs the bridge (bench/instructions.py: 38,000 of 461,000 instructions).
+_SPARES_PER_SERVER = 64
 
 
 class StatelessSession(Session):
@@ -87,6 +94,11 @@ class StatelessSession(Session):
         self.head: PostHead | None = None
         self.method = ""
         self.status = 200
+        # What its principal's next call must share to be served by it once this one is
+        # answered (None: never: it asked for log messages, or its server is not shared),
+        # and, while it waits idle for one, the spares it is kept among.
+        self.spare_key: Hashable | None = None
+        self.kept_in: dict[Hashable, Session] | None = None
 
     def reshape(self, message: Message) -> None:
         """Its call's answer, as a legacy server gave it, made a modern one in place."""
@@ -105,6 +117,8 @@ class StatelessSession(Session):
         driver = self.driver
         if final and driver is not None and not self.queue and driver.takes(data, related):
             return True  # its request's answer, with nothing before it: sent as it came
+        if self.kept_in is not None:
+            return True  # idle, kept for a call to come: what was said after the last one is not for it
         # Written to its stream and not yet taken by the socket counts too, as for SseSession.
         unsent = driver.sink.unsent() if driver is not None and driver.sink is not None else 0
         if len(self.queue) >= self._limit or self._bytes + unsent + len(data) > self._byte_limit:
@@ -128,7 +142,31 @@ class StatelessSession(Session):
         self._bytes += sum(len(data) for data in requests)
 
     def attached(self) -> bool:
-        return True  # its exchange, or its parking's expiry, decides when it ends: never idle-reaped
+        # Its exchange, or its parking's expiry, decides when it ends; kept idle, it is
+        # ended as any session is after limits.session_idle_timeout.
+        return self.kept_in is None
+
+    def keep(self, spares: dict[Hashable, Session]) -> bool:
+        """Once its call is answered: wait, idle and open, for its principal's next call of
+        the same kind, if it may (nothing of its call is left at the server) and there is
+        room (one per kind, `_SPARES_PER_SERVER` per server). Whether it is kept."""
+        key = self.spare_key
+        if key is None or key in spares or len(spares) >= _SPARES_PER_SERVER or self.head is None or not self.head.gateway.quiet(self):
+            return False
+        self.queue.clear()
+        self._bytes = 0
+        self.ping_due = False
+        self.head, self.method, self.status = None, "", 200
+        self.kept_in = spares
+        spares[key] = self
+        return True
+
+    def take(self) -> None:
+        """A kept session serves a call again."""
+        spares = self.kept_in
+        if spares is not None:
+            self.kept_in = None
+            del spares[self.spare_key]
 
     def keepalive(self) -> None:
         self.ping_due = True
@@ -136,6 +174,7 @@ class StatelessSession(Session):
 
     def end(self, reason: str) -> None:
         super().end(reason)
+        self.take()  # no longer kept, if it was
         driver = self.driver
         if driver is None:
             return  # parked (its expiry or a retry ends it), or its driver is what closed it
@@ -210,8 +249,11 @@ class Driver:
 
     def close(self, reason: str) -> None:
         self.over = True
-        self.session.driver = None
-        self.head.gateway.close_session(self.session, reason)
+        session = self.session
+        session.driver = None
+        gateway = self.head.gateway
+        if reason != "answered" or not session.keep(gateway.spares):
+            gateway.close_session(session, reason)
 
     def drop(self) -> None:
         """Its session was closed as too slow: the answer is cut off, not ended."""
@@ -362,7 +404,13 @@ def _answer(head: PostHead, msg: Message, reply: Reply) -> None:
     stateless.strip_envelope(params)
     # A partial rather than a closure: one is made per request, and a closure costs a cell
     # for each variable it shares (eight here).
-    _open(head, msg, env, reply, _NO_NOTICES, functools.partial(_call, head, msg, rid, method, reply, digest, offered))
+    gateway = head.gateway
+    # Calls that share a principal and capabilities are alike to the mux: one may take
+    # another's answered session. Not one that asks for log messages (a kept session would
+    # keep the server's level up), nor where each request has a process of its own.
+    spare_key = (head.principal, jsonrpc.encode(env.capabilities)) if env.log_level is None and gateway.server.mode == "shared" else None
+    call = functools.partial(_call, head, msg, rid, method, reply, digest, offered)
+    _open(head, msg, env, reply, _NO_NOTICES, call, spare_key)
 
 
 def _call(
@@ -381,13 +429,24 @@ def _call(
 
 
 def _open(
-    head: PostHead, msg: Message, env: Envelope, reply: Reply, notices: frozenset[str], then: Callable[[StatelessSession], None]
-) -> None:
-    """A session for the request, adopted as its `_meta` says, then `then`: at once when its
-    process is at hand (the common case), else once one has come."""
+    head: PostHead, msg: Message, env: Envelope, reply: Reply, notices: frozenset[str], then: Callable[[StatelessSession], None],
+    spare_key: Hashable | None = None,
+) -> None:  # fmt: skip
+    """A session for the request, then `then`: a kept one under `spare_key` if there is one,
+    else a new one adopted as its `_meta` says, at once when its process is at hand (the
+    common case), or once one has come."""
     gateway = head.gateway
+    if spare_key is not None:
+        spare = gateway.spares.get(spare_key)
+        if spare.__class__ is StatelessSession:
+            spare.take()
+            then(spare)
+            return
     limits = gateway.limits
     session = StatelessSession(gateway.name, head.principal, limits.session_queue, limits.slow_bytes)
+    session.spare_key = spare_key
+    if gateway.spares and len(gateway.sessions) >= gateway.max_sessions:
+        gateway.close_session(next(iter(gateway.spares.values())), "idle")  # a kept session gives way to a request
     if common.open_at_once(gateway, session):
         _adopted(gateway, session, env, notices, then)
     else:
