@@ -130,9 +130,17 @@ class Headers(msgspec.Struct, frozen=True):
 
 def envelope(msg: Message) -> Envelope:
     """The request's envelope, or -32602 naming what is missing or malformed."""
-    rid = msg.get("id")
     params = msg.get("params")
     meta = params.get("_meta") if params.__class__ is dict else None
+    if meta.__class__ is dict:  # the common request, whole, with no more lookups than it needs
+        version, capabilities, level = meta.get(VERSION_KEY), meta.get(CAPABILITIES_KEY), meta.get(LOG_LEVEL_KEY)
+        if version.__class__ is str and capabilities.__class__ is dict and (level is None or (level.__class__ is str and level in _LEVELS)):
+            return Envelope(version, capabilities, meta.get(CLIENT_INFO_KEY), level)
+    return _refuse_envelope(msg.get("id"), meta)
+
+
+def _refuse_envelope(rid: RequestId | None, meta: Any) -> Envelope:
+    """`envelope` for what its common case did not take: -32602 saying what is wrong."""
     # No _meta at all, or no version in it: a session-less request that streamable.answer_post
     # took for a 2026-07-28 one. A legacy client that sent it gets a 400 without a modern
     # error code (so a dual-era client falls back) that says how its sessions begin.
@@ -152,6 +160,7 @@ def envelope(msg: Message) -> Envelope:
     return Envelope(version, capabilities, meta.get(CLIENT_INFO_KEY), level)
 
 
+_LEVELS = frozenset(LOG_LEVELS)
 _ENVELOPE_KEYS = frozenset({VERSION_KEY, CAPABILITIES_KEY, CLIENT_INFO_KEY, LOG_LEVEL_KEY})
 
 
@@ -181,7 +190,7 @@ def check_headers(msg: Message, env: Envelope, headers: Headers, tool_headers: M
     key = NAMED.get(method)
     if key is not None:
         value = msg["params"].get(key)
-        if value is not None and decode_header(headers.name) != value:
+        if value is not None and headers.name != value and decode_header(headers.name) != value:
             raise _mismatch(rid, f"Mcp-Name {headers.name!r} does not match the body's {key} {value!r}")
     if tool_headers:
         arguments = msg["params"].get("arguments")

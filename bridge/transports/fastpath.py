@@ -38,6 +38,7 @@ import time
 from collections.abc import Callable, Mapping
 from email.utils import formatdate
 from http import HTTPStatus
+from types import MappingProxyType
 
 import msgspec
 from aiohttp import web
@@ -73,7 +74,8 @@ _WATCHED = frozenset(
      b"mcp-method", b"mcp-name", b"x-mcp-bridge-forwarded"}
 ) | _HAND_OFF_FIELDS | {b"x-forwarded-proto", b"x-forwarded-host", b"x-forwarded-prefix"}  # fmt: skip
 _ACCEPTED_BODY = b"Accepted"
-_NOT_MIRRORED = stateless.Headers(None, None, None, {})
+_NO_PARAMS: Mapping[str, str] = MappingProxyType({})
+_NOT_MIRRORED = stateless.Headers(None, None, None, _NO_PARAMS)
 
 
 class Head(msgspec.Struct, eq=False):
@@ -168,11 +170,17 @@ def _mirrored(head: Head) -> stateless.Headers:
     """What a 2026-07-28 request's headers mirror of its body (read only for one of those)."""
     found = head.fields
     method, name = found.get(b"mcp-method"), found.get(b"mcp-name")
-    # What is found and not watched is an Mcp-Param-* (read_head keeps nothing else).
-    params = {_text(k[10:]): _text(v) for k, v in found.items() if k not in _WATCHED} if found.keys() - _WATCHED else {}
+    # What is found and not watched is an Mcp-Param-* (read_head keeps nothing else); most
+    # requests have none, which one C call tells.
+    params = _NO_PARAMS if _WATCHED.issuperset(found) else {_text(k[10:]): _text(v) for k, v in found.items() if k not in _WATCHED}
     if method is None and name is None and not params and head.mcp_version is None:
         return _NOT_MIRRORED
-    return stateless.Headers(head.mcp_version, _or_none(method), _or_none(name), params)
+    return stateless.Headers(
+        head.mcp_version,
+        None if method is None else method.decode("utf-8", "surrogateescape"),  # as _text, without a call each
+        None if name is None else name.decode("utf-8", "surrogateescape"),
+        params,
+    )
 
 
 def _target(target: bytes, out: Head) -> bool:

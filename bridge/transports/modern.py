@@ -374,11 +374,10 @@ def _answer(head: PostHead, msg: Message, reply: Reply) -> None:
         raise ModernError(jsonrpc.INVALID_REQUEST, "a 2026-07-28 client sends no responses: input goes in a retry's inputResponses")
     gateway = head.gateway
     env = stateless.envelope(msg)
-    tools = gateway.name in head.parking.tool_headers and msg["method"] == "tools/call"
-    known = head.parking.tool_headers[gateway.name].get(msg["params"].get("name")) if tools else None
-    stateless.check_headers(msg, env, head.mirrored(), known)
+    method, params = msg["method"], msg["params"]
+    tools = head.parking.tool_headers.get(gateway.name) if method == "tools/call" else None
+    stateless.check_headers(msg, env, head.mirrored(), tools.get(params.get("name")) if tools else None)
     stateless.check_version(msg, env)
-    method = msg["method"]
     if method in stateless.REMOVED:
         raise stateless.removed(msg)
     accept = head.accept
@@ -388,27 +387,27 @@ def _answer(head: PostHead, msg: Message, reply: Reply) -> None:
     if method == _LISTEN:
         _listen(head, msg, env, reply)
         return
-    params = msg["params"]
-    if params.get("requestState") is not None:
-        _resume(head, msg, reply)
-        return
-    # No requestState: a fresh call. Its inputResponses (SEP-2322: a client may answer ahead)
-    # answer the server's requests whose keys they name; the rest of them is ignored.
-    params.pop("requestState", None)
-    offered = params.pop("inputResponses", {})
-    if not isinstance(offered, dict):
-        raise ModernError(jsonrpc.INVALID_PARAMS, "inputResponses must be an object", request_id=msg["id"])
+    offered: dict[str, Any] = {}
+    if "requestState" in params or "inputResponses" in params:
+        if params.get("requestState") is not None:
+            _resume(head, msg, reply)
+            return
+        # No requestState: a fresh call. Its inputResponses (SEP-2322: a client may answer ahead)
+        # answer the server's requests whose keys they name; the rest of them is ignored.
+        params.pop("requestState", None)
+        offered = params.pop("inputResponses", {})
+        if not isinstance(offered, dict):
+            raise ModernError(jsonrpc.INVALID_PARAMS, "inputResponses must be an object", request_id=msg["id"])
     # Before routing: the mux rewrites the id in place (and, of the params, only what is in _meta,
     # which a digest leaves out), so the params are digested only if the call is ever parked.
     rid, digest = msg["id"], functools.partial(stateless.digest, params)
     stateless.strip_envelope(params)
-    # A partial rather than a closure: one is made per request, and a closure costs a cell
-    # for each variable it shares (eight here).
-    gateway = head.gateway
     # Calls that share a principal and capabilities are alike to the mux: one may take
     # another's answered session. Not one that asks for log messages (a kept session would
     # keep the server's level up), nor where each request has a process of its own.
     spare_key = (head.principal, jsonrpc.encode(env.capabilities)) if env.log_level is None and gateway.server.mode == "shared" else None
+    # A partial rather than a closure: one is made per request, and a closure costs a cell
+    # for each variable it shares (eight here).
     call = functools.partial(_call, head, msg, rid, method, reply, digest, offered)
     _open(head, msg, env, reply, _NO_NOTICES, call, spare_key)
 
