@@ -288,7 +288,8 @@ async def metric(b: Any, prefix: str, headers: dict[str, str] | None = None) -> 
 async def test_calls_alike_take_turns_on_a_kept_session_and_never_another_principals(bridge):
     """An answered call's session serves its principal's next call with the same
     capabilities; another principal's, other capabilities, a call that asks for log
-    messages and a call made while the first is in flight each get a session of their own."""
+    messages, one with capabilities too long to keep as a kind and a call made while the
+    first is in flight each get a session of their own."""
     config = shared(demo=demo())
     config["security"] = {"tokens": [{"name": "alice", "token": "a" * 32}, {"name": "bob", "token": "b" * 32}]}
     async with bridge(config) as b:
@@ -309,6 +310,9 @@ async def test_calls_alike_take_turns_on_a_kept_session_and_never_another_princi
         await echo("sampling", alice, {"sampling": {}})
         await echo("logged-1", alice, level="debug")
         await echo("logged-2", alice, level="debug")
+        large = {"experimental": {"padding": {"x": "y" * 2000}}}  # over what a kept session's kind may be
+        await echo("large-1", alice, large)
+        await echo("large-2", alice, large)
         slow = request("tools/call", {"name": "countdown", "arguments": {"steps": 30, "interval_ms": 100}}, rid=2)
         countdown = asyncio.create_task(post(url, slow, {**headers_for(slow), **alice}))
         async with asyncio.timeout(10):
@@ -320,10 +324,10 @@ async def test_calls_alike_take_turns_on_a_kept_session_and_never_another_princi
         audits = [e for e in b.named("audit") if e["method"] == "tools/call"]
         session = {e["name"] + str(i): e["session"] for i, e in enumerate(audits)}
         by_order = [e["session"] for e in audits]
-        assert len(by_order) == 10, audits
-        a0, a1, a2, b0, b1, sampled, logged1, logged2, meanwhile, counted = by_order
+        assert len(by_order) == 12, audits
+        a0, a1, a2, b0, b1, sampled, logged1, logged2, large1, large2, meanwhile, counted = by_order
         assert a0 == a1 == a2 and b0 == b1 and a0 != b0, session
-        assert len({a0, b0, sampled, logged1, logged2}) == 5, session
+        assert len({a0, b0, sampled, logged1, logged2, large1, large2}) == 7, session
         assert {meanwhile, counted} >= {a0} and meanwhile != counted, session  # the kept one went to one of them
         assert [e["principal"] for e in audits[:5]] == ["alice"] * 3 + ["bob"] * 2
 

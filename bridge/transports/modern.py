@@ -68,6 +68,9 @@ _NO_NOTICES: frozenset[str] = frozenset()  # a call's session hears only about i
 # with the same capabilities: opening and closing a session is most of what a quick call
 # costs the bridge (bench/instructions.py: 38,000 of 461,000 instructions).
 _SPARES_PER_SERVER = 64
+# Capabilities longer than this, encoded, are never a kept session's kind: a client's are
+# about a hundred bytes, and a kept session holds its kind for as long as it waits.
+_SPARE_KIND_BYTES = 1024
 
 
 class StatelessSession(Session):
@@ -405,7 +408,10 @@ def _answer(head: PostHead, msg: Message, reply: Reply) -> None:
     # Calls that share a principal and capabilities are alike to the mux: one may take
     # another's answered session. Not one that asks for log messages (a kept session would
     # keep the server's level up), nor where each request has a process of its own.
-    spare_key = (head.principal, jsonrpc.encode(env.capabilities)) if env.log_level is None and gateway.server.mode == "shared" else None
+    spare_key: Hashable | None = None
+    if env.log_level is None and gateway.server.mode == "shared":
+        alike = jsonrpc.encode(env.capabilities)
+        spare_key = (head.principal, alike) if len(alike) <= _SPARE_KIND_BYTES else None
     # A partial rather than a closure: one is made per request, and a closure costs a cell
     # for each variable it shares (eight here).
     call = functools.partial(_call, head, msg, rid, method, reply, digest, offered)
