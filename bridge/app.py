@@ -119,7 +119,7 @@ async def drain(app: web.Application, timeout: float) -> None:
     """Refuse new sessions and give requests in flight up to `timeout` seconds to finish."""
     gateways = list(app[GATEWAYS].values())
     for gateway in gateways:
-        gateway.accepting = False
+        gateway.refuse_sessions()
     log = logs.get()
     forwarder = app.get(forward.FORWARDER)
     if forwarder is not None:

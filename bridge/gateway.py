@@ -454,6 +454,8 @@ class Gateway:
         running one), else False: `open_session` waits for one. Raises SessionLimitError."""
         if not self.accepting:
             raise SessionLimitError(f"server {self.name!r} is shutting down")
+        if self.spares and len(self.sessions) + self._opening >= self.max_sessions:
+            self.close_session(next(iter(self.spares.values())), "idle")  # a kept session gives way to a new one
         if len(self.sessions) + self._opening >= self.max_sessions:
             self.metrics.sessions_dropped["limit"] += 1
             raise SessionLimitError(f"server {self.name!r} has {len(self.sessions)} sessions (limit {self.max_sessions})")
@@ -508,6 +510,13 @@ class Gateway:
             reason=reason,
             duration_s=round(time.monotonic() - session.created, 3),
         )
+
+    def refuse_sessions(self) -> None:
+        """A drain begins: no new session from now on, and the kept ones close (idle, they
+        would serve more requests, and hold a cluster's drain, which waits for sessions)."""
+        self.accepting = False
+        for session in list(self.spares.values()):
+            self.close_session(session, "shutdown")
 
     def quiet(self, session: Session) -> bool:
         """Whether nothing of the session's is left at its server: no call, no server request

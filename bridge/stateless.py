@@ -190,7 +190,7 @@ def check_headers(msg: Message, env: Envelope, headers: Headers, tool_headers: M
     key = NAMED.get(method)
     if key is not None:
         value = msg["params"].get(key)
-        if value is not None and headers.name != value and decode_header(headers.name) != value:
+        if value is not None and decode_header(headers.name) != value:
             raise _mismatch(rid, f"Mcp-Name {headers.name!r} does not match the body's {key} {value!r}")
     if tool_headers:
         arguments = msg["params"].get("arguments")

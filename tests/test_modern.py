@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -223,6 +224,10 @@ async def test_mcp_param_headers_are_checked_for_tools_that_declare_them(bridge,
         assert answer.status == 400 and error_of(answer)["code"] == -32020
         answer = await post(url, routed, headers_for(routed, Mcp_Param_Region="us-west1"), path)
         assert answer.status == 200 and answer.json()["result"]["content"][0]["text"] == "us-west1"
+        # a name that is not a string is refused as a mismatch (not a 500), once tools are known
+        listed = request("tools/call", {"name": ["routed"], "arguments": {}})
+        answer = await post(url, listed, headers_for(listed), path)
+        assert answer.status == 400 and error_of(answer)["code"] == -32020
         # a tool that declares none is not asked for any
         echo = request("tools/call", {"name": "echo", "arguments": {"text": "x"}})
         assert (await post(url, echo, headers_for(echo, Mcp_Param_Text="y"), path)).status == 200
@@ -320,6 +325,8 @@ async def test_calls_alike_take_turns_on_a_kept_session_and_never_another_princi
                 await asyncio.sleep(0.02)
         await echo("meanwhile", alice)
         assert (await countdown).status == 200
+        # Its audit line is the last (it ended last): once read, so are the others'.
+        await b.wait_for("audit", where=lambda e: e.get("name") == "countdown")
 
         audits = [e for e in b.named("audit") if e["method"] == "tools/call"]
         session = {e["name"] + str(i): e["session"] for i, e in enumerate(audits)}
@@ -332,21 +339,57 @@ async def test_calls_alike_take_turns_on_a_kept_session_and_never_another_princi
         assert [e["principal"] for e in audits[:5]] == ["alice"] * 3 + ["bob"] * 2
 
 
-async def test_a_kept_session_gives_way_to_a_request_and_is_ended_when_idle(bridge):
-    """At the session limit a kept session is closed for a new request (not a 503), and
-    one left idle is ended after limits.session_idle_timeout like any idle session."""
+async def test_a_kept_session_gives_way_to_any_new_session_and_is_ended_when_idle(bridge):
+    """At the session limit a kept session is closed for any new session (a 2026-07-28
+    request's or a 2025 client's: not a 503), and one left idle is ended once it has been
+    idle, from its call's end, for limits.session_idle_timeout, like any idle session."""
     config = shared(demo=demo())
-    config["limits"] = {"max_sessions": 1, "session_idle_timeout": "1s"}
+    config["limits"] = {"max_sessions": 1, "session_idle_timeout": "2s"}
+    stateless_open = 'mcp_bridge_sessions_open{server="demo",transport="stateless"}'
+    idle = 'mcp_bridge_sessions_dropped_total{reason="idle",server="demo"}'
     async with bridge(config) as b:
         url = b.url("demo", "mcp")
-        for capabilities in ({}, {"roots": {}}):
-            msg = request("tools/call", {"name": "echo", "arguments": {"text": "x"}}, capabilities=capabilities)
-            assert (await post(url, msg, headers_for(msg))).status == 200
-        assert await metric(b, 'mcp_bridge_sessions_open{server="demo",transport="stateless"}') == 1
+        quick = request("tools/call", {"name": "echo", "arguments": {"text": "x"}})
+        assert (await post(url, quick, headers_for(quick))).status == 200
+        slow = request("tools/call", {"name": "countdown", "arguments": {"steps": 25, "interval_ms": 100}}, capabilities={"roots": {}})
+        assert (await post(url, slow, headers_for(slow))).status == 200  # 2.5 s, on a session the kept one made room for
+        ended = asyncio.get_running_loop().time()
+        assert await metric(b, stateless_open) == 1 and await metric(b, idle) == 1
         async with asyncio.timeout(10):
-            while await metric(b, 'mcp_bridge_sessions_open{server="demo",transport="stateless"}') != 0:
+            while await metric(b, stateless_open) != 0:
                 await asyncio.sleep(0.05)
-        assert await metric(b, 'mcp_bridge_sessions_dropped_total{reason="idle",server="demo"}') == 2
+        assert asyncio.get_running_loop().time() - ended >= 1.5  # idle from its call's end, not its start
+        assert await metric(b, idle) == 2
+
+        assert (await post(url, quick, headers_for(quick))).status == 200  # kept again
+        initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                      "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "old", "version": "1"}}}  # fmt: skip
+        answer = await post(url, initialize, {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"})
+        assert answer.status == 200 and "Mcp-Session-Id" in answer.headers
+        assert await metric(b, stateless_open) == 0 and await metric(b, idle) == 3
+
+
+async def test_no_kept_session_serves_a_request_once_the_drain_began(bridge):
+    """SIGTERM: a request that a kept session would have served is refused (503) like any
+    new session, so that its client retries elsewhere; the call in flight finishes."""
+    config = shared(demo=demo())
+    config["limits"] = {"drain_timeout": "10s"}
+    async with bridge(config) as b:
+        url = b.url("demo", "mcp")
+        quick = request("tools/call", {"name": "echo", "arguments": {"text": "x"}})
+        assert (await post(url, quick, headers_for(quick))).status == 200  # leaves a kept session
+        slow = request("tools/call", {"name": "countdown", "arguments": {"steps": 20, "interval_ms": 100}}, capabilities={"roots": {}})
+        mark = len(b.events)
+        in_flight = asyncio.create_task(post(url, slow, headers_for(slow)))
+        async with asyncio.timeout(10):
+            while await metric(b, 'mcp_bridge_requests_in_flight{server="demo"}') < 1:
+                await asyncio.sleep(0.02)
+        b.proc.send_signal(signal.SIGTERM)
+        await b.wait_for("draining", start=mark)
+        refused = await post(url, quick, headers_for(quick))
+        assert refused.status == 503 and "shutting down" in error_of(refused)["message"]
+        assert (await in_flight).final()["result"]["content"]
+        assert await b.stop() == 0
 
 
 def test_a_kept_session_takes_nothing_said_while_it_waits() -> None:

@@ -56,6 +56,7 @@ def test_mcp_param_headers_must_mirror_the_arguments() -> None:
         (call(), headers(Region="us-west1")),  # sent for an absent argument
         (call(limit=42), headers(Limit="43")),
         (call(region="x"), headers(Region="=?base64?not base64?=")),
+        (call(name="=?base64?Z3JlZXQ=?="), headers(name="=?base64?Z3JlZXQ=?=")),  # the header means "greet": not the body's name
     ):
         with pytest.raises(ModernError) as refused:
             check(msg, sent)

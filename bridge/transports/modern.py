@@ -40,6 +40,7 @@ import asyncio
 import functools
 import itertools
 import secrets
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass, field
@@ -160,6 +161,7 @@ class StatelessSession(Session):
         self._bytes = 0
         self.ping_due = False
         self.head, self.method, self.status = None, "", 200
+        self.last_seen = time.monotonic()  # idle from now, not from when its call began
         self.kept_in = spares
         spares[key] = self
         return True
@@ -379,7 +381,8 @@ def _answer(head: PostHead, msg: Message, reply: Reply) -> None:
     env = stateless.envelope(msg)
     method, params = msg["method"], msg["params"]
     tools = head.parking.tool_headers.get(gateway.name) if method == "tools/call" else None
-    stateless.check_headers(msg, env, head.mirrored(), tools.get(params.get("name")) if tools else None)
+    name = params.get("name")
+    stateless.check_headers(msg, env, head.mirrored(), tools.get(name) if tools and name.__class__ is str else None)
     stateless.check_version(msg, env)
     if method in stateless.REMOVED:
         raise stateless.removed(msg)
@@ -441,7 +444,7 @@ def _open(
     else a new one adopted as its `_meta` says, at once when its process is at hand (the
     common case), or once one has come."""
     gateway = head.gateway
-    if spare_key is not None:
+    if spare_key is not None and gateway.accepting:  # draining, a request is refused as a new session would be
         spare = gateway.spares.get(spare_key)
         if spare.__class__ is StatelessSession:
             spare.take()
@@ -450,8 +453,6 @@ def _open(
     limits = gateway.limits
     session = StatelessSession(gateway.name, head.principal, limits.session_queue, limits.slow_bytes)
     session.spare_key = spare_key
-    if gateway.spares and len(gateway.sessions) >= gateway.max_sessions:
-        gateway.close_session(next(iter(gateway.spares.values())), "idle")  # a kept session gives way to a request
     if common.open_at_once(gateway, session):
         _adopted(gateway, session, env, notices, then)
     else:
