@@ -14,6 +14,7 @@ not counted here.
 
     python bench/instructions.py                               # sse, streamable, stateless; 1,000 calls each
     python bench/instructions.py --transport streamable --calls 2000
+    python bench/instructions.py --sessions 50 --calls 2000    # 50 clients at once (workload c's shape)
 
 Needs valgrind (Debian's `valgrind`). Under it the bridge runs about 50 times
 slower, so a transport takes two to three minutes. Loopback only; it stops
@@ -39,12 +40,13 @@ WARMUP_CALLS = 300
 START_TIMEOUT_S = 120.0  # python and aiohttp importing under valgrind
 
 
-def _load(mode: str, url: str, calls: int) -> dict[str, object]:
-    cmd = [sys.executable, os.path.join(HERE, "load.py"), "--mode", mode, "--url", url, "-n", "1", "-k", str(calls), "-c", "1",
+def _load(mode: str, url: str, calls: int, sessions: int = 1) -> dict[str, object]:
+    """`calls` in all, from `sessions` clients at once, each making its calls one after another."""
+    cmd = [sys.executable, os.path.join(HERE, "load.py"), "--mode", mode, "--url", url, "-n", str(sessions), "-k", str(calls // sessions), "-c", "1",
            "--call-timeout", "60", "--run-timeout", "1800"]  # fmt: skip
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=1900, check=False)
     report: dict[str, object] = json.loads(out.stdout)
-    if report.get("ok") != calls:
+    if report.get("ok") != calls // sessions * sessions:
         raise RuntimeError(f"{mode}: {report.get('ok')} of {calls} calls answered: {report.get('error_samples')}")
     return report
 
@@ -57,7 +59,7 @@ def _total(dump: str) -> int:
     raise RuntimeError(f"no total in {dump}")
 
 
-def measure(transport: str, calls: int) -> int:
+def measure(transport: str, calls: int, sessions: int = 1) -> int:
     """User-space instructions the bridge executes per call of `transport`."""
     with tempfile.TemporaryDirectory(prefix="mcp-bridge-instr-") as workdir:
         config, log = os.path.join(workdir, "bridge.yaml"), os.path.join(workdir, "bridge.log")
@@ -70,12 +72,12 @@ def measure(transport: str, calls: int) -> int:
             url = f"http://127.0.0.1:{port}/servers/bench/{'sse' if transport == 'sse' else 'mcp'}"
             _load(transport, url, WARMUP_CALLS)
             subprocess.run(["callgrind_control", "--zero", str(proc.pid)], capture_output=True, check=True, timeout=60)
-            _load(transport, url, calls)
+            _load(transport, url, calls, sessions)
             subprocess.run(["callgrind_control", "--dump", str(proc.pid)], capture_output=True, check=True, timeout=60)
             dumps = sorted((p for p in os.listdir(workdir) if p.startswith(f"callgrind.{proc.pid}.")), key=lambda p: int(p.rsplit(".", 1)[1]))
             if not dumps:
                 raise RuntimeError(f"callgrind wrote no dump; log: {bench._tail(log)}")
-            return _total(os.path.join(workdir, dumps[-1])) // calls
+            return _total(os.path.join(workdir, dumps[-1])) // (calls // sessions * sessions)
         finally:
             bench.Target("bridge", proc).stop(grace=60)  # callgrind writes its last dump on the way out
 
@@ -84,6 +86,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--transport", default="sse,streamable,stateless", help="comma-separated: sse, streamable, stateless")
     parser.add_argument("--calls", type=int, default=1000)
+    parser.add_argument("--sessions", type=int, default=1, help="clients at once, sharing the calls (workload c's shape: 50)")
     args = parser.parse_args()
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         print("needs valgrind (Debian package valgrind)", file=sys.stderr)
@@ -92,9 +95,10 @@ def main() -> int:
     unknown = [t for t in transports if t not in bench.TRANSPORTS]
     if unknown:
         parser.error(f"unknown transport {', '.join(unknown)} (known: {', '.join(bench.TRANSPORTS)})")
-    counts = {t: measure(t, args.calls) for t in transports}
+    counts = {t: measure(t, args.calls, args.sessions) for t in transports}
     base = counts.get("sse")
-    print(f"bridge instructions per call, 1 session x {args.calls:,} sequential calls (callgrind, user space):")
+    each = args.calls // args.sessions
+    print(f"bridge instructions per call, {args.sessions} session(s) x {each:,} sequential calls (callgrind, user space):")
     for transport, count in counts.items():
         ratio = f"   {count / base:.3f}x HTTP+SSE" if base and transport != "sse" else ""
         print(f"  {bench.TRANSPORTS[transport]:<16}{count:>10,}{ratio}")

@@ -14,7 +14,7 @@ import shutil
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Hashable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from . import __version__, confine, jsonrpc, logs, stateless
@@ -27,7 +27,7 @@ from .metrics import ServerMetrics
 from .mux import Abandoned, Action, Broadcast, Call, Discard, Mux, RestartServer, State, Timer, ToServer, ToSession
 from .policy import RateLimiter, Throttled, View
 from .pool import Full, Pool, Slots
-from .sessions import Session
+from .sessions import Session, Spares
 from .supervisor import Status, Supervisor
 
 encode = jsonrpc.encode
@@ -37,6 +37,9 @@ KEEPALIVE_PASSES = 5  # checks per keepalive interval: comments come every 4/5 t
 KEEPALIVE_SLICE = 64  # keepalives written between yields to the event loop
 # Session ends the bridge chose, counted as drops (a client closing its stream is not one).
 DROP_REASONS = frozenset({"slow", "idle", "server_gone", "shutdown", "ended"})  # ended: by an administrator
+# Idle sessions kept for requests to come (transports/modern.py: answered 2026-07-28 calls'),
+# per server: as many as a busy principal's clients have calls at once, within reason.
+SPARES_PER_SERVER = 64
 RESTART_POLL_S = 0.05  # how often a graceful restart looks whether the calls in flight have ended
 NOT_READING = "server is not reading its input (limits.server_input_buffer)"
 _LIST_CHANGES = frozenset(method for method, _ in stateless.LIST_CHANGES.values())
@@ -341,9 +344,7 @@ class Gateway:
         self.in_flight: Counter[str | None] = Counter() if in_flight is None else in_flight  # by principal, daemon-wide
         self.max_sessions = server.max_sessions or limits.max_sessions
         self.sessions: dict[str, Session] = {}
-        # Open sessions a transport keeps, idle, for its next request of the same kind (a
-        # 2026-07-28 call's: see transports/modern.py); each is in `sessions` too.
-        self.spares: dict[Hashable, Session] = {}
+        self.spares = Spares(SPARES_PER_SERVER)
         self.log = logs.get(server=name)
         self.launch = confine.launch(server)
         self.child_env = child_env(server, os.environ, self.launch.identity)
@@ -454,8 +455,8 @@ class Gateway:
         running one), else False: `open_session` waits for one. Raises SessionLimitError."""
         if not self.accepting:
             raise SessionLimitError(f"server {self.name!r} is shutting down")
-        if self.spares and len(self.sessions) + self._opening >= self.max_sessions:
-            self.close_session(next(iter(self.spares.values())), "idle")  # a kept session gives way to a new one
+        if self.spares and len(self.sessions) + self._opening >= self.max_sessions and (spare := self.spares.oldest()) is not None:
+            self.close_session(spare, "idle")  # a kept session gives way to a new one
         if len(self.sessions) + self._opening >= self.max_sessions:
             self.metrics.sessions_dropped["limit"] += 1
             raise SessionLimitError(f"server {self.name!r} has {len(self.sessions)} sessions (limit {self.max_sessions})")
@@ -515,7 +516,7 @@ class Gateway:
         """A drain begins: no new session from now on, and the kept ones close (idle, they
         would serve more requests, and hold a cluster's drain, which waits for sessions)."""
         self.accepting = False
-        for session in list(self.spares.values()):
+        for session in self.spares.all():
             self.close_session(session, "shutdown")
 
     def quiet(self, session: Session) -> bool:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 
 from .jsonrpc import Message, RequestId
 
@@ -58,3 +58,57 @@ class Session:
     def end(self, reason: str) -> None:
         self.ended = True
         self.end_reason = reason
+
+
+class Spares:
+    """Open sessions a transport keeps, idle, for its next requests of the same kind (a
+    2026-07-28 call's: see transports/modern.py), at most `limit` of them; each is in its
+    gateway's sessions too. The one kept last is taken first; the one kept first gives way."""
+
+    __slots__ = ("_by_kind", "count", "limit")
+
+    def __init__(self, limit: int) -> None:
+        self._by_kind: dict[Hashable, list[Session]] = {}
+        self.count = 0
+        self.limit = limit
+
+    def __bool__(self) -> bool:
+        return self.count > 0
+
+    def keep(self, kind: Hashable, session: Session) -> bool:
+        if self.count >= self.limit:
+            return False
+        kept = self._by_kind.get(kind)
+        if kept is None:
+            self._by_kind[kind] = [session]
+        else:
+            kept.append(session)
+        self.count += 1
+        return True
+
+    def take(self, kind: Hashable) -> Session | None:
+        kept = self._by_kind.get(kind)
+        if kept is None:
+            return None
+        session = kept.pop()
+        if not kept:
+            del self._by_kind[kind]
+        self.count -= 1
+        return session
+
+    def drop(self, kind: Hashable, session: Session) -> None:
+        """A kept session closed."""
+        kept = self._by_kind.get(kind)
+        if kept is not None and session in kept:
+            kept.remove(session)
+            if not kept:
+                del self._by_kind[kind]
+            self.count -= 1
+
+    def oldest(self) -> Session | None:
+        for kept in self._by_kind.values():
+            return kept[0]
+        return None
+
+    def all(self) -> list[Session]:
+        return [session for kept in self._by_kind.values() for session in kept]

@@ -294,7 +294,8 @@ async def test_calls_alike_take_turns_on_a_kept_session_and_never_another_princi
     """An answered call's session serves its principal's next call with the same
     capabilities; another principal's, other capabilities, a call that asks for log
     messages, one with capabilities too long to keep as a kind and a call made while the
-    first is in flight each get a session of their own."""
+    first is in flight each get a session of their own; calls of one kind at once each
+    leave theirs kept, for the next calls of that kind at once."""
     config = shared(demo=demo())
     config["security"] = {"tokens": [{"name": "alice", "token": "a" * 32}, {"name": "bob", "token": "b" * 32}]}
     async with bridge(config) as b:
@@ -319,23 +320,31 @@ async def test_calls_alike_take_turns_on_a_kept_session_and_never_another_princi
         await echo("large-1", alice, large)
         await echo("large-2", alice, large)
         slow = request("tools/call", {"name": "countdown", "arguments": {"steps": 30, "interval_ms": 100}}, rid=2)
-        countdown = asyncio.create_task(post(url, slow, {**headers_for(slow), **alice}))
-        async with asyncio.timeout(10):
-            while await metric(b, 'mcp_bridge_requests_in_flight{server="demo"}', alice) < 1:
-                await asyncio.sleep(0.02)
-        await echo("meanwhile", alice)
-        assert (await countdown).status == 200
-        # Its audit line is the last (it ended last): once read, so are the others'.
-        await b.wait_for("audit", where=lambda e: e.get("name") == "countdown")
+
+        async def alongside(text: str) -> None:
+            """`text` echoed while a countdown is in flight: two calls of one kind at once."""
+            mark = len(b.events)
+            countdown = asyncio.create_task(post(url, slow, {**headers_for(slow), **alice}))
+            async with asyncio.timeout(10):
+                while await metric(b, 'mcp_bridge_requests_in_flight{server="demo"}', alice) < 1:
+                    await asyncio.sleep(0.02)
+            await echo(text, alice)
+            assert (await countdown).status == 200
+            # Its audit line is the last (it ended last): once read, so are the others'.
+            await b.wait_for("audit", where=lambda e: e.get("name") == "countdown", start=mark)
+
+        await alongside("meanwhile")
+        await alongside("again")  # both sessions of the pair before were kept: this pair takes them
 
         audits = [e for e in b.named("audit") if e["method"] == "tools/call"]
         session = {e["name"] + str(i): e["session"] for i, e in enumerate(audits)}
         by_order = [e["session"] for e in audits]
-        assert len(by_order) == 12, audits
-        a0, a1, a2, b0, b1, sampled, logged1, logged2, large1, large2, meanwhile, counted = by_order
+        assert len(by_order) == 14, audits
+        a0, a1, a2, b0, b1, sampled, logged1, logged2, large1, large2, meanwhile, counted, again, counted2 = by_order
         assert a0 == a1 == a2 and b0 == b1 and a0 != b0, session
         assert len({a0, b0, sampled, logged1, logged2, large1, large2}) == 7, session
         assert {meanwhile, counted} >= {a0} and meanwhile != counted, session  # the kept one went to one of them
+        assert {again, counted2} == {meanwhile, counted}, session
         assert [e["principal"] for e in audits[:5]] == ["alice"] * 3 + ["bob"] * 2
 
 
@@ -393,23 +402,39 @@ async def test_no_kept_session_serves_a_request_once_the_drain_began(bridge):
 
 
 def test_a_kept_session_takes_nothing_said_while_it_waits() -> None:
+    from bridge.sessions import Spares
     from bridge.transports.modern import StatelessSession
 
     class Gateway:
         def quiet(self, session: StatelessSession) -> bool:
             return True
 
+    head = type("Head", (), {"gateway": Gateway()})()
     session = StatelessSession("s", "alice", 10, 1000)
-    session.spare_key, session.head = ("alice", b"{}"), type("Head", (), {"gateway": Gateway()})()  # type: ignore[assignment]
+    session.spare_key, session.head = ("alice", b"{}"), head
     assert session.deliver(b'{"jsonrpc":"2.0","method":"notifications/message","params":{}}', None, False)
-    spares: dict[Any, Any] = {}
-    assert session.keep(spares) and spares == {("alice", b"{}"): session} and not session.queue
+    spares = Spares(2)
+    assert session.keep(spares) and spares.count == 1 and not session.queue
     assert not session.attached()  # idle-reaped like any session
     assert session.deliver(b'{"jsonrpc":"2.0","method":"notifications/message","params":{}}', None, False)
     assert not session.queue
-    session.take()
-    assert spares == {} and session.attached()
     assert not StatelessSession("s", "bob", 10, 1000).keep(spares)  # none kept without a kind
+    session.end("idle")  # closed while kept: no longer among the spares
+    assert spares.count == 0 and spares.take(("alice", b"{}")) is None and session.attached()
+
+
+def test_spares_are_bounded_taken_last_kept_first_and_give_way_oldest_first() -> None:
+    from bridge.sessions import Session, Spares
+
+    spares = Spares(3)
+    a, b, c, d = (Session("s", None, sid) for sid in "abcd")
+    assert spares.keep("k", a) and spares.keep("k", b) and spares.keep("j", c)
+    assert not spares.keep("k", d) and spares.count == 3  # full
+    assert spares.oldest() is a
+    assert spares.take("k") is b and spares.take("k") is a and spares.take("k") is None
+    spares.drop("j", c)
+    spares.drop("j", c)  # once only
+    assert spares.count == 0 and not spares and spares.all() == [] and spares.oldest() is None
 
 
 # --------------------------------------------------------------- MRTR

@@ -52,7 +52,7 @@ from .. import jsonrpc, logs, stateless
 from ..cluster import FORWARDED_HEADER
 from ..gateway import Gateway
 from ..jsonrpc import Message, RequestId
-from ..sessions import Session
+from ..sessions import Session, Spares
 from ..stateless import Envelope, ModernError, State, StateKeys
 from . import common, forward, http
 from .http import EventSink, HttpError, Reply
@@ -65,10 +65,6 @@ _LISTEN_ID = "mcp-bridge-listen"  # ids of the bridge's own requests in a listen
 _TOOL_HEADERS_KEPT = 4096  # tools whose x-mcp-header names are remembered, per server
 _request_numbers = itertools.count(1)
 _NO_NOTICES: frozenset[str] = frozenset()  # a call's session hears only about its call
-# Answered calls' sessions kept open, idle, per server, for their principal's next call
-# with the same capabilities: opening and closing a session is most of what a quick call
-# costs the bridge (bench/instructions.py: 38,000 of 461,000 instructions).
-_SPARES_PER_SERVER = 64
 # Capabilities longer than this, encoded, are never a kept session's kind: a client's are
 # about a hundred bytes, and a kept session holds its kind for as long as it waits.
 _SPARE_KIND_BYTES = 1024
@@ -102,7 +98,7 @@ class StatelessSession(Session):
         # answered (None: never: it asked for log messages, or its server is not shared),
         # and, while it waits idle for one, the spares it is kept among.
         self.spare_key: Hashable | None = None
-        self.kept_in: dict[Hashable, Session] | None = None
+        self.kept_in: Spares | None = None
 
     def reshape(self, message: Message) -> None:
         """Its call's answer, as a legacy server gave it, made a modern one in place."""
@@ -150,12 +146,12 @@ class StatelessSession(Session):
         # ended as any session is after limits.session_idle_timeout.
         return self.kept_in is None
 
-    def keep(self, spares: dict[Hashable, Session]) -> bool:
-        """Once its call is answered: wait, idle and open, for its principal's next call of
+    def keep(self, spares: Spares) -> bool:
+        """Once its call is answered: wait, idle and open, for a call of its principal's of
         the same kind, if it may (nothing of its call is left at the server) and there is
-        room (one per kind, `_SPARES_PER_SERVER` per server). Whether it is kept."""
+        room among the server's spares. Whether it is kept."""
         key = self.spare_key
-        if key is None or key in spares or len(spares) >= _SPARES_PER_SERVER or self.head is None or not self.head.gateway.quiet(self):
+        if key is None or self.head is None or not self.head.gateway.quiet(self) or not spares.keep(key, self):
             return False
         self.queue.clear()
         self._bytes = 0
@@ -163,15 +159,7 @@ class StatelessSession(Session):
         self.head, self.method, self.status = None, "", 200
         self.last_seen = time.monotonic()  # idle from now, not from when its call began
         self.kept_in = spares
-        spares[key] = self
         return True
-
-    def take(self) -> None:
-        """A kept session serves a call again."""
-        spares = self.kept_in
-        if spares is not None:
-            self.kept_in = None
-            del spares[self.spare_key]
 
     def keepalive(self) -> None:
         self.ping_due = True
@@ -179,7 +167,9 @@ class StatelessSession(Session):
 
     def end(self, reason: str) -> None:
         super().end(reason)
-        self.take()  # no longer kept, if it was
+        if self.kept_in is not None:
+            self.kept_in.drop(self.spare_key, self)
+            self.kept_in = None
         driver = self.driver
         if driver is None:
             return  # parked (its expiry or a retry ends it), or its driver is what closed it
@@ -445,9 +435,9 @@ def _open(
     common case), or once one has come."""
     gateway = head.gateway
     if spare_key is not None and gateway.accepting:  # draining, a request is refused as a new session would be
-        spare = gateway.spares.get(spare_key)
-        if spare.__class__ is StatelessSession:
-            spare.take()
+        spare = gateway.spares.take(spare_key)
+        if isinstance(spare, StatelessSession):
+            spare.kept_in = None
             then(spare)
             return
     limits = gateway.limits
