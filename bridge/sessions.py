@@ -76,6 +76,7 @@ class Spares:
         return self.count > 0
 
     def keep(self, kind: Hashable, session: Session) -> bool:
+        """Keep `session` for a request of `kind`, if there is room; whether it was."""
         if self.count >= self.limit:
             return False
         kept = self._by_kind.get(kind)
@@ -87,6 +88,7 @@ class Spares:
         return True
 
     def take(self, kind: Hashable) -> Session | None:
+        """A kept session of `kind` (no longer kept), if there is one."""
         kept = self._by_kind.get(kind)
         if kept is None:
             return None
@@ -106,6 +108,7 @@ class Spares:
             self.count -= 1
 
     def oldest(self) -> Session | None:
+        """The session kept longest ago, near enough (the first of the kind kept first)."""
         for kept in self._by_kind.values():
             return kept[0]
         return None
