@@ -196,6 +196,9 @@ async def test_stderr_flood_rate_limited_and_tail_kept(bridge: Any) -> None:
     async with bridge(config) as b, RawSse(b.url("f")) as c:
         await c.initialize()
         pid = await server_pid(c)
+        # What the server said at its start is in the log before the flood is counted (on a busy
+        # machine its line may come after the answers above).
+        await b.wait_for("server_stderr", where=lambda e: e["pid"] == pid and e["line"].startswith("faulty: initialize"))
         mark = len(b.events)
         assert text_of(await tool(c, "noise", {"lines": flood})) == "ok"
         # One more line at a time, until the log takes one again (it says how many it left out).
