@@ -1,0 +1,93 @@
+"""CPU per call of the transports, paired: one daemon, the transports taking turns.
+
+bench/run.py starts a fresh daemon per run and transport, which is what users
+get, but on a shared machine its CPU figures swing by 10-30% from one run to
+the next, more than the differences between the transports on workload a.
+Here one bridge serves every transport, and each round runs N sequential
+calls (workload a's shape) of each transport in turn, so that whatever the
+machine does meanwhile falls on all of them alike. CPU is read from
+/proc/PID/schedstat (time on a CPU, user and kernel) of the bridge and its
+server; the medians over the rounds are printed with their ratio to HTTP+SSE.
+
+    python bench/paired.py                    # sse, streamable, stateless; 7 rounds of 3,000 calls
+    python bench/paired.py --rounds 5 --calls 2000
+
+Loopback only; it stops exactly the processes it started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import run as bench  # noqa: E402  (bench/run.py: the config and the helpers the benchmark uses)
+from instructions import _load  # noqa: E402
+
+WARMUP_CALLS = 300
+
+
+def _on_cpu(pid: int) -> float:
+    with open(f"/proc/{pid}/schedstat") as f:
+        return int(f.read().split()[0]) / 1e9
+
+
+def _processes(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [pid, *(int(child) for child in f.read().split())]
+
+
+def measure(transports: list[str], rounds: int, calls: int) -> dict[str, tuple[float, float]]:
+    """Transport -> median (CPU µs per call of bridge + server, calls per second)."""
+    samples: dict[str, list[tuple[float, float]]] = {t: [] for t in transports}
+    with tempfile.TemporaryDirectory(prefix="mcp-bridge-paired-") as workdir:
+        config, log = os.path.join(workdir, "bridge.yaml"), os.path.join(workdir, "bridge.log")
+        bench.bridge_config(config)
+        proc = bench._spawn([sys.executable, "-m", "bridge", "--config", config, "--port", "0"], log, cwd=bench.ROOT)
+        try:
+            port = bench.bridge_port(proc, log)
+
+            def url(transport: str) -> str:
+                return f"http://127.0.0.1:{port}/servers/bench/{'sse' if transport == 'sse' else 'mcp'}"
+
+            for transport in transports:
+                _load(transport, url(transport), WARMUP_CALLS)
+            for _ in range(rounds):
+                for transport in transports:
+                    pids = _processes(proc.pid)  # the server's, as it is now (a restart would show here)
+                    before, started = sum(_on_cpu(p) for p in pids), time.monotonic()
+                    _load(transport, url(transport), calls)
+                    wall = time.monotonic() - started
+                    samples[transport].append(((sum(_on_cpu(p) for p in pids) - before) / calls * 1e6, calls / wall))
+        finally:
+            bench.Target("bridge", proc).stop()
+    return {t: (statistics.median(s[0] for s in got), statistics.median(s[1] for s in got)) for t, got in samples.items()}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--transport", default="sse,streamable,stateless", help="comma-separated: sse, streamable, stateless")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--calls", type=int, default=3000)
+    args = parser.parse_args()
+    transports = args.transport.split(",")
+    unknown = [t for t in transports if t not in bench.TRANSPORTS]
+    if unknown:
+        parser.error(f"unknown transport {', '.join(unknown)} (known: {', '.join(bench.TRANSPORTS)})")
+    found = measure(transports, args.rounds, args.calls)
+    base = found.get("sse")
+    print(f"one bridge, {args.rounds} rounds of {args.calls:,} sequential calls per transport (medians; CPU: bridge + server on a CPU):")
+    for transport, (cpu, rate) in found.items():
+        ratio = f"   {rate / base[1]:.2f}x / {cpu / base[0]:.2f}x HTTP+SSE" if base and transport != "sse" else ""
+        print(f"  {bench.TRANSPORTS[transport]:<16}{rate:>8,.0f} req/s {cpu:>6.0f} µs/call{ratio}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
