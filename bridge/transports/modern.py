@@ -71,7 +71,7 @@ _SPARE_KIND_BYTES = 1024
 
 
 class StatelessSession(Session):
-    """One modern request (or listen stream): what the mux says to it, in order. Whatever
+    """One modern request at a time (or a listen stream): what the mux says to it, in order. Whatever
     answers it (an `Exchange`, a `Listen`) is `driver`, run at every flush, at its end and
     when a keepalive is due: no task waits on it. A call's answer delivered with nothing
     before it is taken by the driver at that delivery, never queued."""
