@@ -711,8 +711,8 @@ class Gateway:
                     session = self.sessions.get(sid)
                     if session is None:
                         continue
-                    if final and session.reshape is not None:
-                        session.reshape(message)
+                    if final and (reshape := session.reshape) is not None:
+                        reshape(message)
                     data = encode(message)
                     metrics.bytes_out += len(data)
                     if "error" in message:

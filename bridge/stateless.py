@@ -212,14 +212,14 @@ def _mismatch(rid: RequestId | None, what: str) -> ModernError:
     return ModernError(HEADER_MISMATCH, f"header mismatch: {what}", request_id=rid)
 
 
-def check_version(msg: Message, env: Envelope) -> None:
-    if env.version not in MODERN_VERSIONS:
-        raise ModernError(
-            UNSUPPORTED_VERSION,
-            "Unsupported protocol version",
-            {"supported": list(SUPPORTED_VERSIONS), "requested": env.version},
-            msg.get("id"),
-        )
+def unsupported(msg: Message, env: Envelope) -> ModernError:
+    """-32022 for a request whose version is none of MODERN_VERSIONS, with the supported list."""
+    return ModernError(
+        UNSUPPORTED_VERSION,
+        "Unsupported protocol version",
+        {"supported": list(SUPPORTED_VERSIONS), "requested": env.version},
+        msg.get("id"),
+    )
 
 
 def removed(msg: Message) -> ModernError:

@@ -42,7 +42,7 @@ import itertools
 import secrets
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Hashable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -99,6 +99,7 @@ class StatelessSession(Session):
         # and, while it waits idle for one, the spares it is kept among.
         self.spare_key: Hashable | None = None
         self.kept_in: Spares | None = None
+        self.adopted = False  # by the mux, as its request's `_meta` says: it may carry the request
 
     def reshape(self, message: Message) -> None:
         """Its call's answer, as a legacy server gave it, made a modern one in place."""
@@ -323,15 +324,6 @@ PARKING = web.AppKey("parking", Parking)
 # ------------------------------------------------------------------ answers
 
 
-def answer(head: PostHead, payload: Any, reply: Reply) -> None:
-    """Answer a modern POST (a decoded body that `stateless.is_modern`)."""
-    try:
-        _answer(head, payload, reply)
-    except ModernError as exc:
-        _refuse(head, reply, exc)
-    except HttpError as exc:
-        _name(exc, payload)
-        raise
 
 
 async def _refusing(head: PostHead, payload: Message, reply: Reply, step: Awaitable[None]) -> None:
@@ -356,68 +348,87 @@ def _name(exc: HttpError, payload: Any) -> None:
         exc.request_id = payload["id"]
 
 
-def _answer(head: PostHead, msg: Message, reply: Reply) -> None:
+def answer(head: PostHead, msg: Message, reply: Reply) -> None:
+    """Answer a modern POST (a decoded body that `stateless.is_modern`)."""
     try:
-        kind = jsonrpc.classify(msg)
-    except jsonrpc.ProtocolError as exc:
-        raise ModernError(exc.code, exc.message, request_id=exc.request_id) from None
-    if kind is jsonrpc.Kind.NOTIFICATION:
-        # 2026-07-28 defines no client notifications over HTTP (a client cancels by closing its stream).
-        reply.whole(202, b"")
-        return
-    if kind is jsonrpc.Kind.RESPONSE:
-        raise ModernError(jsonrpc.INVALID_REQUEST, "a 2026-07-28 client sends no responses: input goes in a retry's inputResponses")
-    gateway = head.gateway
-    env = stateless.envelope(msg)
-    method, params = msg["method"], msg["params"]
-    tools = head.parking.tool_headers.get(gateway.name) if method == "tools/call" else None
-    name = params.get("name")
-    stateless.check_headers(msg, env, head.mirrored(), tools.get(name) if tools and name.__class__ is str else None)
-    stateless.check_version(msg, env)
-    if method in stateless.REMOVED:
-        raise stateless.removed(msg)
-    accept = head.accept
-    if accept and not http.quality(accept, http.SSE) and (method == _LISTEN or not http.quality(accept, http.JSON)):
-        wanted = http.SSE if method == _LISTEN else f"{http.JSON} or {http.SSE}"
-        raise HttpError(406, f"{method} needs Accept: {wanted}", request_id=msg["id"])
-    if method == _LISTEN:
-        _listen(head, msg, env, reply)
-        return
-    offered: dict[str, Any] = {}
-    if "requestState" in params or "inputResponses" in params:
-        if params.get("requestState") is not None:
-            _resume(head, msg, reply)
+        try:
+            kind = jsonrpc.classify(msg)
+        except jsonrpc.ProtocolError as exc:
+            raise ModernError(exc.code, exc.message, request_id=exc.request_id) from None
+        if kind is jsonrpc.Kind.NOTIFICATION:
+            # 2026-07-28 defines no client notifications over HTTP (a client cancels by closing its stream).
+            reply.whole(202, b"")
             return
-        # No requestState: a fresh call. Its inputResponses (SEP-2322: a client may answer ahead)
-        # answer the server's requests whose keys they name; the rest of them is ignored.
-        params.pop("requestState", None)
-        offered = params.pop("inputResponses", {})
-        if not isinstance(offered, dict):
-            raise ModernError(jsonrpc.INVALID_PARAMS, "inputResponses must be an object", request_id=msg["id"])
-    # Before routing: the mux rewrites the id in place (and, of the params, only what is in _meta,
-    # which a digest leaves out), so the params are digested only if the call is ever parked.
-    rid, digest = msg["id"], functools.partial(stateless.digest, params)
-    stateless.strip_envelope(params)
-    # Calls that share a principal and capabilities are alike to the mux: one may take
-    # another's answered session. Not one that asks for log messages (a kept session would
-    # keep the server's level up), nor where each request has a process of its own.
-    spare_key: Hashable | None = None
-    if env.log_level is None and gateway.server.mode == "shared":
-        alike = jsonrpc.encode(env.capabilities)
-        spare_key = (head.principal, alike) if len(alike) <= _SPARE_KIND_BYTES else None
-    # A partial rather than a closure: one is made per request, and a closure costs a cell
-    # for each variable it shares (eight here).
-    call = functools.partial(_call, head, msg, rid, method, reply, digest, offered)
-    _open(head, msg, env, reply, _NO_NOTICES, call, spare_key)
+        if kind is jsonrpc.Kind.RESPONSE:
+            raise ModernError(jsonrpc.INVALID_REQUEST, "a 2026-07-28 client sends no responses: input goes in a retry's inputResponses")
+        gateway = head.gateway
+        env = stateless.envelope(msg)
+        method, params = msg["method"], msg["params"]
+        tools = head.parking.tool_headers.get(gateway.name) if method == "tools/call" else None
+        name = params.get("name")
+        stateless.check_headers(msg, env, head.mirrored(), tools.get(name) if tools and name.__class__ is str else None)
+        if env.version not in stateless.MODERN_VERSIONS:
+            raise stateless.unsupported(msg, env)
+        if method in stateless.REMOVED:
+            raise stateless.removed(msg)
+        if method == _LISTEN:
+            _check_accept(head.accept, method, msg["id"], listen=True)
+            _listen(head, msg, env, reply)
+            return
+        _check_accept(head.accept, method, msg["id"], listen=False)
+        offered: dict[str, Any] = {}
+        if "requestState" in params or "inputResponses" in params:
+            if params.get("requestState") is not None:
+                _resume(head, msg, reply)
+                return
+            # No requestState: a fresh call. Its inputResponses (SEP-2322: a client may answer ahead)
+            # answer the server's requests whose keys they name; the rest of them is ignored.
+            params.pop("requestState", None)
+            offered = params.pop("inputResponses", {})
+            if not isinstance(offered, dict):
+                raise ModernError(jsonrpc.INVALID_PARAMS, "inputResponses must be an object", request_id=msg["id"])
+        stateless.strip_envelope(params)
+        # Calls that share a principal and capabilities are alike to the mux: one may take
+        # another's answered session. Not one that asks for log messages (a kept session would
+        # keep the server's level up), nor where each request has a process of its own.
+        spare_key: Hashable | None = None
+        if env.log_level is None and gateway.server.mode == "shared":
+            alike = jsonrpc.encode(env.capabilities)
+            spare_key = (head.principal, alike) if len(alike) <= _SPARE_KIND_BYTES else None
+        session = _open(head, env, _NO_NOTICES, spare_key)
+        if session.adopted:
+            _call(head, msg, method, params, reply, offered, session)
+        else:
+            _open_later(head, msg, env, reply, _NO_NOTICES, session, functools.partial(_call, head, msg, method, params, reply, offered))
+    except ModernError as exc:
+        _refuse(head, reply, exc)
+    except HttpError as exc:
+        _name(exc, msg)
+        raise
+
+
+@functools.lru_cache(maxsize=128)  # as http.quality: clients send the same few values
+def _accepts(accept: str) -> tuple[bool, bool]:
+    """Whether an Accept takes an SSE stream, and whether one JSON body (none: both)."""
+    return (not accept or http.quality(accept, http.SSE) > 0, not accept or http.quality(accept, http.JSON) > 0)
+
+
+def _check_accept(accept: str, method: str, rid: RequestId, listen: bool) -> None:
+    """406 when the client takes no form its answer can have (a listen stream is SSE)."""
+    sse, json = _accepts(accept)
+    if not sse and (listen or not json):
+        raise HttpError(406, f"{method} needs Accept: {http.SSE if listen else f'{http.JSON} or {http.SSE}'}", request_id=rid)
 
 
 def _call(
-    head: PostHead, msg: Message, rid: RequestId, method: str, reply: Reply, digest: Callable[[], str], offered: dict[str, Any],
-    session: StatelessSession,
+    head: PostHead, msg: Message, method: str, params: dict[str, Any], reply: Reply, offered: dict[str, Any], session: StatelessSession
 ) -> None:  # fmt: skip
     """A fresh call, routed in its session and answered by an `Exchange`."""
     gateway = head.gateway
-    exchange = Exchange(head, session, rid, method, rid, reply, digest, offered)  # before routing: what it routes may be answered at once
+    rid = msg["id"]  # before routing, which rewrites it in place
+    # `params` is digested only if the call is ever parked: of them, routing changes only what
+    # is in _meta, which a digest leaves out.
+    exchange = Exchange(head, session, rid, method, rid, reply, params, offered)  # before routing: what it routes may be answered at once
     try:
         common.route(gateway, session, msg)
     except BaseException:
@@ -426,42 +437,43 @@ def _call(
     exchange.start()
 
 
-def _open(
-    head: PostHead, msg: Message, env: Envelope, reply: Reply, notices: frozenset[str], then: Callable[[StatelessSession], None],
-    spare_key: Hashable | None = None,
-) -> None:  # fmt: skip
-    """A session for the request, then `then`: a kept one under `spare_key` if there is one,
-    else a new one adopted as its `_meta` says, at once when its process is at hand (the
-    common case), or once one has come."""
+def _open(head: PostHead, env: Envelope, notices: frozenset[str], spare_key: Hashable | None) -> StatelessSession:
+    """A session for the request: a kept one under `spare_key` if there is one, else a new one
+    adopted as its `_meta` says, at once when its process is at hand (the common case); if it
+    is not `adopted` yet, `_open_later` waits for its process."""
     gateway = head.gateway
     if spare_key is not None and gateway.accepting:  # draining, a request is refused as a new session would be
         spare = gateway.spares.take(spare_key)
         if isinstance(spare, StatelessSession):
             spare.kept_in = None
-            then(spare)
-            return
+            return spare
     limits = gateway.limits
     session = StatelessSession(gateway.name, head.principal, limits.session_queue, limits.slow_bytes)
     session.spare_key = spare_key
     if common.open_at_once(gateway, session):
-        _adopted(gateway, session, env, notices, then)
-    else:
-        opened = _opened(gateway, session, env, notices, then)
-        http.later(reply, _refusing(head, msg, reply, opened), "modern_request")
+        _adopt(gateway, session, env, notices)
+    return session
+
+
+def _open_later(
+    head: PostHead, msg: Message, env: Envelope, reply: Reply, notices: frozenset[str], session: StatelessSession,
+    then: Callable[[StatelessSession], None],
+) -> None:  # fmt: skip
+    """`then`, once the session `_open` made has its process and is adopted."""
+    http.later(reply, _refusing(head, msg, reply, _opened(head.gateway, session, env, notices, then)), "modern_request")
 
 
 async def _opened(
     gateway: Gateway, session: StatelessSession, env: Envelope, notices: frozenset[str], then: Callable[[StatelessSession], None]
 ) -> None:
     await common.open_session(gateway, session)
-    _adopted(gateway, session, env, notices, then)
-
-
-def _adopted(
-    gateway: Gateway, session: StatelessSession, env: Envelope, notices: frozenset[str], then: Callable[[StatelessSession], None]
-) -> None:
-    gateway.adopt(session, env.capabilities, env.version, env.client_info, env.log_level, notices)
+    _adopt(gateway, session, env, notices)
     then(session)
+
+
+def _adopt(gateway: Gateway, session: StatelessSession, env: Envelope, notices: frozenset[str]) -> None:
+    gateway.adopt(session, env.capabilities, env.version, env.client_info, env.log_level, notices)
+    session.adopted = True
 
 
 class Exchange(Driver):
@@ -470,7 +482,7 @@ class Exchange(Driver):
     the session parked, unless `offered`, the call's inputResponses not spent yet, answers
     it), or the client going (the session closed: the call is cancelled upstream)."""
 
-    __slots__ = ("asked", "call_id", "digest", "ids", "method", "offered", "reply_id")
+    __slots__ = ("asked", "call_id", "ids", "method", "offered", "reply_id", "salient")
 
     def __init__(
         self,
@@ -480,11 +492,13 @@ class Exchange(Driver):
         method: str,
         reply_id: RequestId,
         reply: Reply,
-        digest: Callable[[], str],
+        salient: Mapping[str, Any] | str,
         offered: dict[str, Any],
     ) -> None:
         super().__init__(head, session, reply)
-        self.call_id, self.method, self.reply_id, self.digest, self.offered = call_id, method, reply_id, digest, offered
+        # What a retry must repeat: the call's params (digested only if it is ever parked), or
+        # for a retry, their digest.
+        self.call_id, self.method, self.reply_id, self.salient, self.offered = call_id, method, reply_id, salient, offered
         self.asked: dict[str, Message] = {}  # input key -> the server request, as the client is shown it
         self.ids: dict[str, RequestId] = {}  # input key -> the server request's id at the session
         session.head, session.method = head, method  # how its answer is made modern (a retry's head as good as the first's)
@@ -493,7 +507,7 @@ class Exchange(Driver):
         # Not while a step runs (what it routes may answer at once): that step takes it in turn.
         if related != self.call_id or self.sink is not None or self._running:
             return False
-        self._run(self._finish, data, ())
+        self._run(self._finish, data, b"")
         return True
 
     def step(self) -> None:
@@ -502,7 +516,7 @@ class Exchange(Driver):
         while session.queue:
             data, related, final = session.pop()
             if final and related == self.call_id:
-                self._finish(data, events)
+                self._finish(data, b"".join(events))
                 return
             msg = jsonrpc.decode(data)
             if "method" in msg and "id" in msg:  # a server request: MRTR
@@ -556,11 +570,11 @@ class Exchange(Driver):
         else:
             self.reply.end_stream(events + _event(body))
 
-    def _finish(self, data: bytes, events: Sequence[bytes]) -> None:
+    def _finish(self, data: bytes, events: bytes) -> None:
         """The call's answer, made modern as it was delivered (`StatelessSession.reshape`)."""
         if self.reply_id != self.call_id:
             data = stateless.with_id(data, self.reply_id)  # a retry's answer carries the retry's id
-        self._end(data, self.session.status, b"".join(events))
+        self._end(data, self.session.status, events)
 
     def _input_required(self) -> None:
         head, gateway, parking = self.head, self.head.gateway, self.head.parking
@@ -569,7 +583,7 @@ class Exchange(Driver):
         session.driver = None  # parked: its queue waits for the retry
         key = secrets.token_urlsafe(16)
         ttl = gateway.limits.request_state_ttl
-        salient = self.digest()
+        salient = self.salient if isinstance(self.salient, str) else stateless.digest(self.salient)
         parking.park(Parked(key, gateway, session, head.principal, self.method, salient, self.asked, self.ids, self.call_id), ttl)
         token = parking.keys.seal(State(key, head.principal, self.method, salient, gateway.name), ttl)
         body = jsonrpc.encode(jsonrpc.result(self.reply_id, stateless.input_required(self.asked, token, _server(head, session))))
@@ -579,6 +593,7 @@ class Exchange(Driver):
             self.reply.end_stream(_event(body))
 
 
+@functools.lru_cache(maxsize=128)
 def _takes_json(accept: str) -> bool:
     """Whether the answer may be one JSON body: else (`Accept: text/event-stream` alone, say)
     it is a stream, of one event if need be."""
@@ -641,7 +656,7 @@ def _resume(head: PostHead, msg: Message, reply: Reply) -> None:
         gateway.from_client(session, answers)
     # What was asked and not answered is asked again, first thing (in a new input_required).
     session.ask_again([jsonrpc.encode({"jsonrpc": "2.0", "id": parked.ids[k], **request}) for k, request in parked.asked.items()])
-    Exchange(head, session, parked.call_id, parked.method, rid, reply, lambda: parked.digest, offered).start()
+    Exchange(head, session, parked.call_id, parked.method, rid, reply, parked.digest, offered).start()
 
 
 def _input_key(gateway: Gateway, session: StatelessSession, downstream: RequestId, taken: dict[str, Message]) -> str:
@@ -689,10 +704,20 @@ def _listen(head: PostHead, msg: Message, env: Envelope, reply: Reply) -> None:
     uris = wanted.get("resourceSubscriptions", [])
     if not isinstance(uris, list) or not all(isinstance(u, str) for u in uris):
         raise ModernError(jsonrpc.INVALID_PARAMS, "notifications.resourceSubscriptions must be a list of strings", request_id=rid)
-    notices = {method for flag, (method, _) in stateless.LIST_CHANGES.items() if wanted.get(flag) is True}
+    asked = {method for flag, (method, _) in stateless.LIST_CHANGES.items() if wanted.get(flag) is True}
     if uris:
-        notices.add(stateless.RESOURCE_UPDATED)
-    _open(head, msg, env, reply, frozenset(notices), lambda session: Listen(head, session, reply, rid, wanted, list(dict.fromkeys(uris))).start())
+        asked.add(stateless.RESOURCE_UPDATED)
+    notices = frozenset(asked)
+    session = _open(head, env, notices, None)  # never a kept one: a listen stream is no call
+    listen = functools.partial(_start_listen, head, reply, rid, wanted, list(dict.fromkeys(uris)))
+    if session.adopted:
+        listen(session)
+    else:
+        _open_later(head, msg, env, reply, notices, session, listen)
+
+
+def _start_listen(head: PostHead, reply: Reply, rid: RequestId, wanted: dict[str, Any], uris: list[str], session: StatelessSession) -> None:
+    Listen(head, session, reply, rid, wanted, uris).start()
 
 
 class Listen(Driver):
