@@ -490,6 +490,7 @@ class Gateway:
     def close_session(self, session: Session, reason: str) -> None:
         if self.sessions.pop(session.id, None) is None:
             return
+        reason = session.ending or reason
         upstream = self._upstreams.pop(session.id)
         self.apply(upstream, upstream.mux.close_session(session.id))
         session.end(reason)
@@ -533,6 +534,7 @@ class Gateway:
         if upstream is None:
             return 0
         pending = list(upstream.mux.peer(session.id).calls)
+        session.ending = "ended"
         for request_id in pending:
             session.deliver(encode(jsonrpc.error(request_id, jsonrpc.SESSION_CLOSED, message)), request_id, True)
         session.flush()

@@ -30,6 +30,9 @@ class Session:
     # 2026-07-28 path makes a legacy server's answer a modern one there, in place, so a
     # result is decoded once, where the server's line was read. None: sent as it came.
     reshape: Callable[[Message], None] | None = None
+    # Set while the gateway ends it from outside (the admin API): a transport that closes it on
+    # the errors this delivers (a 2026-07-28 call, answered by one) closes it for this reason.
+    ending: str | None = None
 
     def __init__(self, server: str, owner: str | None, session_id: str | None = None) -> None:
         self.id = session_id or new_session_id()

@@ -270,6 +270,36 @@ async def test_admin_lists_and_ends_sessions(bridge):
             assert 'mcp_bridge_sessions_dropped_total{reason="ended",server="demo"} 1.0' in await resp.text()
 
 
+async def test_admin_ending_a_2026_request_fails_its_call_and_counts_it_ended(bridge):
+    async with bridge(admin_config()) as b:
+        envelope = {
+            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {},
+            "progressToken": "p",
+        }
+        call = {"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+                "params": {"name": "countdown", "arguments": {"steps": 300, "interval_ms": 100}, "_meta": envelope}}  # fmt: skip
+        headers = {**ALICE, "Accept": "application/json, text/event-stream", "MCP-Protocol-Version": "2026-07-28",
+                   "Mcp-Method": "tools/call", "Mcp-Name": "countdown"}  # fmt: skip
+        async with aiohttp.ClientSession() as http, http.post(b.url("demo", "mcp"), json=call, headers=headers) as stream:
+            # Its first progress opened the answer as a stream: the call is under way.
+            assert stream.status == 200 and stream.content_type == "text/event-stream"
+            first = await asyncio.wait_for(stream.content.readuntil(b"\n\n"), 10)
+            assert b"notifications/progress" in first, first
+            status, body = await api("GET", b.base + "/admin/sessions?server=demo")
+            [target] = [s for s in body["sessions"] if s["in_flight"] == 1]
+            assert target["transport"] == "stateless" and target["principal"] == "alice", body
+            status, body = await api("DELETE", f"{b.base}/admin/sessions/{target['id']}")
+            assert status == 200 and body["calls_failed"] == 1, body
+            async with asyncio.timeout(10):
+                rest = await stream.content.read()  # to the end of the stream
+        final = [json.loads(line[6:]) for line in rest.decode().splitlines() if line.startswith("data: ") and '"id"' in line][-1]
+        assert final["id"] == 7 and "ended by an administrator" in final["error"]["message"], rest
+        await b.wait_for("audit", where=lambda e: e.get("method") == "tools/call" and e["outcome"] == "cancelled")
+        async with aiohttp.ClientSession() as http, http.get(b.base + "/metrics", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as resp:
+            assert 'mcp_bridge_sessions_dropped_total{reason="ended",server="demo"} 1.0' in await resp.text()
+
+
 async def test_admin_ending_an_sse_session_ends_its_stream(bridge):
     async with bridge(admin_config()) as b:
         async with aiohttp.ClientSession() as http, http.get(b.url("demo"), headers=ALICE) as stream:
