@@ -324,8 +324,6 @@ PARKING = web.AppKey("parking", Parking)
 # ------------------------------------------------------------------ answers
 
 
-
-
 async def _refusing(head: PostHead, payload: Message, reply: Reply, step: Awaitable[None]) -> None:
     """A step run by `http.later`, whose refusals are answered as `answer` answers them."""
     try:
@@ -371,11 +369,10 @@ def answer(head: PostHead, msg: Message, reply: Reply) -> None:
             raise stateless.unsupported(msg, env)
         if method in stateless.REMOVED:
             raise stateless.removed(msg)
+        _check_accept(head.accept, method, msg["id"], listen=method == _LISTEN)
         if method == _LISTEN:
-            _check_accept(head.accept, method, msg["id"], listen=True)
             _listen(head, msg, env, reply)
             return
-        _check_accept(head.accept, method, msg["id"], listen=False)
         offered: dict[str, Any] = {}
         if "requestState" in params or "inputResponses" in params:
             if params.get("requestState") is not None:
@@ -409,7 +406,9 @@ def answer(head: PostHead, msg: Message, reply: Reply) -> None:
 
 @functools.lru_cache(maxsize=128)  # as http.quality: clients send the same few values
 def _accepts(accept: str) -> tuple[bool, bool]:
-    """Whether an Accept takes an SSE stream, and whether one JSON body (none: both)."""
+    """Whether an Accept takes an SSE stream, and whether one JSON body (none: both). An
+    answer that may be either is one JSON body; else (`Accept: text/event-stream` alone, say)
+    it is a stream, of one event if need be."""
     return (not accept or http.quality(accept, http.SSE) > 0, not accept or http.quality(accept, http.JSON) > 0)
 
 
@@ -565,7 +564,7 @@ class Exchange(Driver):
     def _end(self, body: bytes, status: int, events: bytes = b"") -> None:
         """The exchange's last word: the answer's body (an event when streaming), then the session closes."""
         self.close("answered")
-        if self.sink is None and not events and _takes_json(self.head.accept):
+        if self.sink is None and not events and _accepts(self.head.accept)[1]:
             self.reply.whole(status, body)
         else:
             self.reply.end_stream(events + _event(body))
@@ -587,17 +586,10 @@ class Exchange(Driver):
         parking.park(Parked(key, gateway, session, head.principal, self.method, salient, self.asked, self.ids, self.call_id), ttl)
         token = parking.keys.seal(State(key, head.principal, self.method, salient, gateway.name), ttl)
         body = jsonrpc.encode(jsonrpc.result(self.reply_id, stateless.input_required(self.asked, token, _server(head, session))))
-        if self.sink is None and _takes_json(head.accept):
+        if self.sink is None and _accepts(head.accept)[1]:
             self.reply.whole(200, body)
         else:
             self.reply.end_stream(_event(body))
-
-
-@functools.lru_cache(maxsize=128)
-def _takes_json(accept: str) -> bool:
-    """Whether the answer may be one JSON body: else (`Accept: text/event-stream` alone, say)
-    it is a stream, of one event if need be."""
-    return not accept or http.quality(accept, http.JSON) > 0
 
 
 def _can_stream(accept: str) -> bool:
