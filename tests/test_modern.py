@@ -606,6 +606,23 @@ async def test_a_client_that_never_retries_lets_the_call_go_after_the_ttl(bridge
         assert (await post(url, good, headers_for(good))).final()["result"]["content"][0]["text"] == "answered in time"
 
 
+async def test_a_retry_of_a_call_whose_session_an_administrator_ended_is_told_it_ended(bridge):
+    config = shared(demo=demo())
+    ops, alice = "o" * 32, "a" * 32
+    config["security"] = {"tokens": [{"name": "ops", "token": ops, "roles": ["admin"]}, {"name": "alice", "token": alice}]}
+    async with bridge(config) as b:
+        url, as_alice, as_ops = b.url("demo", "mcp"), {"Authorization": f"Bearer {alice}"}, {"Authorization": f"Bearer {ops}"}
+        call, result = await first_round(url, headers=as_alice)
+        async with aiohttp.ClientSession() as http:
+            async with http.get(b.base + "/admin/sessions?server=demo", headers=as_ops) as resp:
+                [parked] = [s for s in (await resp.json())["sessions"] if s["in_flight"] == 1]
+            async with http.delete(f"{b.base}/admin/sessions/{parked['id']}", headers=as_ops) as resp:
+                assert resp.status == 200, await resp.text()
+        late = retry(call, result)
+        answer = await post(url, late, {**headers_for(late), **as_alice})
+        assert answer.status == 400 and error_of(answer)["code"] == -32602 and "has ended" in error_of(answer)["message"], answer.body
+
+
 async def test_a_state_is_bound_to_its_principal(bridge, tmp_path):
     config = shared(demo=demo())
     config["security"] = {"tokens": [{"name": "alice", "token": "a" * 32}, {"name": "bob", "token": "b" * 32}]}

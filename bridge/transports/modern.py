@@ -21,7 +21,9 @@ session stays open, parked, until the client's retry (same method and params
 but for `inputResponses` and `requestState`) feeds the answers to the mux as
 the client's responses and takes the exchange over, or until
 `limits.request_state_ttl` passes: then it is closed, so the server's request
-gets an error and the call is cancelled. Parked sessions count against the
+gets an error and the call is cancelled. A parked session that ends otherwise
+(an administrator, its server gone) leaves the parking: its retry is told
+the call has ended. Parked sessions count against the
 server's session limit. In a cluster the state names the replica (address and
 epoch) holding the call and is sealed under a key every replica derives from
 the peer key: a retry that reaches another replica is verified there and
@@ -100,6 +102,8 @@ class StatelessSession(Session):
         self.spare_key: Hashable | None = None
         self.kept_in: Spares | None = None
         self.adopted = False  # by the mux, as its request's `_meta` says: it may carry the request
+        # While its call waits for the client's retry: where it is parked, and under which key.
+        self.parked_in: tuple[Parking, str] | None = None
 
     def reshape(self, message: Message) -> None:
         """Its call's answer, as a legacy server gave it, made a modern one in place."""
@@ -171,6 +175,10 @@ class StatelessSession(Session):
         if self.kept_in is not None:
             self.kept_in.drop(self.spare_key, self)
             self.kept_in = None
+        if self.parked_in is not None:
+            # Ended while parked (an administrator, its server gone): a retry is told the call has ended.
+            parking, key = self.parked_in
+            parking.unpark(key)
         driver = self.driver
         if driver is None:
             return  # parked (its expiry or a retry ends it), or its driver is what closed it
@@ -293,16 +301,19 @@ class Parking:
 
     def park(self, parked: Parked, ttl: float) -> None:
         self.parked[parked.key] = parked
+        parked.session.parked_in = (self, parked.key)
         parked.timer = asyncio.get_running_loop().call_later(ttl, self.expire, parked.key)
 
     def unpark(self, key: str) -> Parked | None:
         parked = self.parked.pop(key, None)
-        if parked is not None and parked.timer is not None:
-            parked.timer.cancel()
+        if parked is not None:
+            parked.session.parked_in = None
+            if parked.timer is not None:
+                parked.timer.cancel()
         return parked
 
     def expire(self, key: str) -> None:
-        parked = self.parked.pop(key, None)
+        parked = self.unpark(key)
         if parked is not None:
             parked.gateway.log.info("input_expired", method=parked.method, principal=parked.principal, asked=len(parked.asked))
             parked.gateway.close_session(parked.session, "input_timeout")
