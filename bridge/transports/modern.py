@@ -181,7 +181,7 @@ class StatelessSession(Session):
             parking.unpark(key)
         driver = self.driver
         if driver is None:
-            return  # parked (its expiry or a retry ends it), or its driver is what closed it
+            return  # parked (waiting for its retry, or unparked just now), or its driver is what closed it
         if reason == "slow" and driver.sink is not None and driver.sink.unsent():
             driver.drop()  # its socket is not being read: only an abort frees what is queued for it
         else:
