@@ -48,6 +48,7 @@ STANDALONE = "g"
 # no chunks, no events to frame and parse). Else an SSE stream: a slow call's client sees its
 # stream open this much later, well inside any client's wait for response headers.
 HOLD_S = 0.02
+_SESSION_VERSIONS = frozenset(PROTOCOL_VERSIONS)  # every request checks: one hash, not four compares
 
 
 class Stream(msgspec.Struct, eq=False):
@@ -667,7 +668,7 @@ def _session(gateway: Gateway, principal: str | None, session_id: str, version: 
     session = gateway.session(session_id, principal)
     if session is None or session.__class__ is not StreamableSession:
         raise HttpError(404, "unknown session")
-    if version is not None and version not in PROTOCOL_VERSIONS:
+    if version is not None and version not in _SESSION_VERSIONS:
         raise HttpError(400, f"unsupported {VERSION_HEADER}: {version!r} (supported: {', '.join(PROTOCOL_VERSIONS)})")
     return session
 
