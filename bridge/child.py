@@ -94,6 +94,10 @@ class Write(enum.Enum):
     GONE = "gone"  # stdin is closed
 
 
+# Read on every message, as globals: a member lookup on an Enum class is slow in Python 3.11 (jsonrpc.REQUEST).
+SENT, FULL, GONE = Write.SENT, Write.FULL, Write.GONE
+
+
 class Child:
     """A running stdio MCP server in its own process group.
 
@@ -197,11 +201,11 @@ class Child:
         """Write one framed message (ending in a newline), unless stdin is gone or full."""
         stdin = self._stdin
         if stdin is None or stdin.is_closing():
-            return Write.GONE
+            return GONE
         if stdin.get_write_buffer_size() + len(data) > self.input_limit:
-            return Write.FULL
+            return FULL
         stdin.write(data)
-        return Write.SENT
+        return SENT
 
     def set_limits(self, max_line: int, input_limit: int) -> None:
         self._stdout.limit = max_line

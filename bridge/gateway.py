@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from . import __version__, confine, jsonrpc, logs, stateless
-from .child import Child, Write
+from .child import GONE, SENT, Child
 from .config import Limits, RateLimit, Server
 from .era import Ask, Decided, Deliver, Era, Out, Translator, Wake
 from .era import Write as WriteOut
@@ -120,10 +120,10 @@ class Upstream:
     def send(self, data: bytes) -> bool:
         """Write to the process; False when its input is full and the message was not written."""
         child = self.child
-        result = Write.GONE if child is None else child.send(data)
-        if result is Write.SENT:
+        result = GONE if child is None else child.send(data)
+        if result is SENT:
             return True
-        if result is Write.GONE:
+        if result is GONE:
             # It is exiting: the exit fails what is in flight.
             self._log.warning("server_write_failed", size=len(data))
             return True
@@ -701,15 +701,16 @@ class Gateway:
         metrics = self.metrics
         unflushed = self._unflushed
         for action in actions:
+            # Keyword patterns: a positional one looks `__match_args__` up by name, each time.
             match action:
-                case ToServer(message) if upstream.translator is not None:
-                    actions += upstream.translate(message)
-                case ToServer(message):
-                    if not upstream.send(encode(message) + b"\n"):
+                case ToServer(message=message):
+                    if upstream.translator is not None:
+                        actions += upstream.translate(message)
+                    elif not upstream.send(encode(message) + b"\n"):
                         metrics.dropped_messages += 1
                         if "method" in message and "id" in message:
                             actions += upstream.mux.not_written(message["id"], NOT_READING)
-                case ToSession(sid, message, related, final, call):
+                case ToSession(session=sid, message=message, related=related, final=final, call=call):
                     session = self.sessions.get(sid)
                     if session is None:
                         continue
@@ -726,7 +727,7 @@ class Gateway:
                         metrics.request_done(call.method, time.monotonic() - call.started)
                         if call.target is not None:
                             self._audit(call, message)
-                case Broadcast(sids, message):
+                case Broadcast(sessions=sids, message=message):
                     if message.get("method") in _LIST_CHANGES and self.server.mode == "per-session":
                         sids = (*sids, *self._listeners(upstream, message["method"]))
                     data = encode(message)
@@ -737,16 +738,16 @@ class Gateway:
                             unflushed[session] = None
                             if not session.deliver(data, None, False):
                                 slow.append(session)
-                case Discard(reason, detail, log):
+                case Discard(reason=reason, detail=detail, log=log):
                     metrics.dropped_messages += 1
                     if log:
                         self.log.warning("message_dropped", reason=reason, **detail)
-                case Abandoned(call):
+                case Abandoned(call=call):
                     if call.target is not None:
                         self._audit(call, None)
-                case RestartServer(reason):
+                case RestartServer(reason=reason):
                     upstream.supervisor.restart(reason)
-                case Timer(delay):
+                case Timer(delay=delay):
                     upstream.set_timer(delay)
         if slow:
             for session in dict.fromkeys(slow):  # once each, however many messages it missed

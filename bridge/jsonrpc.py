@@ -41,6 +41,11 @@ class Kind(enum.Enum):
     RESPONSE = "response"
 
 
+# Python 3.11's EnumType has a __getattr__, which makes every `Kind.REQUEST` a slow lookup
+# (70 ns, against 7 for a global): what is read for every message is read from these.
+REQUEST, NOTIFICATION, RESPONSE = Kind.REQUEST, Kind.NOTIFICATION, Kind.RESPONSE
+
+
 class ProtocolError(Exception):
     """A peer sent something that is not valid JSON-RPC (or not valid here)."""
 
@@ -84,15 +89,15 @@ def classify(msg: Any) -> Kind:
         if params is not None and params.__class__ is not dict:
             raise ProtocolError(INVALID_REQUEST, 'invalid request: "params" must be an object', _safe_id(rid))
         if "id" not in msg:
-            return Kind.NOTIFICATION
+            return NOTIFICATION
         if not is_id(rid):
             raise ProtocolError(INVALID_REQUEST, 'invalid request: "id" must be a string or an integer')
-        return Kind.REQUEST
+        return REQUEST
     if not is_id(rid):
         raise ProtocolError(INVALID_REQUEST, 'invalid response: "id" must be a string or an integer')
     if ("result" in msg) == ("error" in msg):
         raise ProtocolError(INVALID_REQUEST, 'invalid response: needs exactly one of "result" and "error"', rid)
-    return Kind.RESPONSE
+    return RESPONSE
 
 
 # A top-level id at the very start or very end of an object's text: how the

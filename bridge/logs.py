@@ -17,6 +17,7 @@ import logging
 import re
 import sys
 import threading
+import time
 from typing import Any, Literal
 
 import msgspec
@@ -39,7 +40,7 @@ def setup(fmt: Literal["json", "console"] = "json", level: str = "info") -> None
     )
     chain = [
         structlog.processors.add_log_level,
-        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        stamp,
         structlog.processors.format_exc_info,
         renderer,
     ]
@@ -74,6 +75,31 @@ def setup(fmt: Literal["json", "console"] = "json", level: str = "info") -> None
     for old in [f for f in server.filters if isinstance(f, BadRequests)]:
         server.removeFilter(old)
     server.addFilter(BadRequests())
+
+
+class Stamper:
+    """`timestamp`: when the event happened, ISO 8601 in UTC to the microsecond
+    (`2026-12-02T06:15:42.123456Z`), the date and time formatted once a second.
+    structlog's TimeStamper formats each line with `datetime.isoformat`, which was
+    3% of the instructions of a whole call (the audit line is one per call)."""
+
+    __slots__ = ("_second",)
+
+    def __init__(self) -> None:
+        self._second: tuple[int, str] = (-1, "")  # one tuple: a thread that logs sees a whole pair
+
+    def __call__(self, logger: object, name: str, event: dict[str, Any]) -> dict[str, Any]:
+        now = time.time()
+        whole = int(now)
+        second, text = self._second
+        if whole != second:
+            text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole))
+            self._second = (whole, text)
+        event["timestamp"] = f"{text}.{int((now - whole) * 1e6):06d}Z"
+        return event
+
+
+stamp = Stamper()
 
 
 def _unraisable(u: sys.UnraisableHookArgs) -> None:

@@ -92,7 +92,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeVar
 
 from . import jsonrpc
-from .jsonrpc import Kind, Message, ProtocolError, RequestId
+from .jsonrpc import NOTIFICATION, REQUEST, RESPONSE, Kind, Message, ProtocolError, RequestId
 from .policy import View
 
 PROTOCOL_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
@@ -119,6 +119,10 @@ class State(enum.Enum):
     STARTING = "starting"  # process up, our initialize in flight
     READY = "ready"
     FAILED = "failed"  # crash loop; calls fail at once
+
+
+# Read on every call, as globals: a member lookup on an Enum class is slow in Python 3.11 (jsonrpc.REQUEST).
+_READY, _FAILED = State.READY, State.FAILED
 
 
 class ToServer(NamedTuple):
@@ -507,14 +511,14 @@ class Mux:
 
     def _from_client(self, peer: Peer, msg: Message, kind: Kind) -> list[Action]:
         peer.last_active = next(self._seq)
-        if kind is Kind.REQUEST:
+        if kind is REQUEST:
             if peer.view is not None and (hidden := self._hidden(peer, msg)) is not None:
                 return hidden
             handler = _CLIENT_REQUESTS.get(msg["method"]) if self.shared else _PASSTHROUGH_REQUESTS.get(msg["method"])
             if handler is None:
                 return self._forward_call(peer, msg)
             return handler(self, peer, msg)
-        if kind is Kind.NOTIFICATION:
+        if kind is NOTIFICATION:
             handler = _CLIENT_NOTIFICATIONS.get(msg["method"])
             if handler is None:
                 return self._to_server(msg)
@@ -525,7 +529,7 @@ class Mux:
         client_id = msg["id"]
         if client_id in peer.calls:
             return [self._reply_error(peer, client_id, jsonrpc.INVALID_REQUEST, f"request id {client_id!r} is already in flight")]
-        if self.state is State.FAILED:
+        if self.state is _FAILED:
             return [self._reply_error(peer, client_id, jsonrpc.SERVER_UNAVAILABLE, self._failure)]
         if self.max_inflight and len(peer.calls) >= self.max_inflight:
             return [
@@ -623,7 +627,7 @@ class Mux:
         return out
 
     def _send_call(self, call: Call, msg: Message) -> list[Action]:
-        if self.state is State.READY:
+        if self.state is _READY:
             call.sent = True
             call.sent_at = self._clock()
             return [ToServer(msg)]
@@ -633,9 +637,9 @@ class Mux:
         return []
 
     def _to_server(self, msg: Message) -> list[Action]:
-        if self.state is State.READY:
+        if self.state is _READY:
             return [ToServer(msg)]
-        if self.state is State.FAILED:
+        if self.state is _FAILED:
             return []
         if self._backlog_full():
             return [Discard(self._backlog_full_reason(), {"method": msg.get("method", "response")})]
@@ -677,9 +681,9 @@ class Mux:
 
     def _answer_when_ready(self, peer: Peer, client_id: RequestId) -> list[Action]:
         """Answer from the cached initialize result, or once there is one (or the failure)."""
-        if self.state is State.FAILED:
+        if self.state is _FAILED:
             return [self._reply_error(peer, client_id, jsonrpc.SERVER_UNAVAILABLE, self._failure)]
-        if self.state is not State.READY or self.init_result is None:
+        if self.state is not _READY or self.init_result is None:
             peer.waiting_init = client_id
             return []
         return self._answer_initialize(peer, client_id)
@@ -751,7 +755,7 @@ class Mux:
             return [self._reply(peer, msg["id"], {})]
         del self._subscribers[uri]
         peer.subscriptions.discard(uri)
-        if self.state is not State.READY:
+        if self.state is not _READY:
             return [*self._unsubscribe_queued(uri), self._reply(peer, msg["id"], {})]
         return self._forward_call(peer, msg)
 
@@ -829,9 +833,9 @@ class Mux:
             kind = jsonrpc.classify(msg)
         except ProtocolError as exc:
             return [Discard(exc.message, {})]
-        if kind is Kind.RESPONSE:
+        if kind is RESPONSE:
             return self._server_response(msg)
-        if kind is Kind.NOTIFICATION:
+        if kind is NOTIFICATION:
             handler = _SERVER_NOTIFICATIONS.get(msg["method"])
             return (handler or Mux._unowned_notification)(self, msg)
         return self._server_request(msg)
@@ -1199,7 +1203,7 @@ class Mux:
         for req in list(self._server_requests.values()):
             self._forget_server_request(req)
             out.append(ToSession(req.session, _cancelled(req.downstream_id, reason), req.related))
-        if self.state is not State.FAILED:
+        if self.state is not _FAILED:
             self.state = State.DOWN
         self._forget_early_notes()
         return self._settle(out)
@@ -1356,7 +1360,7 @@ class Mux:
         if subscribers:
             return []
         del self._subscribers[uri]
-        if self.state is not State.READY:
+        if self.state is not _READY:
             return self._unsubscribe_queued(uri)
         return [self._internal_call("resources/unsubscribe", {"uri": uri})]
 
@@ -1382,7 +1386,7 @@ class Mux:
         if wanted is None or wanted == self._upstream_level:
             return []
         self._upstream_level = wanted
-        if self.state is not State.READY:
+        if self.state is not _READY:
             return []
         return [self._internal_call("logging/setLevel", {"level": LOG_LEVELS[wanted]})]
 

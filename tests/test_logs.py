@@ -182,3 +182,18 @@ def test_python_own_tracebacks_are_json_too() -> None:
     assert [(e["logger"], e["level"]) for e in events] == [("python", "error")] * 2, events
     assert events[0]["event"].startswith("Exception ignored in") and "100% in a finalizer" in events[0]["exception"]
     assert events[1]["event"] == "Exception in thread worker" and "ZeroDivisionError" in events[1]["exception"]
+
+
+def test_timestamps_are_iso_8601_utc_to_the_microsecond_across_seconds(monkeypatch: Any) -> None:
+    import datetime as dt
+
+    stamper = logs.Stamper()
+    # Within one second, the next one, a whole second, and one a day later.
+    for now in (1_764_655_542.123456, 1_764_655_542.999999, 1_764_655_543.000001, 1_764_655_543.0, 1_764_741_943.5):
+        monkeypatch.setattr(logs.time, "time", lambda now=now: now)
+        stamp = stamper(None, "info", {})["timestamp"]
+        expected = dt.datetime.fromtimestamp(now, dt.timezone.utc)
+        assert stamp.endswith("Z") and len(stamp) == len("2026-12-02T06:15:42.123456Z"), stamp
+        parsed = dt.datetime.fromisoformat(stamp[:-1]).replace(tzinfo=dt.timezone.utc)
+        assert abs((parsed - expected).total_seconds()) < 2e-6, (stamp, expected)
+        assert stamp[:19] == expected.strftime("%Y-%m-%dT%H:%M:%S"), (stamp, expected)

@@ -364,11 +364,11 @@ def answer(head: PostHead, msg: Message, reply: Reply) -> None:
             kind = jsonrpc.classify(msg)
         except jsonrpc.ProtocolError as exc:
             raise ModernError(exc.code, exc.message, request_id=exc.request_id) from None
-        if kind is jsonrpc.Kind.NOTIFICATION:
+        if kind is jsonrpc.NOTIFICATION:
             # 2026-07-28 defines no client notifications over HTTP (a client cancels by closing its stream).
             reply.whole(202, b"")
             return
-        if kind is jsonrpc.Kind.RESPONSE:
+        if kind is jsonrpc.RESPONSE:
             raise ModernError(jsonrpc.INVALID_REQUEST, "a 2026-07-28 client sends no responses: input goes in a retry's inputResponses")
         gateway = head.gateway
         env = stateless.envelope(msg)

@@ -250,9 +250,9 @@ class StreamableSession(Session):
         is due (`holds` times it). `done` runs once the answer has ended."""
         reader = stream.reader = Reader(stream, reply, batch, done)
         reply.watch(functools.partial(self._stop, reader))  # its client went: the unsent stays for a resume
-        if form is not Form.JSON:
+        if form is not _JSON:
             reader.prime = prime
-            if form is Form.STREAM:
+            if form is _STREAM:
                 self.open(reader)
                 return
             holds.add(self, reader)
@@ -559,7 +559,7 @@ def answer_post(head: PostHead, payload: Any, reply: Reply) -> None:
     else:
         messages = (payload,)
         request_ids = [payload["id"]] if payload.__class__ is dict and "method" in payload and jsonrpc.is_id(payload.get("id")) else []
-    form = _answer_form(head.accept) if request_ids else Form.JSON  # before anything is opened or routed
+    form = _answer_form(head.accept) if request_ids else _JSON  # before anything is opened or routed
     if head.session_id is not None:
         try:
             session = _session(head.gateway, head.principal, head.session_id, head.version)
@@ -606,7 +606,7 @@ def _take(
     except HttpError:
         session.forget(stream)
         raise
-    prime = primed if form is not Form.JSON and not initializing and session.protocol_version >= PRIMING_SINCE else None
+    prime = primed if form is not _JSON and not initializing and session.protocol_version >= PRIMING_SINCE else None
     session.answer(stream, reply, form, payload.__class__ is list, prime, head.holds, done)
 
 
@@ -697,6 +697,10 @@ class Form(enum.Enum):
     JSON = "json"
     STREAM = "stream"
     EITHER = "either"  # both, as much: chosen when the answer is due (HOLD_S)
+
+
+# Read on every POST, as globals: a member lookup on an Enum class is slow in Python 3.11 (jsonrpc.REQUEST).
+_JSON, _STREAM = Form.JSON, Form.STREAM
 
 
 @functools.lru_cache(maxsize=128)  # as http.quality: clients send the same few values
