@@ -18,7 +18,7 @@ from .metrics import Forwarding, Metrics
 from .pool import Slots
 from .principals import OAuthVerifier
 from .security import WELL_KNOWN, Guard
-from .transports import forward, http, modern, sse, streamable
+from .transports import common, forward, http, modern, sse, streamable
 from .transports.common import GATEWAYS, LIVE, METRICS, Live
 
 DRAIN_POLL_S = 0.05
@@ -31,7 +31,7 @@ def create_app(config: Config) -> web.Application:
     oauth = OAuthVerifier(config.security.oauth) if config.security.oauth is not None else None
     live = Live(config, Guard(config, oauth), oauth=oauth, processes=Slots(config.limits.max_processes))
     metrics.oauth = lambda: live.oauth
-    app = web.Application(middlewares=[http.middleware(lambda: live.guard, metrics.rejected)])
+    app = web.Application(middlewares=[http.middleware(lambda: live.guard, metrics.rejected, common.refused)])
     app.on_response_prepare.append(http.cors_hook(lambda: live.guard))
     app[LIVE] = live
     app[METRICS] = metrics
@@ -46,11 +46,11 @@ def create_app(config: Config) -> web.Application:
         )
         _apply_policy(gateways[name], config, limiter)
         _mint_cluster_ids(app, gateways[name])
-    app.router.add_get("/servers/{name}/sse", sse.stream, allow_head=False)  # a HEAD must not open a session
-    app.router.add_post("/servers/{name}/messages", sse.post_message, expect_handler=http.expect_continue)
-    app.router.add_post("/servers/{name}/mcp", streamable.post, expect_handler=http.expect_continue)
-    app.router.add_get("/servers/{name}/mcp", streamable.get, allow_head=False)
-    app.router.add_delete("/servers/{name}/mcp", streamable.delete)
+    app.router.add_get(common.SSE_ROUTE, sse.stream, allow_head=False)  # a HEAD must not open a session
+    app.router.add_post(common.MESSAGES_ROUTE, sse.post_message, expect_handler=http.expect_continue)
+    app.router.add_post(common.MCP_ROUTE, streamable.post, expect_handler=http.expect_continue)
+    app.router.add_get(common.MCP_ROUTE, streamable.get, allow_head=False)
+    app.router.add_delete(common.MCP_ROUTE, streamable.delete)
     app.router.add_get(WELL_KNOWN, protected_resource)
     app.router.add_get(WELL_KNOWN + "/servers/{name}/{transport:mcp|sse}", protected_resource)
     app.router.add_get("/healthz", healthz)

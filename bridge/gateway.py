@@ -536,7 +536,9 @@ class Gateway:
         pending = list(upstream.mux.peer(session.id).calls)
         session.ending = "ended"
         for request_id in pending:
-            session.deliver(encode(jsonrpc.error(request_id, jsonrpc.SESSION_CLOSED, message)), request_id, True)
+            error = jsonrpc.error(request_id, jsonrpc.SESSION_CLOSED, message)
+            self.metrics.error_sent(error["error"])
+            session.deliver(encode(error), request_id, True)
         session.flush()
         self.close_session(session, "ended")
         return len(pending)

@@ -946,3 +946,35 @@ async def test_sigterm_ends_every_stream_with_its_last_event(bridge: Any, case: 
         finally:
             stream_writer.close()
             post_writer.close()
+
+
+async def test_refusals_at_an_mcp_endpoint_count_as_errors_sent_on_either_http_path(bridge: Any) -> None:
+    """A 400 with a JSON-RPC error body is an error sent to the client, whichever path (the
+    fast path, or aiohttp's for a chunked body) answered it; a refused token is a rejection."""
+    async with bridge({"servers": {"f": faulty()}}) as b:
+        url = b.url("f", "mcp")
+        json_only = {"Accept": "application/json", "Content-Type": "application/json"}
+        async with aiohttp.ClientSession() as http:
+            async with http.post(url, json={"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+                "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}}, headers=json_only) as resp:  # fmt: skip
+                assert resp.status == 200
+                session = {**json_only, "Mcp-Session-Id": resp.headers["Mcp-Session-Id"], "MCP-Protocol-Version": "2025-11-25"}
+
+            async def chunked() -> Any:
+                yield b"{x"
+
+            for body in (b"{x", chunked()):  # the fast path; aiohttp's (a chunked body is its)
+                async with http.post(url, data=body, headers=session) as resp:
+                    assert resp.status == 400 and (await resp.json())["error"]["code"] == -32700
+            repeated = [{"jsonrpc": "2.0", "id": 5, "method": "ping"}, {"jsonrpc": "2.0", "id": 5, "method": "ping"}]
+            async with http.post(url, json=repeated, headers=session) as resp:
+                assert resp.status == 400 and (await resp.json())["error"]["code"] == -32600
+            # aiohttp's router answers a method it has no route for: a JSON-RPC body too, not counted.
+            async with http.put(url, data=b"{}", headers=session) as resp:
+                assert resp.status == 405 and "POST" in resp.headers["Allow"], resp.headers
+                assert (await resp.json())["error"]["code"] == -32600
+        m = await scrape(b)
+        errors = {
+            dict(labels)["code"]: v for (name, labels), v in m.values.items() if name == "mcp_bridge_errors_total" and dict(labels)["server"] == "f"
+        }
+        assert errors == {"-32700": 2, "-32600": 1}, errors

@@ -267,7 +267,9 @@ async def test_admin_lists_and_ends_sessions(bridge):
         status, body = await api("DELETE", f"{b.base}/admin/sessions/{target['id']}")
         assert status == 404, body
         async with aiohttp.ClientSession() as http, http.get(b.base + "/metrics", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as resp:
-            assert 'mcp_bridge_sessions_dropped_total{reason="ended",server="demo"} 1.0' in await resp.text()
+            text = await resp.text()
+            assert 'mcp_bridge_sessions_dropped_total{reason="ended",server="demo"} 1.0' in text
+            assert 'mcp_bridge_errors_total{code="-32005",server="demo"} 1.0' in text  # the error its call got
 
 
 async def test_admin_ending_a_2026_request_fails_its_call_and_counts_it_ended(bridge):
@@ -297,7 +299,9 @@ async def test_admin_ending_a_2026_request_fails_its_call_and_counts_it_ended(br
         assert final["id"] == 7 and "ended by an administrator" in final["error"]["message"], rest
         await b.wait_for("audit", where=lambda e: e.get("method") == "tools/call" and e["outcome"] == "cancelled")
         async with aiohttp.ClientSession() as http, http.get(b.base + "/metrics", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as resp:
-            assert 'mcp_bridge_sessions_dropped_total{reason="ended",server="demo"} 1.0' in await resp.text()
+            text = await resp.text()
+            assert 'mcp_bridge_sessions_dropped_total{reason="ended",server="demo"} 1.0' in text
+            assert 'mcp_bridge_errors_total{code="-32005",server="demo"} 1.0' in text  # the error its call got
 
 
 async def test_admin_ending_an_sse_session_ends_its_stream(bridge):

@@ -976,3 +976,26 @@ async def test_held_answers_share_one_timer_and_a_quick_answer_leaves_nothing_be
     assert session.deliver(b'{"id":"s"}', "s", True)
     session.flush()
     assert slow_reply.ended and session.replay(slow.key, 0) == [(1, b'{"id":"s"}')]
+
+
+async def test_a_request_id_in_flight_or_repeated_in_a_batch_is_refused_whole(bridge: Any) -> None:
+    """Ids a POST would owe twice: 400 / -32600 before any of its body runs."""
+    async with bridge(DEMO) as b, RawStreamable(b.url("demo", "mcp")) as c:
+        await c.initialize()
+        # Repeated within one batch: each answer would be owed to this POST under one id.
+        reply = await c.post([tool_call("echo", {"text": "a"}, 5), tool_call("echo", {"text": "b"}, 5)], accept=JSON_ONLY)
+        assert reply.status == 400, reply.text
+        assert reply.json["error"]["code"] == -32600 and "repeated" in reply.json["error"]["message"], reply.text
+        # In flight from an earlier POST (its progress shows it is): refused, naming the request.
+        get = await c.get()
+        assert get.status == 200 and get.stream is not None
+        first = asyncio.create_task(c.post(tool_call("countdown", {"steps": 3, "interval_ms": 200}, 7, token="t7"), accept=JSON_ONLY))
+        progress = await asyncio.wait_for(get.stream.message(), 10)
+        assert progress["method"] == "notifications/progress" and progress["params"]["progressToken"] == "t7"
+        again = await c.post(tool_call("echo", {"text": "c"}, 7), accept=JSON_ONLY)
+        assert again.status == 400 and again.json["id"] == 7 and again.json["error"]["code"] == -32600, again.text
+        done = await asyncio.wait_for(first, 10)
+        assert done.status == 200 and done.json["id"] == 7 and text_of(done.json) == "done", done.text
+        # Nothing of the refused batch was taken: id 5 is free.
+        reply = await c.post(tool_call("echo", {"text": "d"}, 5), accept=JSON_ONLY)
+        assert reply.status == 200 and text_of(reply.json) == "d", reply.text

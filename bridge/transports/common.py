@@ -78,6 +78,20 @@ def principal(request: web.Request) -> str | None:
     return request.get(PRINCIPAL)
 
 
+SSE_ROUTE, MESSAGES_ROUTE, MCP_ROUTE = "/servers/{name}/sse", "/servers/{name}/messages", "/servers/{name}/mcp"
+_MESSAGE_ROUTES = frozenset({SSE_ROUTE, MESSAGES_ROUTE, MCP_ROUTE})
+
+
+def refused(request: web.Request, error: HttpError) -> None:
+    """A refusal at a server's MCP endpoint is a JSON-RPC error sent to its client: counted
+    (`mcp_bridge_errors_total`) as the fast path counts its own."""
+    resource = request.match_info.route.resource
+    if resource is not None and resource.canonical in _MESSAGE_ROUTES:
+        gateway = request.app[GATEWAYS].get(request.match_info["name"])
+        if gateway is not None:
+            gateway.metrics.error_sent({"code": error.code})
+
+
 def gateway_for(request: web.Request) -> Gateway:
     return gateway_named(request.app[GATEWAYS], request.match_info["name"])
 

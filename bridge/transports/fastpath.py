@@ -573,7 +573,10 @@ class Connection(asyncio.Protocol):
         self.write(stream_head + http.chunk(first) if first else stream_head)
 
     def _reply_error(self, head: Head, error: HttpError, linger: bool = False) -> None:
-        """The one place this path renders an HttpError (aiohttp's is `http.middleware`)."""
+        """The one place this path renders an HttpError (aiohttp's is `http.middleware`). Past
+        the access check (its server known), it is a JSON-RPC error sent to the client."""
+        if head.gateway is not None:
+            head.gateway.metrics.error_sent({"code": error.code})
         self._reply(head, error.status, error.body(), _JSON, error.headers, linger)
 
     def _reply(

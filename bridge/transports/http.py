@@ -118,10 +118,11 @@ def check_access(
 # ------------------------------------------------------------- aiohttp's path
 
 
-def middleware(guard: Callable[[], Guard], count: Callable[[str], None]) -> Middleware:
+def middleware(guard: Callable[[], Guard], count: Callable[[str], None], refused: Callable[[web.Request, HttpError], None]) -> Middleware:
     """aiohttp's side of this layer, in one middleware (the per-request path is hot): the
     access check against the live `guard()`, the preflight answer, and the one place an
-    HttpError becomes a response."""
+    HttpError becomes a response. `refused` hears of each HttpError a handler raised (past
+    the access check: a refusal of what the request carried)."""
 
     @web.middleware
     async def http_layer(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -156,11 +157,20 @@ def middleware(guard: Callable[[], Guard], count: Callable[[str], None]) -> Midd
                 if access.preflight:
                     return web.Response(status=204, headers=PREFLIGHT_HEADERS)
                 request[PRINCIPAL] = access.principal
-            return await handler(request)
+            try:
+                return await handler(request)
+            except HttpError as exc:
+                refused(request, exc)
+                raise
         except HttpError as exc:
             return render(exc)
+        except web.HTTPMethodNotAllowed as exc:
+            # aiohttp's router answers these in plain text: the JSON-RPC body every refusal has.
+            return render(HttpError(405, f"{request.method} is not allowed here", headers={"Allow": exc.headers.get("Allow", "")}))
+        except web.HTTPNotFound:
+            return render(HttpError(404, "no such path"))
         except (web.HTTPException, ConnectionError):
-            raise  # aiohttp's own answers (no route, wrong method), and a client gone: aiohttp's
+            raise  # aiohttp's other answers, and a client gone: aiohttp's
         except Exception:
             logs.get().exception("internal_error", where="handler", path=request.path, method=request.method)
             return render(INTERNAL_ERROR)

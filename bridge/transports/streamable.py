@@ -439,6 +439,7 @@ class _AiohttpReply:
         if self.streaming:
             self.abort()
         else:
+            common.refused(self._request, exc)
             self._response = http.render(exc)
             self._end()
 
@@ -591,7 +592,11 @@ def _take(
 ) -> None:
     gateway = head.gateway
     if not session.by_request.keys().isdisjoint(request_ids):
-        raise HttpError(400, "invalid request: a request id in this body is already in flight", jsonrpc.INVALID_REQUEST)
+        single = request_ids[0] if payload.__class__ is dict else None
+        raise HttpError(400, "invalid request: a request id in this body is already in flight", jsonrpc.INVALID_REQUEST, request_id=single)
+    if len(request_ids) > 1 and len(set(request_ids)) < len(request_ids):
+        # Both would be owed to this POST under one id, and the answer would end at the first.
+        raise HttpError(400, "invalid request: a request id is repeated in this batch", jsonrpc.INVALID_REQUEST)
     done = functools.partial(_after_initialize, gateway, session) if initializing else None
     if not request_ids:
         _route(gateway, session, payload, initializing)
