@@ -15,6 +15,14 @@ not counted here.
     python bench/instructions.py                               # sse, streamable, stateless; 1,000 calls each
     python bench/instructions.py --transport streamable --calls 2000
     python bench/instructions.py --sessions 50 --calls 2000    # 50 clients at once (workload c's shape)
+    python bench/instructions.py --transport streamable --region bridge.transports.fastpath:parse_head
+
+`--region MODULE:ATTR` counts only what runs inside that function (a module's
+function or a class's method, and all it calls), to say what one part of the
+path costs: the function is wrapped in a call through `_functools.reduce`,
+and callgrind collects only inside that C function (`--toggle-collect`). The
+wrapper adds about 1,500 instructions per call of it; a region that is not
+on the path reads 0.
 
 Needs valgrind (Debian's `valgrind`). Under it the bridge runs about 50 times
 slower, so a transport takes two to three minutes. Loopback only; it stops
@@ -26,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -59,13 +68,36 @@ def _total(dump: str) -> int:
     raise RuntimeError(f"no total in {dump}")
 
 
-def measure(transport: str, calls: int, sessions: int = 1) -> int:
-    """User-space instructions the bridge executes per call of `transport`."""
+# Runs the bridge with REGION's function wrapped so that callgrind's --toggle-collect=functools_reduce
+# counts only inside it (nothing else on the path calls functools.reduce).
+_REGION_RUNNER = """
+import _functools, importlib, sys
+module, _, path = sys.argv[1].partition(":")
+*owners, name = path.split(".")
+owner = importlib.import_module(module)
+for part in owners:
+    owner = getattr(owner, part)
+inner = getattr(owner, name)
+def wrapped(*args, **kwargs):
+    out = []
+    _functools.reduce(lambda _a, _b: out.append(inner(*args, **kwargs)), (0, 0))
+    return out[0]
+setattr(owner, name, wrapped)
+sys.argv = ["mcp-bridge", *sys.argv[2:]]
+from bridge import cli
+cli.main()
+"""
+
+
+def measure(transport: str, calls: int, sessions: int = 1, region: str | None = None) -> int:
+    """User-space instructions the bridge executes per call of `transport` (inside `region` only, if given)."""
     with tempfile.TemporaryDirectory(prefix="mcp-bridge-instr-") as workdir:
         config, log = os.path.join(workdir, "bridge.yaml"), os.path.join(workdir, "bridge.log")
         bench.bridge_config(config)
         out = os.path.join(workdir, "callgrind.%p")
-        cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable, "-m", "bridge", "--config", config, "--port", "0"]
+        bridge = ["-m", "bridge"] if region is None else ["-c", _REGION_RUNNER, region]
+        only = [] if region is None else ["--collect-atstart=no", "--toggle-collect=functools_reduce"]
+        cmd = ["valgrind", "--tool=callgrind", *only, f"--callgrind-out-file={out}", sys.executable, *bridge, "--config", config, "--port", "0"]
         proc = bench._spawn(cmd, log, cwd=bench.ROOT)
         try:
             port = bench.bridge_port(proc, log, START_TIMEOUT_S)
@@ -87,6 +119,7 @@ def main() -> int:
     parser.add_argument("--transport", default="sse,streamable,stateless", help="comma-separated: sse, streamable, stateless")
     parser.add_argument("--calls", type=int, default=1000)
     parser.add_argument("--sessions", type=int, default=1, help="clients at once, sharing the calls (workload c's shape: 50)")
+    parser.add_argument("--region", help="MODULE:ATTR (bridge.gateway:Gateway._audit): count only inside that function")
     args = parser.parse_args()
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         print("needs valgrind (Debian package valgrind)", file=sys.stderr)
@@ -95,10 +128,13 @@ def main() -> int:
     unknown = [t for t in transports if t not in bench.TRANSPORTS]
     if unknown:
         parser.error(f"unknown transport {', '.join(unknown)} (known: {', '.join(bench.TRANSPORTS)})")
-    counts = {t: measure(t, args.calls, args.sessions) for t in transports}
+    if args.region is not None and not re.fullmatch(r"[\w.]+:[\w.]+", args.region):
+        parser.error(f"--region {args.region!r}: expected MODULE:ATTR, as bridge.transports.fastpath:parse_head")
+    counts = {t: measure(t, args.calls, args.sessions, args.region) for t in transports}
     base = counts.get("sse")
     each = args.calls // args.sessions
-    print(f"bridge instructions per call, {args.sessions} session(s) x {each:,} sequential calls (callgrind, user space):")
+    inside = f", inside {args.region} (with its wrapper)" if args.region else ""
+    print(f"bridge instructions per call, {args.sessions} session(s) x {each:,} sequential calls (callgrind, user space{inside}):")
     for transport, count in counts.items():
         ratio = f"   {count / base:.3f}x HTTP+SSE" if base and transport != "sse" else ""
         print(f"  {bench.TRANSPORTS[transport]:<16}{count:>10,}{ratio}")
