@@ -535,9 +535,11 @@ class Gateway:
             return 0
         pending = list(upstream.mux.peer(session.id).calls)
         session.ending = "ended"
+        sent = session.reached()  # else the errors are dropped with the session: not counted as sent
         for request_id in pending:
             error = jsonrpc.error(request_id, jsonrpc.SESSION_CLOSED, message)
-            self.metrics.error_sent(error["error"])
+            if sent:
+                self.metrics.error_sent(error["error"])
             session.deliver(encode(error), request_id, True)
         session.flush()
         self.close_session(session, "ended")

@@ -54,6 +54,11 @@ class Session:
         """Whether a client connection is waiting on this session right now."""
         raise NotImplementedError
 
+    def reached(self) -> bool:
+        """Whether what it is given now reaches its client before it closes: a connection
+        reads it now (a parked 2026-07-28 call's session is attached, and read by none)."""
+        return self.attached()
+
     def keepalive(self) -> None:
         """Write a comment on every open stream, so proxies and clients see it is alive."""
         raise NotImplementedError

@@ -621,6 +621,10 @@ async def test_a_retry_of_a_call_whose_session_an_administrator_ended_is_told_it
         late = retry(call, result)
         answer = await post(url, late, {**headers_for(late), **as_alice})
         assert answer.status == 400 and error_of(answer)["code"] == -32602 and "has ended" in error_of(answer)["message"], answer.body
+        async with aiohttp.ClientSession() as http, http.get(b.base + "/metrics", headers=as_ops) as resp:
+            errors = [line for line in (await resp.text()).splitlines() if line.startswith("mcp_bridge_errors_total{")]
+        # What the client got is counted (the retry's -32602); the end's -32005 reached no one.
+        assert errors == ['mcp_bridge_errors_total{code="-32602",server="demo"} 1.0'], errors
 
 
 async def test_a_state_is_bound_to_its_principal(bridge, tmp_path):

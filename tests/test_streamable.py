@@ -981,7 +981,13 @@ async def test_held_answers_share_one_timer_and_a_quick_answer_leaves_nothing_be
 async def test_a_request_id_in_flight_or_repeated_in_a_batch_is_refused_whole(bridge: Any) -> None:
     """Ids a POST would owe twice: 400 / -32600 before any of its body runs."""
     async with bridge(DEMO) as b, RawStreamable(b.url("demo", "mcp")) as c:
+        # An initialize among them: refused before its session is opened, so none is left behind.
+        initialize = request("initialize", init_params(), 0)
+        reply = await c.post([initialize, request("tools/list", None, 0)], accept=JSON_ONLY, session=False, version=False)
+        assert reply.status == 400 and SESSION not in reply.headers and "repeated" in reply.json["error"]["message"], reply.text
         await c.initialize()
+        async with aiohttp.ClientSession() as http, http.get(b.base + "/metrics") as resp:
+            assert 'mcp_bridge_sessions_open{server="demo",transport="streamable"} 1.0' in await resp.text()
         # Repeated within one batch: each answer would be owed to this POST under one id.
         reply = await c.post([tool_call("echo", {"text": "a"}, 5), tool_call("echo", {"text": "b"}, 5)], accept=JSON_ONLY)
         assert reply.status == 400, reply.text

@@ -151,6 +151,9 @@ class StatelessSession(Session):
         # ended as any session is after limits.session_idle_timeout.
         return self.kept_in is None
 
+    def reached(self) -> bool:
+        return self.driver is not None  # parked or kept, nothing reads it
+
     def keep(self, spares: Spares) -> bool:
         """Once its call is answered: wait, idle and open, for a call of its principal's of
         the same kind, if it may (nothing of its call is left at the server) and there is

@@ -557,6 +557,10 @@ def answer_post(head: PostHead, payload: Any, reply: Reply) -> None:
         if not messages:
             raise HttpError(400, "invalid request: empty batch")
         request_ids = [m["id"] for m in messages if m.__class__ is dict and "method" in m and jsonrpc.is_id(m.get("id"))]
+        if len(set(request_ids)) < len(request_ids):
+            # Both would be owed to this POST under one id, and its answer would end at the first.
+            # Refused before anything is opened (an initialize among them would leave a session).
+            raise HttpError(400, "invalid request: a request id is repeated in this batch", jsonrpc.INVALID_REQUEST)
     else:
         messages = (payload,)
         request_ids = [payload["id"]] if payload.__class__ is dict and "method" in payload and jsonrpc.is_id(payload.get("id")) else []
@@ -594,9 +598,6 @@ def _take(
     if not session.by_request.keys().isdisjoint(request_ids):
         single = request_ids[0] if payload.__class__ is dict else None
         raise HttpError(400, "invalid request: a request id in this body is already in flight", jsonrpc.INVALID_REQUEST, request_id=single)
-    if len(request_ids) > 1 and len(set(request_ids)) < len(request_ids):
-        # Both would be owed to this POST under one id, and the answer would end at the first.
-        raise HttpError(400, "invalid request: a request id is repeated in this batch", jsonrpc.INVALID_REQUEST)
     done = functools.partial(_after_initialize, gateway, session) if initializing else None
     if not request_ids:
         _route(gateway, session, payload, initializing)
