@@ -4,7 +4,7 @@
 
 Both parse the head of a message POST (the bytes before CRLF CRLF, which the
 fast path finds itself) into the same `fastpath.Head`: the bridge's
-(`fastpath.parse_head`: two C regex passes read the request line and the
+(`fastpath.parse_head`: three C regex passes read the request line and the
 fields, then `fastpath.message_head` takes what the fast path needs), and
 `parse_head_llhttp` below, where llhttp reads them, ending in the same
 `message_head`. Needs httptools (`pip install httptools`; not a dependency). Each is timed on the heads bench/load.py sends (an
@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import httptools  # noqa: E402
 
-from bridge.transports.fastpath import _HAND_OFF_FIELDS, _WATCHED, MAX_FIELDS, Head, message_head, parse_head  # noqa: E402
+from bridge.transports.fastpath import _HAND_OFF_FIELDS, MAX_FIELDS, Head, message_head, parse_head  # noqa: E402
 
 SID = "0123456789abcdef0123456789abcdef"
 HEADS = {
@@ -58,24 +58,23 @@ HEADS = {
 
 
 class _Fields:
-    """llhttp's callbacks for one head: its target, and the watched fields it carries."""
+    """llhttp's callbacks for one head: its target, and its fields by lower-case name."""
 
     __slots__ = ("found", "ours", "target")
 
     def __init__(self) -> None:
         self.target = b""
         self.found: dict[bytes, bytes] = {}
-        self.ours = True  # False: a repeated watched field or a hand-off field
+        self.ours = True  # False: a repeated field or a hand-off field
 
     def on_url(self, url: bytes) -> None:
         self.target += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
         name = name.lower()
-        if name in _WATCHED:
-            if name in self.found or name in _HAND_OFF_FIELDS:
-                self.ours = False
-            self.found[name] = value.strip(b" \t")
+        if name in self.found or name in _HAND_OFF_FIELDS:
+            self.ours = False
+        self.found[name] = value.strip(b" \t")
 
 
 def read_head_llhttp(head: bytes) -> tuple[bytes, dict[bytes, bytes]] | None:
@@ -103,7 +102,8 @@ def parse_head_llhttp(head: bytes) -> Head | None:
 def _same(a: Head | None, b: Head | None) -> bool:
     if a is None or b is None:
         return a is b
-    return all(getattr(a, slot) == getattr(b, slot) for slot in Head.__slots__)
+    # `raw` is the bytes each was given: the whole head, or (to message_head) the target.
+    return all(getattr(a, slot) == getattr(b, slot) for slot in Head.__slots__ if slot != "raw")
 
 
 def _time(parse: object, head: bytes, number: int) -> float:

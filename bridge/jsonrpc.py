@@ -77,6 +77,22 @@ def is_id(value: object) -> TypeGuard[RequestId]:
 
 def classify(msg: Any) -> Kind:
     """Return the kind of a decoded message, or raise INVALID_REQUEST saying why."""
+    # A request or a response, as nearly every message is, with no more lookups than that
+    # takes (it runs two or three times per call); anything else is `_classify`'s to judge.
+    if msg.__class__ is dict and msg.get("jsonrpc") == "2.0":
+        rid = msg.get("id")
+        if rid.__class__ is int or rid.__class__ is str:
+            method = msg.get("method")
+            if method.__class__ is str:
+                params = msg.get("params")
+                if params is None or params.__class__ is dict:
+                    return REQUEST
+            elif method is None and "method" not in msg and ("result" in msg) is not ("error" in msg):
+                return RESPONSE
+    return _classify(msg)
+
+
+def _classify(msg: Any) -> Kind:
     if msg.__class__ is not dict:
         raise ProtocolError(INVALID_REQUEST, "invalid request: message must be a JSON object")
     rid = msg.get("id")

@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from bridge import jsonrpc
 from bridge.jsonrpc import Kind, ProtocolError
@@ -77,6 +79,27 @@ def test_classify_refuses_with_a_reason_and_the_id_when_it_is_one(msg: Any, reas
     assert info.value.code == jsonrpc.INVALID_REQUEST
     assert reason in info.value.message
     assert info.value.request_id == request_id
+
+
+_VALUES = st.one_of(st.none(), st.booleans(), st.integers(-2, 2), st.floats(allow_nan=False), st.sampled_from(["2.0", "1.0", "m", ""]),
+                   st.just([1]), st.just({}), st.just({"a": 1}))  # fmt: skip
+_MESSAGES = st.one_of(
+    st.dictionaries(st.sampled_from(["jsonrpc", "id", "method", "params", "result", "error", "x"]), _VALUES, max_size=6),
+    st.fixed_dictionaries({"jsonrpc": st.just("2.0"), "id": _VALUES}, optional={"method": _VALUES, "params": _VALUES, "result": _VALUES, "error": _VALUES}),
+    _VALUES,
+)
+
+
+def _verdict(classify: Any, msg: Any) -> Any:
+    try:
+        return classify(msg)
+    except ProtocolError as exc:
+        return (exc.code, exc.message, exc.request_id)
+
+
+@given(_MESSAGES)
+def test_the_shortcut_for_requests_and_responses_judges_every_message_as_the_full_rules_do(msg: Any) -> None:
+    assert _verdict(jsonrpc.classify, msg) == _verdict(jsonrpc._classify, msg)
 
 
 def test_decode_failures_are_parse_errors_on_one_line() -> None:

@@ -32,7 +32,6 @@ the headers this path read.
 from __future__ import annotations
 
 import asyncio
-import functools
 import re
 import time
 from collections.abc import Callable, Mapping
@@ -56,27 +55,28 @@ MAX_HEAD = 8190  # aiohttp's limit on one line; a longer head (of any shape) is 
 MAX_FIELDS = 100  # under aiohttp's limit of 128 headers: more are aiohttp's to judge
 DISCARD_LIMIT = 64 * 1024  # a refused request's body up to this size is read, to keep the connection
 LINGER_S, LINGER_BYTES = 2.0, 1 << 20  # reading on after a refusal, before closing
-_PREFIX = b"/servers/"
-_MESSAGES = b"/messages"  # HTTP+SSE
-_MCP = b"/mcp"  # Streamable HTTP
-# The header block (after the request line, each line ended by CRLF) in the one shape this path
+# The target of a message POST in the one shape this path takes: `/servers/{name}/mcp`
+# (Streamable HTTP) or `/servers/{name}/messages` (HTTP+SSE), with a query that has no "+";
+# visible ASCII only (no controls, no spaces, no bare LF), and neither "#" nor "%": aiohttp
+# drops a fragment and decodes an escape, so those targets are its to read. Groups: the
+# name (no "/" or "?"), the endpoint, the query.
+_TARGET = re.compile(rb"/servers/([!\"$&-.0->@-~]+)/(mcp|messages)(?:\?([!\"$&-*,-~]*))?")
+_REQUEST_LINE = re.compile(rb"POST " + _TARGET.pattern + rb" HTTP/1\.1")
+# The header block after the request line, each field after a CRLF, in the one shape this path
 # takes: token names, no space before the colon, no folding, no control characters in values.
-# Two C regex passes: llhttp (httptools) was measured against them and was not faster here
-# (bench/headparse.py; README, Performance).
-_FIELDS = re.compile(rb"(?:[!#$%&'*+.^_`|~0-9A-Za-z-]+:[\t\x20-\x7e\x80-\xff]*\r\n)*")
-_FIELD = re.compile(rb"([^:]+):([^\r]*)\r\n")  # one field of a block _FIELDS took
-# Visible ASCII only (no controls, no spaces, no bare LF), and neither "#" nor "%": aiohttp
-# drops a fragment and decodes an escape, so those targets are its to read. (A class here
-# rather than `b"#" in target`: bytes.__contains__ tries its argument as an int first, and
-# raising and clearing that TypeError cost more than the search.)
-_TARGET = re.compile(rb"/[!\"$&-~]*")
+# Checked whole in one C pass, then read in another, which takes each value without the spaces
+# and tabs around it (linear: the trailing ones are given back once). Per field, what is left
+# is one lower() in a comprehension: a loop with a branch and a strip per field cost about
+# 4,500 instructions a field. llhttp (httptools) was measured against these regexes and was
+# not faster here (bench/headparse.py; README, Performance).
+_FIELDS = re.compile(rb"(?:\r\n[!#$%&'*+.^_`|~0-9A-Za-z-]+:[\t\x20-\x7e\x80-\xff]*)*")
+_FIELD = re.compile(rb"\r\n([^:]+):[\t ]*+((?:[^\r]*[^\r\t ])?)[\t ]*")  # one field of a block _FIELDS took
+_MCP = b"mcp"
 # A header here that changes how the body is framed or what is expected of the server means aiohttp.
 _HAND_OFF_FIELDS = frozenset({b"transfer-encoding", b"expect", b"upgrade"})
-# The headers read here: each may appear once.
-_WATCHED = frozenset(
-    {b"host", b"origin", b"authorization", b"content-length", b"connection", b"accept", b"mcp-session-id", b"mcp-protocol-version",
-     b"mcp-method", b"mcp-name", b"x-mcp-bridge-forwarded"}
-) | _HAND_OFF_FIELDS | {b"x-forwarded-proto", b"x-forwarded-host", b"x-forwarded-prefix"}  # fmt: skip
+# An Mcp-Param-* field (2026-07-28: a tool argument mirrored in a header), found in the raw
+# head: a search that only stops at each CRLF, rather than a look at every field's name.
+_PARAM_FIELD = re.compile(rb"\r\n(?i:mcp-param-)([^:]+):[\t ]*+((?:[^\r]*[^\r\t ])?)")
 _ACCEPTED_BODY = b"Accepted"
 _NO_PARAMS: Mapping[str, str] = MappingProxyType({})
 _NOT_MIRRORED = stateless.Headers(None, None, None, _NO_PARAMS)
@@ -101,49 +101,50 @@ class Head(msgspec.Struct, eq=False):
     forwarded: Forwarded = NOT_FORWARDED
     content_length: int = 0
     close: bool = False
-    fields: dict[bytes, bytes] = msgspec.field(default_factory=dict)  # the watched fields, as read: a forwarded MRTR retry's headers
+    fields: dict[bytes, bytes] = msgspec.field(default_factory=dict)  # by lower-case name: a forwarded MRTR retry's headers
+    raw: bytes = b""  # the head as read
 
 
-def read_head(head: bytes) -> tuple[bytes, dict[bytes, bytes]] | None:
-    """The target and the watched fields of a plain HTTP/1.1 POST head (without its blank
-    line) in the one shape this path takes, else None."""
-    line_end = head.find(b"\r\n")
-    request_line = head if line_end < 0 else head[:line_end]
-    parts = request_line.split(b" ")
-    if len(parts) != 3 or parts[0] != b"POST" or parts[2] != b"HTTP/1.1":
+def read_head(head: bytes) -> tuple[re.Match[bytes], dict[bytes, bytes]] | None:
+    """The request line (`_REQUEST_LINE`'s match) and the fields (by lower-case name) of a plain
+    HTTP/1.1 message POST's head (without its blank line) in the one shape this path takes,
+    else None: a repeated field is ambiguous (aiohttp says what it means), and a hand-off
+    field is aiohttp's."""
+    line = _REQUEST_LINE.match(head)
+    if line is None:
         return None
-    fields = b"" if line_end < 0 else head[line_end + 2 :] + b"\r\n"
-    if _FIELDS.fullmatch(fields) is None or fields.count(b"\n") > MAX_FIELDS:
+    start = line.end()
+    if _FIELDS.fullmatch(head, start) is None:
         return None
-    found: dict[bytes, bytes] = {}
-    for name, value in _FIELD.findall(fields):
-        name = name.lower()
-        if name in _WATCHED or name.startswith(b"mcp-param-"):
-            if name in found:
-                return None  # a repeat is ambiguous: aiohttp says what it means
-            found[name] = value.strip(b" \t")
-    if not found.keys().isdisjoint(_HAND_OFF_FIELDS):
+    pairs = _FIELD.findall(head, start)
+    if len(pairs) > MAX_FIELDS:
         return None
-    return parts[1], found
+    found = {name.lower(): value for name, value in pairs}
+    if len(found) != len(pairs) or not found.keys().isdisjoint(_HAND_OFF_FIELDS):
+        return None
+    return line, found
 
 
 def parse_head(head: bytes) -> Head | None:
     """The head of a plain HTTP/1.1 `POST /servers/{name}/messages?session_id=...` or
     `POST /servers/{name}/mcp`, else None."""
     read = read_head(head)
-    return None if read is None else message_head(*read)
+    return None if read is None else _message_head(*read)
 
 
 def message_head(target: bytes, found: dict[bytes, bytes]) -> Head | None:
-    """What this path needs of a POST with this target and these watched fields, if it is a message POST."""
-    out = Head()
-    if not _target(target, out):
-        return None
-    out.fields = found
+    """What this path needs of a POST with this target and these fields (by lower-case name),
+    if it is a message POST."""
+    line = _TARGET.fullmatch(target)
+    return None if line is None else _message_head(line, found)
+
+
+def _message_head(line: re.Match[bytes], found: dict[bytes, bytes]) -> Head | None:
+    name, endpoint, query = line.group(1, 2, 3)
     host = found.get(b"host")
     if host is None:
         return None  # HTTP/1.1 requires it (RFC 9112, 3.2)
-    out.host = _text(host)
+    out = Head(name.decode("ascii", "surrogateescape"), endpoint == _MCP, host=_text(host), fields=found, raw=line.string)
     if (length := found.get(b"content-length")) is not None:
         if not length.isdigit() or len(length) > 18:
             return None  # aiohttp answers what is not a plain length
@@ -160,23 +161,37 @@ def message_head(target: bytes, found: dict[bytes, bytes]) -> Head | None:
     if b"x-forwarded-host" in found or b"x-forwarded-proto" in found or b"x-forwarded-prefix" in found:
         get = found.get
         out.forwarded = (_or_none(get(b"x-forwarded-proto")), _or_none(get(b"x-forwarded-host")), _or_none(get(b"x-forwarded-prefix")))
-    if out.mcp:  # every Streamable POST: decoded as _text does, without a call each
+    if out.mcp:  # every Streamable POST (its session is named by a header): decoded as _text does, without a call each
         if (accept := found.get(b"accept")) is not None:
             out.accept = accept.decode("utf-8", "surrogateescape")
         if (session_id := found.get(b"mcp-session-id")) is not None:
             out.session_id = session_id.decode("utf-8", "surrogateescape")
         if (version := found.get(b"mcp-protocol-version")) is not None:
             out.mcp_version = version.decode("utf-8", "surrogateescape")
+    elif query is not None:
+        out.session_id = _session_id(query)
     return out
+
+
+def _session_id(query: bytes) -> str | None:
+    """The session an HTTP+SSE POST names in its query."""
+    if query.startswith(b"session_id=") and query.find(b"&") < 0:  # what the endpoint event says
+        return query[11:].decode("ascii", "surrogateescape") or None
+    found: dict[bytes, bytes] = {}
+    for pair in query.split(b"&"):
+        key, _, value = pair.partition(b"=")
+        if key in (b"session_id", b"sessionId") and key not in found:
+            found[key] = value
+    session_id = found.get(b"session_id") or found.get(b"sessionId")
+    return session_id.decode("ascii", "surrogateescape") if session_id else None
 
 
 def _mirrored(head: Head) -> stateless.Headers:
     """What a 2026-07-28 request's headers mirror of its body (read only for one of those)."""
     found = head.fields
     method, name = found.get(b"mcp-method"), found.get(b"mcp-name")
-    # What is found and not watched is an Mcp-Param-* (read_head keeps nothing else); most
-    # requests have none, which one C call tells.
-    params = _NO_PARAMS if _WATCHED.issuperset(found) else {_text(k[10:]): _text(v) for k, v in found.items() if k not in _WATCHED}
+    pairs = _PARAM_FIELD.findall(head.raw)
+    params = {_text(k.lower()): _text(v) for k, v in pairs} if pairs else _NO_PARAMS
     if method is None and name is None and not params and head.mcp_version is None:
         return _NOT_MIRRORED
     return stateless.Headers(
@@ -185,34 +200,6 @@ def _mirrored(head: Head) -> stateless.Headers:
         None if name is None else name.decode("utf-8", "surrogateescape"),
         params,
     )
-
-
-def _target(target: bytes, out: Head) -> bool:
-    if _TARGET.fullmatch(target) is None:
-        return False  # aiohttp refuses, decodes or drops these: its call
-    path, _, query = target.partition(b"?")
-    if not path.startswith(_PREFIX) or query.find(b"+") >= 0:
-        return False
-    out.mcp = path.endswith(_MCP)
-    if not out.mcp and not path.endswith(_MESSAGES):
-        return False
-    name = path[len(_PREFIX) : -len(_MCP if out.mcp else _MESSAGES)]
-    if not name or name.find(b"/") >= 0:
-        return False
-    out.server = name.decode("ascii", "surrogateescape")
-    if out.mcp:
-        return True  # the session is named by a header
-    if query.startswith(b"session_id=") and query.find(b"&") < 0:  # what the endpoint event says
-        out.session_id = query[11:].decode("ascii", "surrogateescape") or None
-        return True
-    found: dict[bytes, bytes] = {}
-    for pair in query.split(b"&"):
-        key, _, value = pair.partition(b"=")
-        if key in (b"session_id", b"sessionId") and key not in found:
-            found[key] = value
-    session_id = found.get(b"session_id") or found.get(b"sessionId")
-    out.session_id = session_id.decode("ascii", "surrogateescape") if session_id else None
-    return True
 
 
 def _or_none(value: bytes | None) -> str | None:
@@ -509,7 +496,6 @@ class Connection(asyncio.Protocol):
             head.mcp_version,
             head.accept,
             self._live.config.streamable.resume_buffer,
-            functools.partial(_mirrored, head),
             self._parking,
             self._holds,
         )
@@ -738,6 +724,9 @@ class _Reply:
 
     def request_headers(self) -> CIMultiDict[str]:
         return CIMultiDict((name.decode("latin-1"), _text(value)) for name, value in self._head.fields.items())
+
+    def mirrored(self) -> stateless.Headers:
+        return _mirrored(self._head)
 
     def _done(self) -> None:
         self._ended = True

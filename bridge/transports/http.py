@@ -27,7 +27,7 @@ from typing import Any, Protocol
 from aiohttp import HttpVersion11, web
 from aiohttp.typedefs import Handler, Middleware
 
-from .. import jsonrpc, logs
+from .. import jsonrpc, logs, stateless
 from ..principals import NeedsFetch
 from ..security import (
     ADMIN_PATH, CORS_HEADERS, CORS_METHODS, NOT_FORWARDED, OPEN_PATHS, WELL_KNOWN, Forwarded, Guard, Refusal, admit, cors_headers, refused,
@@ -271,7 +271,10 @@ class Reply(Protocol):
         """Call `left` if the client goes before the answer has ended (one watcher: the latest)."""
 
     def request_headers(self) -> Mapping[str, str]:
-        """The request's headers (the fast path's: those it reads): what a forwarded retry carries."""
+        """The request's headers: what a forwarded retry carries."""
+
+    def mirrored(self) -> stateless.Headers:
+        """What a 2026-07-28 request's headers mirror of its body (read only for one of those)."""
 
 
 def later(reply: Reply, step: Coroutine[Any, Any, None], where: str) -> asyncio.Task[None]:

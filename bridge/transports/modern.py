@@ -378,7 +378,7 @@ def answer(head: PostHead, msg: Message, reply: Reply) -> None:
         method, params = msg["method"], msg["params"]
         tools = head.parking.tool_headers.get(gateway.name) if method == "tools/call" else None
         name = params.get("name")
-        stateless.check_headers(msg, env, head.mirrored(), tools.get(name) if tools and name.__class__ is str else None)
+        stateless.check_headers(msg, env, reply.mirrored(), tools.get(name) if tools and name.__class__ is str else None)
         if env.version not in stateless.MODERN_VERSIONS:
             raise stateless.unsupported(msg, env)
         if method in stateless.REMOVED:

@@ -393,8 +393,6 @@ class PostHead(msgspec.Struct, frozen=True):
     version: str | None
     accept: str
     resume_buffer: int
-    # What a 2026-07-28 request mirrors of its body in headers: read only for one of those.
-    mirrored: Callable[[], stateless.Headers]
     parking: modern.Parking
     holds: Holds
 
@@ -487,6 +485,9 @@ class _AiohttpReply:
     def request_headers(self) -> CIMultiDictProxy[str]:
         return self._request.headers
 
+    def mirrored(self) -> stateless.Headers:
+        return _mirrored(self._request.headers)
+
     def _end(self) -> None:
         self._ended = True
         self._left = None
@@ -536,7 +537,6 @@ async def post(request: web.Request) -> web.StreamResponse:
         headers.get(VERSION_HEADER),
         headers.get("Accept", ""),
         request.app[common.LIVE].config.streamable.resume_buffer,
-        functools.partial(_mirrored, headers),
         request.app[modern.PARKING],
         request.app[HOLDS],
     )
