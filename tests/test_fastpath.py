@@ -74,6 +74,7 @@ def test_session_id_spellings() -> None:
         GOOD_HEAD + b"\r\nUpgrade: websocket\r\nConnection: Upgrade",
         GOOD_HEAD + b"\r\nContent-Length: 42",
         GOOD_HEAD + b"\r\nHost: other",
+        GOOD_HEAD + b"\r\nX-Any: 1\r\nx-any: 2",  # a repeat of any field is ambiguous, not only of one read here
         GOOD_HEAD.replace(b"Content-Length: 42", b"Content-Length: +42"),
         GOOD_HEAD.replace(b"Content-Length: 42", b"Content-Length: 4 2"),
         GOOD_HEAD.replace(b"Host:", b"Host :"),
