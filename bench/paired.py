@@ -8,6 +8,10 @@ calls (workload a's shape) of each transport in turn, so that whatever the
 machine does meanwhile falls on all of them alike. CPU is read from
 /proc/PID/schedstat (time on a CPU, user and kernel) of the bridge and its
 server; the medians over the rounds are printed with their ratio to HTTP+SSE.
+Then where it goes: the bridge's user and kernel time (/proc/PID/stat, in
+clock ticks, so a round needs a few thousand calls to say much), the server's
+time, and how often per call the bridge went to sleep (voluntary context
+switches): what tells user-space work from the kernel's.
 
     python bench/paired.py                    # sse, streamable, stateless; 7 rounds of 3,000 calls
     python bench/paired.py --rounds 5 --calls 2000
@@ -23,6 +27,7 @@ import statistics
 import sys
 import tempfile
 import time
+from typing import NamedTuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -38,14 +43,45 @@ def _on_cpu(pid: int) -> float:
         return int(f.read().split()[0]) / 1e9
 
 
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _user_system(pid: int) -> tuple[float, float]:
+    """Seconds in user space and in the kernel (whole clock ticks)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) / TICK, int(fields[12]) / TICK
+
+
+def _sleeps(pid: int) -> int:
+    """Voluntary context switches: how often the process waited for something."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("voluntary_ctxt_switches:"):
+                return int(line.split()[1])
+    return 0
+
+
+class Sample(NamedTuple):
+    """One round of one transport, per call: CPU µs of bridge + server, calls per second,
+    and where the time went."""
+
+    cpu: float
+    rate: float
+    bridge_user: float
+    bridge_system: float
+    server: float
+    sleeps: float
+
+
 def _processes(pid: int) -> list[int]:
     with open(f"/proc/{pid}/task/{pid}/children") as f:
         return [pid, *(int(child) for child in f.read().split())]
 
 
-def measure(transports: list[str], rounds: int, calls: int) -> dict[str, tuple[float, float]]:
-    """Transport -> median (CPU µs per call of bridge + server, calls per second)."""
-    samples: dict[str, list[tuple[float, float]]] = {t: [] for t in transports}
+def measure(transports: list[str], rounds: int, calls: int) -> dict[str, Sample]:
+    """Transport -> the medians of its rounds."""
+    samples: dict[str, list[Sample]] = {t: [] for t in transports}
     with tempfile.TemporaryDirectory(prefix="mcp-bridge-paired-") as workdir:
         config, log = os.path.join(workdir, "bridge.yaml"), os.path.join(workdir, "bridge.log")
         bench.bridge_config(config)
@@ -61,13 +97,25 @@ def measure(transports: list[str], rounds: int, calls: int) -> dict[str, tuple[f
             for _ in range(rounds):
                 for transport in transports:
                     pids = _processes(proc.pid)  # the server's, as it is now (a restart would show here)
-                    before, started = sum(_on_cpu(p) for p in pids), time.monotonic()
+                    before, started = [_on_cpu(p) for p in pids], time.monotonic()
+                    split, sleeps = _user_system(proc.pid), _sleeps(proc.pid)
                     _load(transport, url(transport), calls)
                     wall = time.monotonic() - started
-                    samples[transport].append(((sum(_on_cpu(p) for p in pids) - before) / calls * 1e6, calls / wall))
+                    after, split_after = [_on_cpu(p) for p in pids], _user_system(proc.pid)
+                    per_call = 1e6 / calls
+                    samples[transport].append(
+                        Sample(
+                            (sum(after) - sum(before)) * per_call,
+                            calls / wall,
+                            (split_after[0] - split[0]) * per_call,
+                            (split_after[1] - split[1]) * per_call,
+                            (sum(after[1:]) - sum(before[1:])) * per_call,
+                            (_sleeps(proc.pid) - sleeps) / calls,
+                        )
+                    )
         finally:
             bench.Target("bridge", proc).stop()
-    return {t: (statistics.median(s[0] for s in got), statistics.median(s[1] for s in got)) for t, got in samples.items()}
+    return {t: Sample(*(statistics.median(s[i] for s in got) for i in range(len(Sample._fields)))) for t, got in samples.items()}
 
 
 def main() -> int:
@@ -83,9 +131,12 @@ def main() -> int:
     found = measure(transports, args.rounds, args.calls)
     base = found.get("sse")
     print(f"one bridge, {args.rounds} rounds of {args.calls:,} sequential calls per transport (medians; CPU: bridge + server on a CPU):")
-    for transport, (cpu, rate) in found.items():
-        ratio = f"   {rate / base[1]:.2f}x / {cpu / base[0]:.2f}x HTTP+SSE" if base and transport != "sse" else ""
-        print(f"  {bench.TRANSPORTS[transport]:<16}{rate:>8,.0f} req/s {cpu:>6.0f} µs/call{ratio}")
+    for transport, got in found.items():
+        ratio = f"   {got.rate / base.rate:.2f}x / {got.cpu / base.cpu:.2f}x HTTP+SSE" if base and transport != "sse" else ""
+        print(f"  {bench.TRANSPORTS[transport]:<16}{got.rate:>8,.0f} req/s {got.cpu:>6.0f} µs/call{ratio}")
+    print("where it goes, per call: bridge user µs, bridge kernel µs, server µs, times the bridge slept:")
+    for transport, got in found.items():
+        print(f"  {bench.TRANSPORTS[transport]:<16}{got.bridge_user:>6.0f}{got.bridge_system:>6.0f}{got.server:>6.0f}{got.sleeps:>7.2f}")
     return 0
 
 
