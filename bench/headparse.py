@@ -96,14 +96,13 @@ def read_head_llhttp(head: bytes) -> tuple[bytes, dict[bytes, bytes]] | None:
 
 def parse_head_llhttp(head: bytes) -> Head | None:
     read = read_head_llhttp(head)
-    return None if read is None else message_head(*read)
+    return None if read is None else message_head(*read, head)
 
 
 def _same(a: Head | None, b: Head | None) -> bool:
     if a is None or b is None:
         return a is b
-    # `raw` is the bytes each was given: the whole head, or (to message_head) the target.
-    return all(getattr(a, slot) == getattr(b, slot) for slot in Head.__slots__ if slot != "raw")
+    return all(getattr(a, slot) == getattr(b, slot) for slot in Head.__slots__)
 
 
 def _time(parse: object, head: bytes, number: int) -> float:

@@ -12,6 +12,7 @@ middle, and every error answered the same way on both paths.
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import signal
 from collections.abc import AsyncIterator
@@ -71,6 +72,7 @@ def test_session_id_spellings() -> None:
         GOOD_HEAD.replace(b"session_id=", b"session_id=a+"),
         GOOD_HEAD + b"\r\nTransfer-Encoding: chunked",
         GOOD_HEAD + b"\r\nExpect: 100-continue",
+        GOOD_HEAD + b"\r\nContent-Encoding: gzip",
         GOOD_HEAD + b"\r\nUpgrade: websocket\r\nConnection: Upgrade",
         GOOD_HEAD + b"\r\nContent-Length: 42",
         GOOD_HEAD + b"\r\nHost: other",
@@ -601,6 +603,20 @@ async def test_accept_decides_a_posts_answer_the_same_on_both_paths(daemon: Brid
             assert status == 406 and error["error"]["message"] == "POST needs Accept: application/json or text/event-stream"
         else:
             assert (status, content_type) == (200, answer), got
+
+
+async def test_a_compressed_body_is_read_as_aiohttp_reads_it(daemon: Bridge) -> None:
+    """aiohttp decompresses a body that says it is compressed; the fast path does not, so such
+    a request is aiohttp's (it was parsed raw: -32700)."""
+    async for wire in _wire(daemon):
+        sid = f"Mcp-Session-Id: {await _mcp_session(wire)}"
+        answers = []
+        for n, extra in ((1, ()), (2, ("Content-Encoding: gzip",))):
+            await wire.send(mcp_post(gzip.compress(echo(n)) if extra else echo(n), sid, *extra, accept="application/json"))
+            status, _, text = await wire.response()
+            answers.append((status, json.loads(text)))
+        assert [status for status, _ in answers] == [200, 200], answers
+        assert [reply["result"]["content"][0]["text"] for _, reply in answers] == ["t1", "t2"], answers
 
 
 async def test_a_notification_post_is_answered_the_same_on_both_paths(daemon: Bridge) -> None:

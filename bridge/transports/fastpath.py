@@ -15,9 +15,9 @@ until its answer has ended (no task waits for it: the session's deliveries
 write it, through `_Reply`); requests that come meanwhile wait their turn.
 
 Any request it does not fully understand is aiohttp's: at the first byte of
-such a request (another path or method, HTTP/1.0, a chunked body, `Expect`,
-`Upgrade`, a repeated framing header, any header line that is not a plain
-`token: value`), the connection is handed to an aiohttp `RequestHandler` for
+such a request (another path or method, HTTP/1.0, a chunked or compressed
+body, `Expect`, `Upgrade`, a repeated header, any header line that is not a
+plain `token: value`), the connection is handed to an aiohttp `RequestHandler` for
 good, with the bytes of that request, so every edge of HTTP is still
 aiohttp's and only the common case is parsed here. A request is only ever
 answered whole and in order, so keep-alive and pipelining need nothing else.
@@ -72,11 +72,12 @@ _REQUEST_LINE = re.compile(rb"POST " + _TARGET.pattern + rb" HTTP/1\.1")
 _FIELDS = re.compile(rb"(?:\r\n[!#$%&'*+.^_`|~0-9A-Za-z-]+:[\t\x20-\x7e\x80-\xff]*)*")
 _FIELD = re.compile(rb"\r\n([^:]+):[\t ]*+((?:[^\r]*[^\r\t ])?)[\t ]*")  # one field of a block _FIELDS took
 _MCP = b"mcp"
-# A header here that changes how the body is framed or what is expected of the server means aiohttp.
-_HAND_OFF_FIELDS = frozenset({b"transfer-encoding", b"expect", b"upgrade"})
+# A header here that changes how the body is framed or encoded (aiohttp decompresses a body that
+# says it is), or what is expected of the server, means aiohttp.
+_HAND_OFF_FIELDS = frozenset({b"transfer-encoding", b"content-encoding", b"expect", b"upgrade"})
 # An Mcp-Param-* field (2026-07-28: a tool argument mirrored in a header), found in the raw
 # head: a search that only stops at each CRLF, rather than a look at every field's name.
-_PARAM_FIELD = re.compile(rb"\r\n(?i:mcp-param-)([^:]+):[\t ]*+((?:[^\r]*[^\r\t ])?)")
+_PARAM_FIELD = re.compile(rb"\r\n(?i:mcp-param-)([^:]*):[\t ]*+((?:[^\r]*[^\r\t ])?)")
 _ACCEPTED_BODY = b"Accepted"
 _NO_PARAMS: Mapping[str, str] = MappingProxyType({})
 _NOT_MIRRORED = stateless.Headers(None, None, None, _NO_PARAMS)
@@ -129,22 +130,22 @@ def parse_head(head: bytes) -> Head | None:
     """The head of a plain HTTP/1.1 `POST /servers/{name}/messages?session_id=...` or
     `POST /servers/{name}/mcp`, else None."""
     read = read_head(head)
-    return None if read is None else _message_head(*read)
+    return None if read is None else _message_head(*read, head)
 
 
-def message_head(target: bytes, found: dict[bytes, bytes]) -> Head | None:
+def message_head(target: bytes, found: dict[bytes, bytes], raw: bytes) -> Head | None:
     """What this path needs of a POST with this target and these fields (by lower-case name),
-    if it is a message POST."""
+    if it is a message POST; `raw` is its whole head (where its Mcp-Param-* fields are read)."""
     line = _TARGET.fullmatch(target)
-    return None if line is None else _message_head(line, found)
+    return None if line is None else _message_head(line, found, raw)
 
 
-def _message_head(line: re.Match[bytes], found: dict[bytes, bytes]) -> Head | None:
+def _message_head(line: re.Match[bytes], found: dict[bytes, bytes], raw: bytes) -> Head | None:
     name, endpoint, query = line.group(1, 2, 3)
     host = found.get(b"host")
     if host is None:
         return None  # HTTP/1.1 requires it (RFC 9112, 3.2)
-    out = Head(name.decode("ascii", "surrogateescape"), endpoint == _MCP, host=_text(host), fields=found, raw=line.string)
+    out = Head(name.decode("ascii", "surrogateescape"), endpoint == _MCP, host=_text(host), fields=found, raw=raw)
     if (length := found.get(b"content-length")) is not None:
         if not length.isdigit() or len(length) > 18:
             return None  # aiohttp answers what is not a plain length

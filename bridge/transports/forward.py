@@ -58,7 +58,7 @@ HOP_BY_HOP = frozenset(
 )
 # Set by this replica on its own answer: its framing, and its CORS headers (the same config's).
 _OWN_RESPONSE_HEADERS = HOP_BY_HOP | {"content-length", "vary", "access-control-allow-origin", "access-control-allow-credentials", "access-control-expose-headers"}
-_REENCODED = frozenset({"content-length", "content-type", "expect"})  # of a retry's body, which is sent anew
+_REENCODED = frozenset({"content-length", "content-type", "content-encoding", "expect"})  # of a retry's body, which is sent anew
 CALL_GONE = "requestState names a call that cannot go on"
 OWNER_GONE = "unknown session: the replica that owned it is gone; start a new session"
 MODERN_VERSION_HEADER = "MCP-Protocol-Version"
