@@ -619,6 +619,21 @@ async def test_a_compressed_body_is_read_as_aiohttp_reads_it(daemon: Bridge) -> 
         assert [reply["result"]["content"][0]["text"] for _, reply in answers] == ["t1", "t2"], answers
 
 
+async def test_a_compressed_body_over_the_limit_once_decompressed_is_refused(daemon: Bridge) -> None:
+    """A small body that decompresses to far more than limits.max_message_bytes (4 KiB here) is
+    refused as over the limit, and the connection's next request is served."""
+    bomb = gzip.compress(b"[" + b" " * (2 << 20) + b"]")  # 2 MiB from about 2 KiB
+    assert len(bomb) < 4096  # declared small enough to be read at all
+    async for wire in _wire(daemon):
+        sid = f"Mcp-Session-Id: {await _mcp_session(wire)}"
+        await wire.send(mcp_post(bomb, sid, "Content-Encoding: gzip"))
+        status, _, text = await wire.response()
+        assert status == 413 and "over the limit" in json.loads(text)["error"]["message"], (status, text)
+        await wire.send(mcp_post(echo(3), sid, accept="application/json"))
+        status, _, text = await wire.response()
+        assert status == 200 and json.loads(text)["result"]["content"][0]["text"] == "t3", (status, text)
+
+
 async def test_a_notification_post_is_answered_the_same_on_both_paths(daemon: Bridge) -> None:
     async for wire in _wire(daemon):
         sid = f"Mcp-Session-Id: {await _mcp_session(wire)}"
