@@ -47,6 +47,12 @@ def test_plain_post_is_taken() -> None:
     assert (head.host, head.origin, head.authorization) == ("127.0.0.1:8080", "http://localhost:3000", "Bearer t")
 
 
+def test_a_repeat_of_a_field_it_does_not_read_keeps_the_fast_path() -> None:
+    """Each proxy on the way may add its own X-Forwarded-For line: not the fast path's concern."""
+    head = parse_head(GOOD_HEAD + b"\r\nX-Forwarded-For: 10.0.0.1\r\nx-forwarded-for: 10.0.0.2")
+    assert head is not None and head.session_id == SID
+
+
 def test_session_id_spellings() -> None:
     def sid(query: str) -> str | None:
         head = parse_head(f"POST /servers/demo/messages{query} HTTP/1.1\r\nHost: h".encode())
@@ -76,7 +82,7 @@ def test_session_id_spellings() -> None:
         GOOD_HEAD + b"\r\nUpgrade: websocket\r\nConnection: Upgrade",
         GOOD_HEAD + b"\r\nContent-Length: 42",
         GOOD_HEAD + b"\r\nHost: other",
-        GOOD_HEAD + b"\r\nX-Any: 1\r\nx-any: 2",  # a repeat of any field is ambiguous, not only of one read here
+        GOOD_HEAD.replace(b"/messages?session_id=" + SID.encode(), b"/mcp") + b"\r\nMcp-Param-A: 1\r\nmcp-param-a: 2",
         GOOD_HEAD.replace(b"Content-Length: 42", b"Content-Length: +42"),
         GOOD_HEAD.replace(b"Content-Length: 42", b"Content-Length: 4 2"),
         GOOD_HEAD.replace(b"Host:", b"Host :"),

@@ -16,8 +16,8 @@ write it, through `_Reply`); requests that come meanwhile wait their turn.
 
 Any request it does not fully understand is aiohttp's: at the first byte of
 such a request (another path or method, HTTP/1.0, a chunked or compressed
-body, `Expect`, `Upgrade`, a repeated header, any header line that is not a
-plain `token: value`), the connection is handed to an aiohttp `RequestHandler` for
+body, `Expect`, `Upgrade`, a repeat of a header it reads, any header line that
+is not a plain `token: value`), the connection is handed to an aiohttp `RequestHandler` for
 good, with the bytes of that request, so every edge of HTTP is still
 aiohttp's and only the common case is parsed here. A request is only ever
 answered whole and in order, so keep-alive and pipelining need nothing else.
@@ -75,6 +75,13 @@ _MCP = b"mcp"
 # A header here that changes how the body is framed or encoded (aiohttp decompresses a body that
 # says it is), or what is expected of the server, means aiohttp.
 _HAND_OFF_FIELDS = frozenset({b"transfer-encoding", b"content-encoding", b"expect", b"upgrade"})
+# The fields this path reads (and Mcp-Param-*): a repeat of one is ambiguous, and aiohttp's to
+# judge. A repeat of another (an X-Forwarded-For that each proxy on the way added) is not.
+_READ = frozenset(
+    {b"host", b"origin", b"authorization", b"content-length", b"connection", b"accept", b"mcp-session-id", b"mcp-protocol-version",
+     b"mcp-method", b"mcp-name", b"x-mcp-bridge-forwarded", b"x-forwarded-proto", b"x-forwarded-host", b"x-forwarded-prefix"}
+)  # fmt: skip
+_PARAM = b"mcp-param-"
 # An Mcp-Param-* field (2026-07-28: a tool argument mirrored in a header), found in the raw
 # head: a search that only stops at each CRLF, rather than a look at every field's name.
 _PARAM_FIELD = re.compile(rb"\r\n(?i:mcp-param-)([^:]*):[\t ]*+((?:[^\r]*[^\r\t ])?)")
@@ -102,15 +109,15 @@ class Head(msgspec.Struct, eq=False):
     forwarded: Forwarded = NOT_FORWARDED
     content_length: int = 0
     close: bool = False
-    fields: dict[bytes, bytes] = msgspec.field(default_factory=dict)  # by lower-case name: a forwarded MRTR retry's headers
-    raw: bytes = b""  # the head as read
+    fields: dict[bytes, bytes] = msgspec.field(default_factory=dict)  # by lower-case name (of a repeat not read here, the last)
+    raw: bytes = b""  # the head as read: Mcp-Param-* and a forwarded MRTR retry's headers come from it
 
 
 def read_head(head: bytes) -> tuple[re.Match[bytes], dict[bytes, bytes]] | None:
     """The request line (`_REQUEST_LINE`'s match) and the fields (by lower-case name) of a plain
     HTTP/1.1 message POST's head (without its blank line) in the one shape this path takes,
-    else None: a repeated field is ambiguous (aiohttp says what it means), and a hand-off
-    field is aiohttp's."""
+    else None: a repeat of a field it reads is ambiguous (aiohttp says what it means), and a
+    hand-off field is aiohttp's."""
     line = _REQUEST_LINE.match(head)
     if line is None:
         return None
@@ -121,9 +128,20 @@ def read_head(head: bytes) -> tuple[re.Match[bytes], dict[bytes, bytes]] | None:
     if len(pairs) > MAX_FIELDS:
         return None
     found = {name.lower(): value for name, value in pairs}
-    if len(found) != len(pairs) or not found.keys().isdisjoint(_HAND_OFF_FIELDS):
+    if (len(found) != len(pairs) and _repeats_a_read_field(pairs)) or not found.keys().isdisjoint(_HAND_OFF_FIELDS):
         return None
     return line, found
+
+
+def _repeats_a_read_field(pairs: list[tuple[bytes, bytes]]) -> bool:
+    """Whether a field this path reads comes twice (only asked when some field does)."""
+    seen: set[bytes] = set()
+    for name, _ in pairs:
+        name = name.lower()
+        if name in seen and (name in _READ or name.startswith(_PARAM)):
+            return True
+        seen.add(name)
+    return False
 
 
 def parse_head(head: bytes) -> Head | None:
@@ -724,7 +742,7 @@ class _Reply:
         return self._connection.gone
 
     def request_headers(self) -> CIMultiDict[str]:
-        return CIMultiDict((name.decode("latin-1"), _text(value)) for name, value in self._head.fields.items())
+        return CIMultiDict((name.decode("latin-1"), _text(value)) for name, value in _FIELD.findall(self._head.raw))
 
     def mirrored(self) -> stateless.Headers:
         return _mirrored(self._head)
