@@ -5,7 +5,8 @@ instructions the bridge process executes (not its server's, not the
 kernel's). It warms the bridge with 300 calls, zeroes the count, runs N
 sequential calls (workload a's shape) with bench/load.py, and reads the
 count. The same code given the same calls executes the same instructions to
-within about 0.1%, however busy the machine is. bench/run.py's CPU times, on
+within about 0.1%, however busy the machine is (the bridge runs with a fixed
+hash seed: with a random one, the count moves by about 0.5%). bench/run.py's CPU times, on
 a shared two-core machine, swing by 10% from one set of runs to the next. So
 this is the measure that can tell whether a change to the per-call path made
 it cheaper, and by how much. bench/run.py remains the measure of what users
@@ -97,7 +98,10 @@ def measure(transport: str, calls: int, sessions: int = 1, region: str | None = 
         out = os.path.join(workdir, "callgrind.%p")
         bridge = ["-m", "bridge"] if region is None else ["-c", _REGION_RUNNER, region]
         only = [] if region is None else ["--collect-atstart=no", "--toggle-collect=functools_reduce"]
-        cmd = ["valgrind", "--tool=callgrind", *only, f"--callgrind-out-file={out}", sys.executable, *bridge, "--config", config, "--port", "0"]
+        # A fixed hash seed: with a random one, dict and set layouts differ from run to run, and so
+        # does the count (by about 0.5%, more than the changes this is meant to see).
+        cmd = ["env", "PYTHONHASHSEED=0", "valgrind", "--tool=callgrind", *only, f"--callgrind-out-file={out}", sys.executable, *bridge,
+               "--config", config, "--port", "0"]  # fmt: skip
         proc = bench._spawn(cmd, log, cwd=bench.ROOT)
         try:
             port = bench.bridge_port(proc, log, START_TIMEOUT_S)
