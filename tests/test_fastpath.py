@@ -27,6 +27,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from rawclient import RawSse, call
 
+from bridge.transports import fastpath, streamable
 from bridge.transports.fastpath import parse_head
 from bridge.transports.http import quality
 
@@ -111,7 +112,8 @@ def _aiohttp_reads(raw: bytes) -> Any:
 NAMES = st.sampled_from(
     ["Host", "host", "Origin", "Authorization", "Content-Length", "content-length", "Connection", "Transfer-Encoding",
      "Expect", "Upgrade", "X-Any", "Content-Type", "Host ", " Host", "Ho st", "Hóst", "", "X:Y", "Accept",
-     "Mcp-Session-Id", "mcp-protocol-version"]
+     "Mcp-Session-Id", "mcp-protocol-version", "Mcp-Method", "Mcp-Name", "Mcp-Param-Region", "MCP-PARAM-region", "mcp-param-",
+     "X-Forwarded-For"]
 )  # fmt: skip
 VALUES = st.one_of(
     st.sampled_from(["127.0.0.1", "10", "010", "-1", "1e3", "close", "keep-alive", "Close, Upgrade", "chunked",
@@ -138,6 +140,9 @@ TARGETS = st.sampled_from(
 )
 @example(method="POST", target="/servers/demo/messages?session_id=ab", version="HTTP/1.1",
          fields=[("Host", ": ", "a"), ("Content-Length", ": ", "3"), ("Connection", ": ", "close")], eol="\r\n")  # fmt: skip
+@example(method="POST", target="/servers/demo/mcp", version="HTTP/1.1",
+         fields=[("Host", ": ", "a"), ("MCP-PARAM-region", ":", " eu "), ("mcp-param-", ": ", "x"), ("X-Forwarded-For", ": ", "1"),
+                 ("X-Forwarded-For", ": ", "2")], eol="\r\n")  # fmt: skip
 def test_what_the_fast_path_takes_aiohttp_reads_the_same(
     method: str, target: str, version: str, fields: list[tuple[str, str, str]], eol: str
 ) -> None:
@@ -165,6 +170,7 @@ def test_what_the_fast_path_takes_aiohttp_reads_the_same(
     assert msg.should_close == head.close
     for name, ours in (("Host", head.host), ("Origin", head.origin), ("Authorization", head.authorization)):
         assert msg.headers.get(name) == ours, name
+    assert fastpath._mirrored(head) == streamable._mirrored(msg.headers)  # what a 2026-07-28 request's headers mirror
 
 
 # ------------------------------------------------------------------ on the wire
