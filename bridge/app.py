@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 
 import msgspec
 from aiohttp import web
@@ -22,6 +21,10 @@ from .transports import common, forward, http, modern, sse, streamable
 from .transports.common import GATEWAYS, LIVE, METRICS, Live
 
 DRAIN_POLL_S = 0.05
+# A drain ends only after this long with no request: a client acts on an answer at once
+# (the official SDKs list the tools after a call's result, before handing it over), and
+# that follow-up must find the replica still serving. Idle clients do not wait for it.
+DRAIN_QUIET_S = 0.5
 
 
 def create_app(config: Config) -> web.Application:
@@ -116,30 +119,31 @@ async def _stop_gateways(app: web.Application) -> None:
 
 
 async def drain(app: web.Application, timeout: float) -> None:
-    """Refuse new sessions and give requests in flight up to `timeout` seconds to finish."""
+    """SIGTERM: go unready, open no session a client would hold on to, and wait up to
+    `timeout` seconds for what is under way: the calls in flight (and the requests forwarded
+    to other replicas for them), then a pause of DRAIN_QUIET_S with no request, for an
+    answer's follow-up. Idle sessions close at once, the others as they go quiet; streams
+    relayed from other replicas end now (their clients resume them elsewhere)."""
+    live = app[LIVE]
+    live.draining = True  # /readyz: 503, so that the balancer sends nothing new
     gateways = list(app[GATEWAYS].values())
     for gateway in gateways:
-        gateway.refuse_sessions()
-    log = logs.get()
+        gateway.begin_drain()
     forwarder = app.get(forward.FORWARDER)
     if forwarder is not None:
-        forwarder.draining = True  # /readyz: 503, so that the balancer sends no new sessions
-    busy = _drain_busy(forwarder, gateways)
-    inflight = sum(g.inflight() for g in gateways)
-    log.info("draining", in_flight=inflight, timeout_s=timeout)
+        forwarder.begin_drain()
+    log = logs.get()
+    log.info("draining", in_flight=sum(g.inflight() for g in gateways), timeout_s=timeout)
     deadline = time.monotonic() + timeout
-    while busy() and time.monotonic() < deadline:
+    while True:
+        now = time.monotonic()
+        busy = [g.drain_step(now, DRAIN_QUIET_S) for g in gateways]  # every gateway's step, each time
+        if not any(busy) and (forwarder is None or not forwarder.calls()):
+            return
+        if now >= deadline:
+            log.warning("drain_timeout", in_flight=sum(g.inflight() for g in gateways))
+            return
         await asyncio.sleep(DRAIN_POLL_S)
-    if busy():
-        log.warning("drain_timeout", in_flight=sum(g.inflight() for g in gateways))
-
-
-def _drain_busy(forwarder: forward.Forwarder | None, gateways: list[Gateway]) -> Callable[[], bool]:
-    """What a drain waits for: the calls in flight; in a cluster, whose balancer sends this
-    replica nothing new once it is unready, also its sessions and the requests it forwards."""
-    if forwarder is None:
-        return lambda: any(g.inflight() for g in gateways)
-    return lambda: forwarder.in_flight > 0 or any(g.inflight() or g.sessions for g in gateways)
 
 
 async def apply_config(app: web.Application, new: Config) -> None:
@@ -204,8 +208,8 @@ async def healthz(request: web.Request) -> web.Response:
 
 async def readyz(request: web.Request) -> web.Response:
     problems = {name: reason for name, g in request.app[GATEWAYS].items() if (reason := g.readiness()) is not None}
-    if (forwarder := request.app.get(forward.FORWARDER)) is not None and forwarder.draining:
-        problems["cluster"] = "draining: serving its sessions until they end, taking no new ones"
+    if request.app[LIVE].draining:
+        problems["drain"] = "draining: finishing the calls in flight, taking no new sessions"
     body: dict[str, object] = {"status": "ready"}
     oauth = request.app[LIVE].oauth
     if oauth is not None:
@@ -249,7 +253,7 @@ async def status(request: web.Request) -> web.Response:
     }
     if (forwarder := request.app.get(forward.FORWARDER)) is not None:
         cluster = forwarder.cluster
-        body["cluster"] = {"advertise": cluster.advertise, "epoch": cluster.epoch, "forwarding": forwarder.in_flight, "draining": forwarder.draining}
+        body["cluster"] = {"advertise": cluster.advertise, "epoch": cluster.epoch, "forwarding": forwarder.in_flight, "draining": request.app[LIVE].draining}
     return web.json_response(body)
 
 

@@ -32,6 +32,10 @@ STDERR_BURST, STDERR_RATE = 100, 10.0
 # the exit events: what a crashing server said last, in at most 20 x 512 bytes per process.
 TAIL_LINES, TAIL_LINE_BYTES = 20, 512
 EDGE = 256  # bytes kept from each end of a dropped line
+# Of a stop's shutdown_timeout, the last part (at most half) is SIGTERM's: a server that
+# ignores the end of its input (server-everything does) gets the signal that long before
+# SIGKILL, and a stop never outlasts shutdown_timeout.
+STOP_TERM_GRACE_S = 1.0
 
 
 class LineFramer:
@@ -222,14 +226,18 @@ class Child:
         return await asyncio.shield(self._exited)
 
     async def stop(self, timeout: float) -> int:
-        """Close stdin, then SIGTERM the group, then SIGKILL it, each after `timeout`."""
+        """Stop within `timeout`: close stdin; a group still running at `timeout` less the
+        SIGTERM grace gets SIGTERM, and at `timeout` SIGKILL."""
         assert self._exited is not None
         if self._stdin is not None and not self._stdin.is_closing():
             self._stdin.close()
-        for sig in (signal.SIGTERM, signal.SIGKILL):
+        grace = min(STOP_TERM_GRACE_S, timeout / 2)
+        waited = 0.0
+        for sig, wait in ((signal.SIGTERM, timeout - grace), (signal.SIGKILL, grace)):
             with contextlib.suppress(TimeoutError):
-                return await asyncio.wait_for(asyncio.shield(self._exited), timeout)
-            self._log.info("server_stop_escalated", signal=sig.name, after_s=timeout)
+                return await asyncio.wait_for(asyncio.shield(self._exited), wait)
+            waited += wait
+            self._log.info("server_stop_escalated", signal=sig.name, after_s=round(waited, 3))
             self.signal_group(sig)
         return await asyncio.shield(self._exited)
 

@@ -367,6 +367,9 @@ class Gateway:
         self._ticker: asyncio.Task[None] | None = None
         self._pinger: asyncio.Task[None] | None = None
         self.accepting = True
+        self.draining = False  # SIGTERM: see begin_drain
+        self.last_request = 0.0  # when a client's message last came (time.monotonic): a drain waits for quiet
+        self._calling: dict[Session, float] = {}  # see drain_step
         self.new_id: Callable[[str | None], str] | None = None  # with a cluster: ids that name this replica (the app sets it)
         self.restarting = False  # an admin restart is under way (Gateway.restart)
         self.limiter = RateLimiter(RateLimit(), {}, self.in_flight, Counter())  # none, until the app sets its own
@@ -453,7 +456,7 @@ class Gateway:
     def open_at_once(self, session: Session) -> bool:
         """Open `session` if its process is at hand (the shared one, or its principal's
         running one), else False: `open_session` waits for one. Raises SessionLimitError."""
-        if not self.accepting:
+        if not self.accepting or (self.draining and session.addressed):
             raise SessionLimitError(f"server {self.name!r} is shutting down")
         if self.spares and len(self.sessions) + self._opening >= self.max_sessions and (spare := self.spares.oldest()) is not None:
             self.close_session(spare, "idle")  # a kept session gives way to a new one
@@ -513,12 +516,27 @@ class Gateway:
             duration_s=round(time.monotonic() - session.created, 3),
         )
 
-    def refuse_sessions(self) -> None:
-        """A drain begins: no new session from now on, and the kept ones close (idle, they
-        would serve more requests, and hold a cluster's drain, which waits for sessions)."""
-        self.accepting = False
-        for session in self.spares.all():
-            self.close_session(session, "shutdown")
+    def begin_drain(self) -> None:
+        """A drain begins: from now on no session opens that a client would hold on to (a
+        2026-07-28 request holds none: it is served while the drain lasts)."""
+        self.draining = True
+
+    def drain_step(self, now: float, quiet_s: float) -> bool:
+        """Close each session that has had no call in flight, and no message from its client,
+        for `quiet_s` (an idle session cannot be saved by waiting: its client opens a new one
+        elsewhere); whether the drain must still wait here: a call in flight, a session its
+        client still uses, or a request within `quiet_s` (an answer's follow-up: clients list
+        the tools after a call's result, say)."""
+        quiet_since = now - quiet_s
+        # Session -> when a drain step last saw a call of it in flight: its answer came since.
+        # Kept after the session closes (a 2026-07-28 request's closes with its answer).
+        calling = self._calling
+        for session in list(self.sessions.values()):
+            if self.session_inflight(session):
+                calling[session] = now
+            elif session.last_seen <= quiet_since and calling.get(session, 0.0) <= quiet_since:
+                self.close_session(session, "shutdown")
+        return bool(self.sessions) or self.last_request > quiet_since or any(t > quiet_since for t in calling.values())
 
     def quiet(self, session: Session) -> bool:
         """Whether nothing of the session's is left at its server: no call, no server request
@@ -672,7 +690,7 @@ class Gateway:
     def from_client(self, session: Session, payload: Any) -> None:
         """Route one decoded client message (or batch); raises ProtocolError if invalid, and
         Throttled, with nothing of it taken, when it carries calls over its principal's limits."""
-        session.last_seen = time.monotonic()
+        session.last_seen = self.last_request = time.monotonic()
         upstream = self._upstreams[session.id]
         if upstream.unchecked and payload.__class__ is dict and payload.get("method") == "initialize":
             upstream = self._check_version(session, upstream, payload)

@@ -11,13 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
+import time
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import mcp_types as types
 import pytest
 from balancer import MISSING, NGINX, nginx_in_front
-from conftest import Bridge
+from conftest import PY, Bridge, pid_alive
+from rawstreamable import RawStreamable
 from mcp import Client as McpClient
 from sdk import Client, connect, prompt_text, text_of
 from test_modern import answer_sampling
@@ -151,3 +155,64 @@ async def test_modern_sdk_client_samples_through_round_robin(tmp_path: Path) -> 
         forwarded = [await forwarded_count(b, "forwarded") for b in bridges]
         assert sum(forwarded) >= 1, forwarded  # round robin sends most retries elsewhere
         assert all(b.named("input_expired") == [] and b.named("forward_owner_gone") == [] for b in bridges)
+
+
+async def test_a_drain_with_nothing_in_flight_ends_at_once_with_streams_relayed_both_ways(tmp_path: Path) -> None:
+    """Three replicas behind nginx; SIGTERM to one (A) with no call in flight, while a stream of
+    one of its sessions is relayed by another replica and it relays a stream of another
+    replica's session: A exits within a second plus its servers' own stop, each stream ends
+    cleanly (not cut off), its idle sessions end, the other replica's session goes on through
+    nginx (its stream resumed elsewhere), and nothing A started is left running."""
+    config = {"servers": {"demo": {"command": PY, "args": ["-m", "bridge.demo_server"]}}, "limits": {"drain_timeout": "30s"}}
+    async with (
+        replicas(tmp_path, config=config) as bridges,
+        nginx_in_front(tmp_path / "nginx", [b.port for b in bridges]) as port,
+        contextlib.AsyncExitStack() as stack,
+    ):
+        a, b, _ = bridges
+        balanced = f"http://127.0.0.1:{port}/servers/demo/mcp"
+        owned: dict[int, RawStreamable] = {}  # replica index -> a session it owns, opened through nginx
+        async with asyncio.timeout(30):
+            while 0 not in owned or 1 not in owned:
+                client = await stack.enter_async_context(RawStreamable(balanced))
+                await client.initialize()
+                owner = next(i for i, r in enumerate(bridges) if any(e.get("session") == client.session_id for e in r.named("session_opened")))
+                owned.setdefault(owner, client)
+        mine, theirs = owned[0], owned[1]
+        mine.url, theirs.url = f"{b.base}/servers/demo/mcp", f"{a.base}/servers/demo/mcp"
+        relayed_by_b = (await mine.get()).stream  # A's session, its stream relayed by B
+        relayed_by_a = (await theirs.get()).stream  # B's session, its stream relayed by A
+        assert relayed_by_b is not None and relayed_by_a is not None
+        sse = await stack.enter_async_context(aiohttp.ClientSession())
+        idle_sse = await sse.get(f"{a.base}/servers/demo/sse")  # an idle HTTP+SSE session on A
+        assert idle_sse.status == 200
+        await a.wait_for("session_opened", where=lambda e: e["transport"] == "sse")
+        pids = {e["pid"] for e in a.named("server_started")}
+        mark = len(a.events)
+
+        signalled = time.monotonic()
+        a.proc.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(10):
+            assert await a.proc.wait() == 0
+        took = time.monotonic() - signalled
+        assert took < 1.5, f"A took {took:.2f}s to stop with nothing in flight"
+        draining = await a.wait_for("draining", start=mark)
+        assert draining["in_flight"] == 0 and not a.named("drain_timeout"), draining
+        for stream in (relayed_by_b, relayed_by_a):
+            await stream.until_end()
+            assert stream.error is None, f"a stream was cut off: {stream.error!r}"
+        assert await asyncio.wait_for(idle_sse.content.read(), 10) is not None  # ended, cleanly
+        idle_sse.release()
+        assert not any(pid_alive(pid) for pid in pids), pids
+
+        theirs.url = balanced  # B's session goes on, wherever nginx sends its requests
+        response, _ = await theirs.request("tools/call", {"name": "echo", "arguments": {"text": "on"}})
+        assert text_of_raw(response) == "on"
+        resumed = await theirs.get(last_event_id="g_0")
+        assert resumed.status == 200 and resumed.stream is not None
+        gone = await mine.post({"jsonrpc": "2.0", "id": 1, "method": "ping"})
+        assert gone.status == 404, (gone.status, gone.text)  # A's session ended with A: its client starts anew
+
+
+def text_of_raw(response: dict[str, Any]) -> str:
+    return str(response["result"]["content"][0]["text"])

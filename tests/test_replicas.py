@@ -455,27 +455,45 @@ async def test_status_names_the_replica_and_its_epoch(tmp_path: Path) -> None:
         assert client.session_id is not None and client.session_id.split(".")[1] == cluster["epoch"]
 
 
-async def test_drain_goes_unready_and_keeps_serving_sessions(tmp_path: Path) -> None:
-    """SIGTERM: /readyz says 503 at once, the replica's sessions go on being served, directly
-    and forwarded, new ones are refused; it stops once its last session has ended."""
+async def test_a_draining_replica_finishes_its_calls_and_ends_its_idle_sessions(tmp_path: Path) -> None:
+    """SIGTERM: /readyz says 503 at once; a call in flight on one of the replica's sessions,
+    made through another replica, is answered, and that session still serves its client's
+    next request; an idle session ends at once (its client is told so through any replica,
+    and starts a new one elsewhere); no new session opens there; the replica stops as soon
+    as its calls are done, long before drain_timeout."""
     config = {**DEMO, "limits": {"drain_timeout": "60s"}}
-    async with replicas(tmp_path, n=2, config=config) as (a, b), RawStreamable(mcp(a)) as client, aiohttp.ClientSession() as http:
-        await client.initialize()
+    async with (
+        replicas(tmp_path, n=2, config=config) as (a, b),
+        RawStreamable(mcp(a)) as busy,
+        RawStreamable(mcp(a)) as idle,
+        aiohttp.ClientSession() as http,
+    ):
+        await busy.initialize()
+        await idle.initialize()
+        busy.url = mcp(b)  # its calls are forwarded to a
+        call = asyncio.create_task(busy.request("tools/call", {"name": "countdown", "arguments": {"steps": 10, "interval_ms": 100}}))
+        async with asyncio.timeout(10):
+            while True:
+                async with http.get(f"{a.base}/status") as resp:
+                    if (await resp.json())["servers"]["demo"]["in_flight"]:
+                        break
+                await asyncio.sleep(0.02)
         mark = len(a.events)
         a.proc.send_signal(signal.SIGTERM)
         await a.wait_for("draining", start=mark)
         async with http.get(f"{a.base}/readyz") as resp:
-            assert resp.status == 503 and "draining" in (await resp.json())["servers"]["cluster"]
-        for via in (a, b, a):
-            client.url = mcp(via)
-            response, _ = await client.request("tools/call", {"name": "echo", "arguments": {"text": "still"}})
-            assert text_of(response) == "still"
+            assert resp.status == 503 and "draining" in (await resp.json())["servers"]["drain"]
+        await a.wait_for("session_closed", where=lambda e: e["session"] == idle.session_id, start=mark)
+        idle.url = mcp(b)
+        gone = await idle.post({"jsonrpc": "2.0", "id": 9, "method": "ping"})
+        assert gone.status == 404 and gone.json["error"]["code"] == -32600, (gone.status, gone.text)
         async with RawStreamable(mcp(a)) as late:
             refused = await late.post({"jsonrpc": "2.0", "id": "init", "method": "initialize", "params": {}}, session=False)
             assert refused.status == 503
-        assert a.proc.returncode is None
-        client.url = mcp(b)
-        assert (await client.delete()).status == 204
+        response, _ = await call
+        assert text_of(response) == "done"
+        listed, _ = await busy.request("tools/list")  # its follow-up, through b
+        assert "countdown" in {t["name"] for t in listed["result"]["tools"]}
         async with asyncio.timeout(10):  # well before the drain timeout
             assert await a.proc.wait() == 0
         assert not a.named("drain_timeout")

@@ -34,6 +34,7 @@ class Live:
     processes: Slots = field(default_factory=lambda: Slots(None))  # every server's processes: outlives reloads
     oauth: OAuthVerifier | None = None  # its keys and checked tokens outlive reloads that keep security.oauth
     port: int | None = None  # the one bound, once it is
+    draining: bool = False  # SIGTERM: /readyz is 503 from then on (app.drain)
 
 
 LIVE = web.AppKey("live", Live)

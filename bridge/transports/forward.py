@@ -71,7 +71,10 @@ class Forwarder:
         self.cluster = cluster
         self.counts = counts
         self.in_flight = 0  # forwarded requests under way: each holds one connection to its owner
-        self.draining = False  # SIGTERM: unready, still serving
+        # The GET streams among them (a session's standalone stream, a resumed one): a drain
+        # does not wait for these, which last as long as their clients read.
+        self._streams: set[aiohttp.ClientResponse] = set()
+        self._draining = False
         self._limit = config.max_connections
         self._scheme = "https" if tls else "http"  # peers share the config, so they listen as this one does
         # No total limit: a forwarded stream lasts as long as the client reads it. Between two reads
@@ -95,12 +98,31 @@ class Forwarder:
         if self._client is not None:
             await self._client.close()
 
+    def calls(self) -> int:
+        """Forwarded requests under way other than GET streams: what a drain waits for."""
+        return self.in_flight - len(self._streams)
+
+    def begin_drain(self) -> None:
+        """SIGTERM: the GET streams relayed now end, cleanly (their clients resume them through
+        another replica), and so does any that starts during the drain."""
+        self._draining = True
+        for upstream in list(self._streams):
+            upstream.close()
+
     async def forward(self, request: web.Request, owner: Owner) -> web.StreamResponse:
         gone = HttpError(404, OWNER_GONE, jsonrpc.SESSION_CLOSED)
         data = request.content if request.body_exists else None
         headers = self._request_headers(request.headers)
         async with self._exchange(owner, request.method, request.raw_path, headers, data, gone) as (upstream, outcome):
-            return await self._relay(request, upstream, owner, outcome)
+            if request.method != "GET":
+                return await self._relay(request, upstream, owner, outcome)
+            self._streams.add(upstream)
+            try:
+                if self._draining:
+                    upstream.close()  # its head still goes out: the stream is ended, not refused
+                return await self._relay(request, upstream, owner, outcome)
+            finally:
+                self._streams.discard(upstream)
 
     def place(self, holder: Owner, forwarded: bool, rid: jsonrpc.RequestId | None) -> Owner | None:
         """Where a verified requestState's call is: None here, else the replica to forward the
@@ -216,6 +238,8 @@ class Forwarder:
             try:
                 chunk = await reader.readany()
             except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
+                if upstream.closed and upstream in self._streams and self._draining:
+                    break  # ended by the drain: cleanly, between two reads
                 # The owner went mid-answer. Closing before the answer's end (the last chunk, or
                 # Content-Length bytes) is how HTTP says the answer is broken, not complete.
                 self._broken(owner, exc)

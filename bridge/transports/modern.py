@@ -455,7 +455,7 @@ def _open(head: PostHead, env: Envelope, notices: frozenset[str], spare_key: Has
     adopted as its `_meta` says, at once when its process is at hand (the common case); if it
     is not `adopted` yet, `_open_later` waits for its process."""
     gateway = head.gateway
-    if spare_key is not None and gateway.accepting:  # draining, a request is refused as a new session would be
+    if spare_key is not None and gateway.accepting:  # stopping: refused below, as a new session is
         spare = gateway.spares.take(spare_key)
         if isinstance(spare, StatelessSession):
             spare.kept_in = None
