@@ -19,23 +19,29 @@ Rules
    timeout, shutdown) remembers it, so what the server still says of it is
    dropped without a warning.
 4. Server requests. Requests from the server get a fresh downstream id and go
-   to one session able to answer (see `_attribute`): the owner of a related
-   task, else the session of the call that asked, among those that declared
-   the needed capability. stdio does not say which call asked, so in shared
-   mode calls that may lead to a question, from sessions that can be asked,
-   go to the server one at a time until the one in front asks, finishes or
-   has had `attribution_window` seconds; the question then belongs to it.
-   Held calls take turns by principal (the one served least recently goes
-   next), so one principal's queue delays another's by one window at most.
+   to the session of the call that asked (see `_attribute`): the owner of a
+   related task, else the call in its window, else among the sessions that
+   declared the needed capability. stdio does not say which call asked, and
+   servers ask early, so in shared mode a question that comes within
+   `attribution_window` of a call's start belongs to that call. For that to
+   name one call, calls that may lead to a question take turns (`_take_turn`)
+   while some session can be asked: one from a session that can be asked goes
+   alone, once no call is in its window, and holds the others until it asks,
+   finishes or has had its window; calls of sessions that cannot be asked go
+   together (a question then reaches nobody), but not beside one that may be
+   asked. Held calls take turns by principal (the one served least recently
+   goes next), so one principal's queue delays another's by one window at
+   most. A question in the window of a call whose session cannot answer it
+   gets the server an error, and when that call is a stateless session's that
+   did not declare the capability, it ends with -32021 and is cancelled.
+   After the windows, a further question goes to the call that asked last;
+   while only calls of sessions that cannot answer are in flight, to nobody.
    A request about no call in flight goes to a session only when every
    session able to answer is one principal's. With no such session, or when
-   that session leaves, the server gets an error at once; and when the one
-   call in flight is a stateless session's that did not declare the needed
-   capability, that call is what asked: it ends with -32021 and is
-   cancelled. `ping` and, with configured roots, `roots/list` are answered
-   here. A request whose call is known (`server_request_for`: the era
-   translator's form of a 2026-07-28 server's input_required) goes to that
-   call's session with no guess.
+   that session leaves, the server gets an error at once. `ping` and, with
+   configured roots, `roots/list` are answered here. A request whose call is
+   known (`server_request_for`: the era translator's form of a 2026-07-28
+   server's input_required) goes to that call's session with no guess.
 5. Shared state. In shared mode the bridge initializes the server itself,
    answers each client's `initialize` from the cached result and absorbs
    `notifications/initialized`; `ping` is answered here. Subscriptions are
@@ -289,14 +295,21 @@ class _Turns:
         queue.append(msg)
         self.waiting += 1
 
+    def peek(self) -> Message:
+        """The call `pop` returns next."""
+        return self._queues[self._next()][0]
+
     def pop(self) -> Message:
-        principal = min(self._queues, key=lambda p: self._served.get(p, -1))
+        principal = self._next()
         queue = self._queues[principal]
         msg = queue.popleft()
         if not queue:
             del self._queues[principal]
         self.waiting -= 1
         return msg
+
+    def _next(self) -> str | None:
+        return min(self._queues, key=lambda p: self._served.get(p, -1))
 
     def served(self, principal: str | None) -> None:
         self._served[principal] = next(self._turn)
@@ -364,6 +377,11 @@ class Mux:
         self._held = _Turns()
         self._by_principal: dict[str | None, int] = {}  # open sessions per principal
         self._holder: Call | None = None
+        # Calls from sessions that cannot be asked, sent while some session can be: each may
+        # still ask in its window, so no call that may be asked goes meanwhile (rule 4).
+        self._blind: deque[Call] = deque()
+        self._askable = 0  # open sessions that can be asked (Peer.can_answer)
+        self._wake_at = 0.0  # when the last Timer asked for fires (0: none pending)
         self._cancelled: OrderedDict[int, None] = OrderedDict()
         # Per-session mode replays the client's own initialize after a restart.
         self._client_init: dict[str, Any] | None = None
@@ -399,7 +417,7 @@ class Mux:
         `level` (none without one) and, of what is not about its calls, only `notices`."""
         peer = self._peers[session]
         peer.capabilities = capabilities
-        peer.can_answer = not _ASKABLE.isdisjoint(capabilities)
+        self._can_answer(peer, not _ASKABLE.isdisjoint(capabilities))
         peer.protocol_version = version
         peer.initialized = peer.stateless = True
         peer.notices = notices
@@ -445,6 +463,8 @@ class Mux:
             self._elicitation_owner.pop(name, None)
         if peer.level is not None:
             out += self._sync_level()
+        if peer.can_answer:
+            self._askable -= 1
         principal = peer.principal
         left = self._by_principal[principal] - 1
         if left:
@@ -555,12 +575,45 @@ class Mux:
         in_flight = self._in_flight
         in_flight[peer.principal] = in_flight.get(peer.principal, 0) + 1  # not `+=`: Counter's __missing__ is Python
         msg["id"] = upstream_id
-        if self.attribution_window and peer.can_answer and call.method not in _INERT:
-            if self._holder_active():
-                self._held.push(peer.principal, msg)
-                return []
-            return self._hold_with(call, msg)
+        if self.attribution_window and (peer.can_answer or self._askable) and call.method not in _INERT:
+            return self._take_turn(peer, call, msg)
         return self._send_call(call, msg)
+
+    def _take_turn(self, peer: Peer, call: Call, msg: Message) -> list[Action]:
+        """Rule 4: a call that may lead to a question goes now, or waits its turn. One that
+        may be asked goes alone: once no call is in its window. Calls of sessions that cannot
+        be asked go together, but not while one that may be asked is in its window."""
+        held = self._held
+        if held.waiting or self._holder_active():
+            held.push(peer.principal, msg)
+            return []
+        if not peer.can_answer:
+            return self._send_blind(call, msg)
+        if self._blind_left():
+            held.push(peer.principal, msg)  # `_settle`, which follows, asks for the wake-up
+            return []
+        return self._hold_with(call, msg)
+
+    def _send_blind(self, call: Call, msg: Message) -> list[Action]:
+        self._held.served(call.principal)
+        self._blind.append(call)
+        return self._send_call(call, msg)
+
+    def _blind_left(self) -> float:
+        """Seconds until no call of a session that cannot be asked is in its window."""
+        blind = self._blind
+        calls, window, now = self._calls, self.attribution_window, self._clock()
+        while blind and ((c := blind[0]).asked or c.upstream_id not in calls or (c.sent and c.sent_at + window <= now)):
+            blind.popleft()
+        left = 0.0
+        for c in blind:
+            if not c.asked and c.upstream_id in calls:
+                left = max(left, c.sent_at + window - now if c.sent else window)
+        return left
+
+    def _can_answer(self, peer: Peer, able: bool) -> None:
+        self._askable += able - peer.can_answer
+        peer.can_answer = able
 
     def _hidden(self, peer: Peer, msg: Message) -> list[Action] | None:
         """A request for a tool, prompt or resource the session may not see is answered as
@@ -596,6 +649,7 @@ class Mux:
         """Let `call` through as the one call that may ask the clients something now."""
         self._holder = call
         self._held.served(self._peers[_caller(call)[0]].principal)
+        self._wake_at = self._clock() + self.attribution_window
         return [*self._send_call(call, msg), Timer(self.attribution_window)]
 
     def _holder_active(self) -> bool:
@@ -611,20 +665,40 @@ class Mux:
         return max(0.0, holder.sent_at + self.attribution_window - self._clock())
 
     def _settle(self, out: list[Action]) -> list[Action]:
-        """After any event: if the holder is done asking, let the next held call through."""
-        while self._held.waiting and not self._holder_active():
-            msg = self._held.pop()
+        """After any event: let held calls through, in turn, while they may go (see
+        `_take_turn`); asks for a wake-up when the next waits for calls' windows to end."""
+        held = self._held
+        while held.waiting and not self._holder_active():
+            msg = held.peek()
             call = self._calls.get(msg["id"])
-            if call is not None:
+            if call is None:
+                held.pop()
+            elif not self._peers[_caller(call)[0]].can_answer:
+                held.pop()
+                out += self._send_blind(call, msg)
+            elif left := self._blind_left():
+                out += self._wake_in(left)
+                break
+            else:
+                held.pop()
                 out += self._hold_with(call, msg)
         return out
 
     def timer(self) -> list[Action]:
+        self._wake_at = 0.0
         out = self._settle([])
         left = self._holder_left()
         if self._held.waiting and left and not out:
-            out.append(Timer(left))  # fired early: the window is not over yet
+            out += self._wake_in(left)  # fired early: the window is not over yet
         return out
+
+    def _wake_in(self, delay: float) -> list[Action]:
+        """A Timer for `delay` from now, unless one already asked for fires by then."""
+        now = self._clock()
+        if now < self._wake_at <= now + delay:
+            return []
+        self._wake_at = now + delay
+        return [Timer(delay)]
 
     def _send_call(self, call: Call, msg: Message) -> list[Action]:
         if self.state is _READY:
@@ -675,7 +749,7 @@ class Mux:
         params = msg.get("params") or {}
         caps = params.get("capabilities")
         peer.capabilities = caps if caps.__class__ is dict else {}
-        peer.can_answer = not _ASKABLE.isdisjoint(peer.capabilities)
+        self._can_answer(peer, not _ASKABLE.isdisjoint(peer.capabilities))
         peer.protocol_version = params.get("protocolVersion")  # provisional until answered
         return self._answer_when_ready(peer, msg["id"])
 
@@ -967,7 +1041,7 @@ class Mux:
         peer, call = self._attribute(msg) if asker is None else asker
         if peer is None:
             refusal = ToServer(jsonrpc.error(server_id, jsonrpc.METHOD_NOT_FOUND, f"no connected client can handle {method}"))
-            return [refusal, *self._missing_capability(method)]
+            return [refusal, *self._missing_capability(method, call)]
         related = None
         if call is not None:
             call.asked = next(self._seq)
@@ -984,15 +1058,20 @@ class Mux:
         msg["id"] = downstream_id
         return [ToSession(peer.id, msg, related)]
 
-    def _missing_capability(self, method: str) -> list[Action]:
-        """A server request nobody can answer, while the one call in flight is a stateless
-        session's that did not declare what it needs: that call is what asked, so it ends
-        with the 2026-07-28 error that says so (and is cancelled upstream)."""
+    def _missing_capability(self, method: str, call: Call | None) -> list[Action]:
+        """A server request its session cannot answer, from `call` (the one attributed it),
+        or with none attributed, from the one call in flight, if only one is. A stateless
+        session's call that did not declare what the request needs ends with the 2026-07-28
+        error that says so (and is cancelled upstream)."""
         wanted = _CAPABILITY_FOR.get(method)
-        sent = [c for c in self._calls.values() if c.sent and c.session is not None]
-        if wanted is None or len(sent) != 1:
+        if wanted is None:
             return []
-        (call,) = sent
+        if call is None:
+            sent = [c for c in self._calls.values() if c.sent and c.session is not None]
+            if len(sent) != 1:
+                return []
+            (call,) = sent
+        call.asked = next(self._seq)  # its window is over: it asked
         peer = self._peers[_caller(call)[0]]
         if not peer.stateless or wanted in peer.capabilities:
             return []
@@ -1022,36 +1101,43 @@ class Mux:
         fresh_since = self._clock() - self.attribution_window
         asker: Call | None = None
         newest: Call | None = None
+        busy = False  # a client's call is in flight
         for call in self._calls.values():  # oldest first
             if call.session is None or not call.sent:
                 continue
             peer = self._peers[call.session]
-            if not peer.initialized or (wanted is not None and not _can_handle(peer.capabilities, wanted, msg)):
+            if not peer.initialized:
                 continue
+            busy = True
+            able = wanted is None or _can_handle(peer.capabilities, wanted, msg)
             if not call.asked and call.sent_at > fresh_since and self.attribution_window:
-                return peer, call
+                return (peer if able else None), call  # it asked, whether or not its session can answer
+            if not able:
+                continue
             if call.asked and (asker is None or call.asked > asker.asked):
                 asker = call
             newest = call
         chosen = asker or newest
         if chosen is not None:
             return self._peers[_caller(chosen)[0]], chosen
+        if busy:
+            return None, None  # only calls of sessions that cannot answer are in flight: one of them asked
         # No call in flight: the request is about no one's call. It may still go to a session
         # when every session able to answer is one principal's; never across principals.
-        able = [
+        candidates = [
             p for p in self._peers.values()
             if p.initialized and not p.stateless and (wanted is None or _can_handle(p.capabilities, wanted, msg))
         ]  # fmt: skip
-        if len({p.principal for p in able}) != 1:
+        if len({p.principal for p in candidates}) != 1:
             return None, None
-        return max(able, key=lambda p: p.last_active), None
+        return max(candidates, key=lambda p: p.last_active), None
 
     def _asked_by(self, call: Call | None, msg: Message) -> tuple[Peer | None, Call | None]:
         if call is None or call.session is None:
             return None, None
         peer = self._peers[call.session]
         wanted = _CAPABILITY_FOR.get(msg["method"])
-        return (peer, call) if wanted is None or _can_handle(peer.capabilities, wanted, msg) else (None, None)
+        return (peer, call) if wanted is None or _can_handle(peer.capabilities, wanted, msg) else (None, call)
 
     def _owner_of(self, msg: Message) -> Peer | None:
         params = msg.get("params")

@@ -589,6 +589,56 @@ async def test_a_request_that_did_not_declare_what_the_server_asks_for_gets_3202
         assert error["code"] == -32021 and error["data"] == {"requiredCapabilities": {"sampling": {}}}
 
 
+TWO_PRINCIPALS = [{"name": "alice", "token": "a" * 32}, {"name": "bob", "token": "b" * 32}]
+ALICE, BOB = {"Authorization": "Bearer " + "a" * 32}, {"Authorization": "Bearer " + "b" * 32}
+
+
+@pytest.mark.parametrize("path", PATHS)
+async def test_a_call_without_the_capability_gets_32021_while_another_principals_call_is_parked(bridge, path):
+    """alice's call (it declared sampling) is parked on its question; bob's call of the same
+    tool, which did not declare sampling, makes the shared server ask too: bob gets 400/-32021
+    at once (not a hang), and alice's retry gets her own answer (not bob's question)."""
+    config = shared(demo=demo())
+    config["security"] = {"tokens": TWO_PRINCIPALS}
+    async with bridge(config) as b:
+        url = b.url("demo", "mcp")
+        call, result = await first_round(url, prompt="alice's", headers=ALICE)
+        bobs = request("tools/call", {"name": "sample", "arguments": {"prompt": "bob's"}}, rid=1)
+        async with asyncio.timeout(5):
+            answer = await post(url, bobs, {**headers_for(bobs), **BOB}, path)
+        assert answer.status == 400, answer.body
+        error = error_of(answer)
+        assert error["code"] == -32021 and error["data"] == {"requiredCapabilities": {"sampling": {}}}, error
+        again = retry(call, result, text="for alice")
+        final = (await post(url, again, {**headers_for(again), **ALICE}, path)).final()
+        assert final["result"]["content"][0]["text"] == "for alice", final
+
+
+@pytest.mark.node
+async def test_server_everything_elicitation_without_the_capability_while_another_call_is_parked(bridge):
+    """The case as first seen, with server-everything's trigger-elicitation-request."""
+    config = shared(everything=EVERYTHING)
+    config["security"] = {"tokens": TWO_PRINCIPALS}
+    async with bridge(config) as b:
+        url = b.url("everything", "mcp")
+        alices = request("tools/call", {"name": "trigger-elicitation-request", "arguments": {}}, capabilities={"elicitation": {}})
+        parked = (await post(url, alices, {**headers_for(alices), **ALICE})).json()["result"]
+        assert parked["resultType"] == "input_required", parked
+        (key, asked), = parked["inputRequests"].items()
+        assert asked["method"] == "elicitation/create"
+        bobs = request("tools/call", {"name": "trigger-elicitation-request", "arguments": {}}, rid=7)
+        async with asyncio.timeout(5):
+            answer = await post(url, bobs, {**headers_for(bobs), **BOB})
+        assert answer.status == 400 and error_of(answer)["code"] == -32021, answer.body
+        assert error_of(answer)["data"] == {"requiredCapabilities": {"elicitation": {}}}
+        again = json.loads(json.dumps(alices))
+        again["id"] = 2
+        content = {"name": "Ada", "color": "red", "email": "ada@example.com", "age": 36}
+        again["params"].update({"inputResponses": {key: {"action": "accept", "content": content}}, "requestState": parked["requestState"]})
+        final = (await post(url, again, {**headers_for(again), **ALICE})).final()
+        assert final["result"].get("resultType") != "input_required" and "Ada" in json.dumps(final), final
+
+
 async def test_a_client_that_never_retries_lets_the_call_go_after_the_ttl(bridge):
     config = shared(demo=demo())
     config["limits"] = {"request_state_ttl": 1}

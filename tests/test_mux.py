@@ -363,16 +363,16 @@ SAMPLERS = {sid: {"sampling": {}} for sid in "abc"}
 def test_calls_that_may_ask_go_one_at_a_time_so_each_request_finds_its_caller() -> None:
     mux = ready_mux("a", "b", "c", "x", capabilities=SAMPLERS, attribution_window=0.25)
     sent = []
-    for sid in "abcx":  # x cannot sample: never held, never asked
+    for sid in "abcx":  # x cannot sample: it waits its turn too, and is never asked
         sent += to_server(mux.from_client(sid, req(1, "tools/call", who=sid)))
-    assert [m["params"]["who"] for m in sent] == ["a", "x"]
+    assert [m["params"]["who"] for m in sent] == ["a"]
     routed = []
     for i in range(3):
         actions = mux.from_server(sample(f"s{i}"))
         asked = [a for a in actions if isinstance(a, ToSession)]
         routed += [(a.session, a.related) for a in asked]
         sent = to_server(actions)  # the asking call frees the next held one
-        assert [m["params"]["who"] for m in sent] == (["b"], ["c"], [])[i]
+        assert [m["params"]["who"] for m in sent if "who" in m.get("params", {})] == (["b"], ["c"], ["x"])[i]
     assert routed == [("a", 1), ("b", 1), ("c", 1)]
 
 
@@ -445,12 +445,33 @@ def test_a_response_to_a_held_call_before_it_was_sent_is_discarded() -> None:
     assert to_session(mux.from_server(jsonrpc.result(guess, {"who": "b"})), "b") == [jsonrpc.result(1, {"who": "b"})]
 
 
-def test_sessions_that_cannot_be_asked_are_never_held() -> None:
-    mux = ready_mux("a", "p", "q", capabilities={"a": {"sampling": {}}}, attribution_window=0.25)
-    mux.from_client("a", req(1, "tools/call"))
+def test_calls_of_sessions_that_cannot_be_asked_go_together_but_never_beside_one_that_may_be() -> None:
+    """A question that comes in a call's window is that call's: so while a call that may be
+    asked is in its window, no call of a session that cannot be asked goes (its question
+    would reach the wrong session), and the reverse; calls of sessions that cannot be asked
+    go together (a question then reaches nobody)."""
+    clock = Clock()
+    mux = ready_mux("a", "p", "q", capabilities={"a": {"sampling": {}}}, attribution_window=0.25, clock=clock)
+    (first,) = to_server(mux.from_client("a", req(1, "tools/call", who="a")))
+    assert to_server(mux.from_client("p", req(1, "tools/call", who="p"))) == []
+    assert to_server(mux.from_client("q", req(1, "tools/call", who="q"))) == []
+    assert len(to_server(mux.from_client("a", req(2, "tools/list")))) == 1  # cannot ask anything: never held
+    released = to_server(mux.from_server(jsonrpc.result(first["id"], {})))  # a finished without asking
+    assert sorted(m["params"]["who"] for m in released) == ["p", "q"]  # both at once
+    assert to_server(mux.from_client("a", req(3, "tools/call", who="a"))) == []  # p's and q's windows first
+    clock.now += 0.2
+    assert to_server(mux.timer()) == []
+    clock.now += 0.05
+    (later,) = to_server(mux.timer())
+    assert later["params"]["who"] == "a"
+    assert len(to_server(mux.from_client("p", req(2, "tools/call")))) == 0  # a's window now
+
+
+def test_without_a_session_that_may_be_asked_no_call_waits() -> None:
+    mux = ready_mux("p", "q", attribution_window=0.25)
     assert len(to_server(mux.from_client("p", req(1, "tools/call")))) == 1
     assert len(to_server(mux.from_client("q", req(1, "tools/call")))) == 1
-    assert len(to_server(mux.from_client("a", req(2, "tools/list")))) == 1  # cannot ask anything
+    assert len(to_server(mux.from_client("p", req(2, "tools/call")))) == 1
 
 
 def test_a_call_that_already_asked_gets_the_next_request() -> None:
@@ -480,6 +501,16 @@ def test_with_no_call_in_flight_the_most_recently_active_session_is_asked() -> N
     assert (action.session, action.related) == ("a", None)  # type: ignore[union-attr]
 
 
+def test_a_request_while_only_sessions_that_cannot_answer_have_calls_in_flight_is_refused() -> None:
+    """One of those calls asked: another session, idle, must not get the question."""
+    mux = ready_mux("busy", "idle", capabilities={"idle": {"elicitation": {}}})
+    mux.from_client("busy", req(1, "tools/call"))
+    actions = mux.from_server(req(3, "elicitation/create", message="?", requestedSchema={}))
+    assert not [a for a in actions if isinstance(a, ToSession)]
+    (err,) = to_server(actions)
+    assert err["id"] == 3 and err["error"]["code"] == jsonrpc.METHOD_NOT_FOUND
+
+
 def test_server_request_with_no_capable_session_is_refused_at_once() -> None:
     mux = ready_mux("a")
     (err,) = to_server(mux.from_server(req(3, "elicitation/create", message="?", requestedSchema={})))
@@ -489,7 +520,8 @@ def test_server_request_with_no_capable_session_is_refused_at_once() -> None:
 def test_url_elicitation_only_goes_to_sessions_that_support_urls() -> None:
     caps = {"form": {"elicitation": {}}, "url": {"elicitation": {"form": {}, "url": {}}}}
     mux = ready_mux("form", "url", capabilities=caps)
-    mux.from_client("form", req(1, "tools/call"))
+    mux.from_client("url", req(1, "tools/call"))
+    mux.from_client("form", req(1, "tools/call"))  # the newest call: asked, but it cannot take a url
     (action,) = mux.from_server(req(1, "elicitation/create", mode="url", message="m", url="https://x", elicitationId="e1"))
     assert isinstance(action, ToSession) and action.session == "url"
     mux.from_client("url", jsonrpc.result(action.message["id"], {"action": "accept"}))

@@ -8,7 +8,9 @@ every collision the mux must untangle happens. After every step:
 
 - nothing reaches a session it does not belong to (responses by the who/n
   echo, progress by owner and token, log messages by level, updates by
-  subscription, server requests by capability);
+  subscription, server requests by capability, and a server request made in
+  a call's window by that call: its session or, when that session cannot
+  answer, nobody, whatever else is in flight or waits for an answer);
 - no response arrives twice, nor after its request was cancelled;
 - every server request is answered exactly once (by a client or the bridge);
 - the server sees at most one subscription per uri, and no unsubscribe
@@ -69,6 +71,9 @@ class MuxMachine(RuleBasedStateMachine):
         self.server_subscribed: set[str] = set()
         self.server_initialized = False
         self.counter = 0
+        self.received_at: dict[int, float] = {}  # upstream id -> when the server got that tools/call
+        self.latest: int | None = None  # the tools/call the server got last
+        self.asked_about: set[int] = set()  # calls the server asked a question for
 
     # ------------------------------------------------------------------ engine
 
@@ -109,6 +114,8 @@ class MuxMachine(RuleBasedStateMachine):
         if method == "tools/call":
             assert msg["id"] not in self.server_pending
             self.server_pending[msg["id"]] = msg
+            self.received_at[msg["id"]] = self.now
+            self.latest = msg["id"]
             return []
         result: dict[str, Any] = {}
         uri = msg.get("params", {}).get("uri")
@@ -309,6 +316,34 @@ class MuxMachine(RuleBasedStateMachine):
             assert not any(isinstance(a, ToSession) for a in actions), "asked a session without the capability"
         self.run(actions)
 
+    def _fresh_live_call(self) -> bool:
+        """The call the server got last came just now (in its window), is not asked about yet,
+        and its client still waits for it."""
+        msg = self.server_pending.get(self.latest) if self.latest is not None else None
+        if msg is None or self.received_at[self.latest] != self.now or self.latest in self.asked_about:
+            return False
+        client = self.clients.get(msg["params"]["who"])
+        return client is not None and msg["params"]["n"] in client.outstanding
+
+    @precondition(lambda self: self.server_alive and self._fresh_live_call())
+    @rule()
+    def server_asks_for_the_call_it_just_got(self) -> None:
+        """Servers ask early: a question in a call's window is that call's. It reaches that
+        call's session, or nobody when the session cannot answer; never another session,
+        whatever else is in flight, waits its turn, or waits for its own question's answer."""
+        assert self.latest is not None
+        self.asked_about.add(self.latest)
+        caller = self.server_pending[self.latest]["params"]["who"]
+        self.next_server_request += 1
+        sid = f"q{self.next_server_request}"
+        self.server_asked[sid] = 0
+        actions = self.mux.from_server({"jsonrpc": "2.0", "id": sid, "method": "sampling/createMessage", "params": {"messages": [], "maxTokens": 1}})
+        asked = [a.session for a in actions if isinstance(a, ToSession) and a.message.get("method") == "sampling/createMessage"]
+        assert asked in ([], [caller]), f"the question of {caller}'s call reached {asked}"
+        client = self.clients[caller]
+        assert asked or not (client.sampling and client.initialized), f"{caller} can answer, and was not asked"
+        self.run(actions)
+
     @precondition(lambda self: any(c.server_requests for c in self.clients.values()))
     @rule(data=st.data())
     def client_answers_sampling(self, data: st.DataObject) -> None:
@@ -457,4 +492,24 @@ def test_regression_subscribed_twice_around_a_restart() -> None:
     m.subscription(_Picks("s1"), subscribe=False, uri="res://a")
     m.subscription(_Picks("s1"), subscribe=True, uri="res://b")
     m.tables_match_clients()
+    m.teardown()
+
+
+def test_regression_a_question_in_the_window_of_a_call_that_cannot_answer_reaches_nobody() -> None:
+    """Two principals: bob's session (it can be asked) has asked its question and waits for
+    its client's answer (a 2026-07-28 call parked on it); then alice's session, which cannot be
+    asked, calls, and the server asks at once: the question is alice's call's, so it reaches
+    nobody (the server gets an error), and bob's session is not asked a second time."""
+    m = MuxMachine()
+    m.start()
+    m.open_session(sampling=True)  # s1, bob
+    m.open_session(sampling=False)  # s2, alice
+    assert (m.clients["s1"].principal, m.clients["s2"].principal) == ("bob", "alice")
+    m.call(_Picks("s1"), progress=False)
+    m.server_asks_for_the_call_it_just_got()
+    assert len(m.clients["s1"].server_requests) == 1  # asked, not answered yet
+    m.call(_Picks("s2"), progress=False)
+    assert m.latest is not None and m.server_pending[m.latest]["params"]["who"] == "s2"
+    m.server_asks_for_the_call_it_just_got()
+    assert len(m.clients["s1"].server_requests) == 1 and not m.clients["s2"].server_requests
     m.teardown()
