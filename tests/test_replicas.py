@@ -11,11 +11,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import gzip
 import json
 import os
 import signal
 import socket
 import time
+import zlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -164,6 +166,37 @@ async def test_streamable_session_used_through_each_replica(tmp_path: Path) -> N
             client.url = mcp(via)
             gone = await client.post(tool_call("echo", {"text": "x"}, 9))
             assert gone.status == 404, (via.port, gone.status, gone.text)
+
+
+async def test_a_compressed_body_is_forwarded_as_sent_and_read_by_the_owner(tmp_path: Path) -> None:
+    """A compressed body for another replica's session, on both message endpoints, is relayed
+    as the client sent it and decoded, or refused with its reason, by the owner. It was
+    decompressed by the forwarder and sent on under its Content-Encoding and compressed
+    length: the owner answered 500 to a good body, and a bad one read as the owner gone."""
+    bomb = gzip.compress(bytes(8 << 20))  # 8 KiB that grow past the default 4 MiB limit
+    async with replicas(tmp_path, n=2) as (a, b), RawStreamable(mcp(a)) as client, RawSse(a.url("demo")) as sse:
+        await client.initialize()
+        await sse.initialize()
+        sse.endpoint = f"{b.base}/servers/demo/messages?session_id={sse.session_id}"
+        headers = {SESSION: client.session_id, "MCP-Protocol-Version": client.protocol_version, "Accept": JSON_ONLY}
+        async with aiohttp.ClientSession(auto_decompress=False) as http:
+            for n, (coding, encode, status, code) in enumerate(
+                [("gzip", gzip.compress, 200, None), ("deflate", zlib.compress, 200, None), ("gzip", lambda _: b"not gzip", 400, -32700),
+                 ("gzip", lambda _: bomb, 413, -32600), ("br", lambda body: body, 415, -32600)]  # fmt: skip
+            ):
+                body = json.dumps(tool_call("echo", {"text": f"zipped {n}"}, n)).encode()
+                async with http.post(mcp(b), data=encode(body), headers={**headers, "Content-Encoding": coding}) as resp:
+                    got, answer = resp.status, await resp.json()
+                sse_status, sse_text = await sse.post(None, raw=encode(body), headers={"Content-Encoding": coding})
+                if status == 200:
+                    assert got == 200 and text_of(answer) == f"zipped {n}", answer
+                    assert sse_status == 202, sse_text
+                    assert text_of(await sse.response(n)) == f"zipped {n}"
+                else:
+                    assert (got, answer["error"]["code"]) == (status, code), (coding, got, answer)
+                    assert (sse_status, json.loads(sse_text)["error"]) == (status, answer["error"]), sse_text
+        assert await forwarded_count(b, "forwarded") == 10 and await forwarded_count(b, "owner_gone") == 0
+    assert [e for e in a.events + b.events if e.get("level") in ("error", "critical")] == []
 
 
 async def test_resume_through_a_third_replica_after_the_proxy_died(tmp_path: Path) -> None:
