@@ -565,7 +565,7 @@ HOP_BY_HOP_FIELDS = ("X-Secret: s", "Keep-Alive: timeout=5", "TE: trailers", "Pr
 
 
 def raw_post(b: Bridge, body: bytes, *fields: str) -> bytes:
-    head = [f"POST /servers/demo/mcp HTTP/1.1", f"Host: 127.0.0.1:{b.port}", f"Content-Length: {len(body)}", *fields]
+    head = ["POST /servers/demo/mcp HTTP/1.1", f"Host: 127.0.0.1:{b.port}", f"Content-Length: {len(body)}", *fields]
     return ("\r\n".join(head) + "\r\n\r\n").encode() + body
 
 
