@@ -30,11 +30,14 @@ DRAIN_QUIET_S = 0.5
 def create_app(config: Config) -> web.Application:
     gateways: dict[str, Gateway] = {}
     metrics = Metrics(gateways.values)
-    # Bodies are read and limited by the transports (limits.max_message_bytes, reloadable).
     oauth = OAuthVerifier(config.security.oauth) if config.security.oauth is not None else None
     live = Live(config, Guard(config, oauth), oauth=oauth, processes=Slots(config.limits.max_processes))
     metrics.oauth = lambda: live.oauth
-    app = web.Application(middlewares=[http.middleware(lambda: live.guard, metrics.rejected, common.refused)])
+    # Bodies are read, limited (limits.max_message_bytes, reloadable) and decompressed by the
+    # transports (common.read_message), never by aiohttp.
+    app = web.Application(
+        middlewares=[http.middleware(lambda: live.guard, metrics.rejected, common.refused)], handler_args={"auto_decompress": False}
+    )
     app.on_response_prepare.append(http.cors_hook(lambda: live.guard))
     app[LIVE] = live
     app[METRICS] = metrics

@@ -1,4 +1,5 @@
-"""Owner-addressed session ids (bridge/cluster.py) and the `cluster` config block: pure, no IO."""
+"""Owner-addressed session ids (bridge/cluster.py), the `cluster` config block, and what a
+forward sends (transports/forward.py): pure, no IO."""
 
 from __future__ import annotations
 
@@ -7,12 +8,19 @@ import re
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 import yaml
+from aiohttp.test_utils import make_mocked_request
+from multidict import CIMultiDict
 
-from bridge import cli
-from bridge.cluster import DEAD_EPOCHS, Cluster, Forward, Gone, Local, Owner
+from bridge import cli, jsonrpc
+from bridge.cluster import DEAD_EPOCHS, FORWARDED_HEADER, Cluster, Forward, Gone, Local, Owner
+from bridge.config import Cluster as ClusterConfig
 from bridge.config import ConfigError, load
+from bridge.metrics import Forwarding
+from bridge.transports.forward import Forwarder
+from bridge.transports.http import HttpError
 
 KEY = "k" * 40
 OTHER_KEY = "o" * 40
@@ -171,3 +179,89 @@ def test_place_says_where_what_an_owner_holds_is() -> None:
     assert isinstance(second := a.place(b, forwarded=True), Gone) and second.outcome == "second_hop"
     a.owner_restarted(b)
     assert isinstance(dead := a.place(b, forwarded=False), Gone) and dead.outcome == "owner_restarted"
+
+
+# ------------------------------------------------- what a forward sends (transports/forward.py)
+
+
+class Recording:
+    """Stands in for the forwarder's aiohttp client: keeps the exact headers each request was
+    given, and connects nowhere (the owner reads as gone)."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, str, Any]] = []
+
+    async def request(self, method: str, url: str, *, headers: Any, data: Any, allow_redirects: bool) -> Any:
+        self.sent.append((method, url, headers))
+        raise aiohttp.ClientConnectionError("no connection in a unit test")
+
+
+def recording_forwarder() -> tuple[Forwarder, Recording]:
+    forwarder = Forwarder(Cluster(A, KEY), ClusterConfig(), tls=False, read_timeout=1.0, counts=Forwarding())
+    client = Recording()
+    forwarder._client = client  # type: ignore[assignment]
+    return forwarder, client
+
+
+# A client's fields, as a proxy in front of the bridge passes them on: repeats, and fields meant
+# for the one connection they came on (RFC 9110, 7.6.1), some of them named by a Connection field.
+CLIENT_FIELDS = [
+    ("Host", "bridge.example"),
+    ("X-Forwarded-For", "198.51.100.7"),
+    ("Authorization", "Bearer t"),
+    ("Connection", "close, X-Secret"),
+    ("x-forwarded-for", "10.0.0.2"),
+    ("X-Secret", "s"),
+    ("Connection", "X-Other"),  # a second Connection field names more
+    ("X-Other", "o"),
+    ("Keep-Alive", "timeout=5"),
+    ("TE", "trailers"),
+    ("Proxy-Authorization", "Basic eDp5"),
+    ("Upgrade", "h2c"),
+    ("Proxy-Connection", "keep-alive"),
+    ("Trailer", "X-T"),
+    ("Transfer-Encoding", "chunked"),
+    (FORWARDED_HEADER, "203.0.113.9:1"),  # a client's own mark is replaced by the forwarder's
+    ("Mcp-Session-Id", "sid"),
+    ("Accept", "application/json"),
+    ("X-Forwarded-For", "10.0.0.3"),
+]
+END_TO_END = [
+    ("Host", "bridge.example"),
+    ("X-Forwarded-For", "198.51.100.7"),
+    ("Authorization", "Bearer t"),
+    ("x-forwarded-for", "10.0.0.2"),
+    (FORWARDED_HEADER, A),
+    ("Mcp-Session-Id", "sid"),
+    ("Accept", "application/json"),
+    ("X-Forwarded-For", "10.0.0.3"),
+]
+
+
+async def test_a_forward_carries_every_end_to_end_field_in_order_and_its_mark() -> None:
+    """Each repeat of a field (every proxy's X-Forwarded-For) reaches the owner, in order, in
+    the multidict handed to aiohttp's client; none meant for one connection does; and the request
+    is marked as forwarded, so the replica it reaches serves it or refuses it, never forwards it."""
+    forwarder, client = recording_forwarder()
+    request = make_mocked_request("POST", "/servers/demo/mcp", headers=CIMultiDict(CLIENT_FIELDS))
+    with pytest.raises(HttpError) as gone:
+        await forwarder.forward(request, Owner(B, "1" * 8))
+    assert (gone.value.status, gone.value.code) == (404, jsonrpc.SESSION_CLOSED)
+    [(method, url, headers)] = client.sent
+    assert (method, url) == ("POST", f"http://{B}/servers/demo/mcp")
+    assert list(headers.items()) == END_TO_END, list(headers.items())
+    assert headers.getall("X-Forwarded-For") == ["198.51.100.7", "10.0.0.2", "10.0.0.3"]
+
+
+async def test_a_forwarded_retry_carries_every_end_to_end_field_in_order_and_its_mark() -> None:
+    """As a forward, from the fields either HTTP path's reply gives; the body is encoded again,
+    so its own framing, coding and expectation go, and its type is JSON."""
+    forwarder, client = recording_forwarder()
+    body_fields = [("Content-Length", "99"), ("Content-Encoding", "gzip"), ("Expect", "100-continue"), ("Content-Type", "text/plain")]
+    reply: Any = None  # not reached: the owner is gone before any answer
+    with pytest.raises(HttpError) as gone:
+        await forwarder.retry(Owner(B, "1" * 8), "demo", CIMultiDict(CLIENT_FIELDS + body_fields), b"{}", reply, 7, 1 << 20)
+    assert (gone.value.status, gone.value.code, gone.value.request_id) == (400, jsonrpc.INVALID_PARAMS, 7)
+    [(method, url, headers)] = client.sent
+    assert (method, url) == ("POST", f"http://{B}/servers/demo/mcp")
+    assert list(headers.items()) == [*END_TO_END, ("Content-Type", "application/json")], list(headers.items())

@@ -15,21 +15,26 @@ import asyncio
 import gzip
 import json
 import signal
+import tracemalloc
+import zlib
 from collections.abc import AsyncIterator
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from aiohttp import StreamReader
 from aiohttp.base_protocol import BaseProtocol
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.http_parser import HttpRequestParser
+from aiohttp.test_utils import make_mocked_request
 from conftest import Bridge, demo, faulty
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from rawclient import RawSse, call
 
-from bridge.transports import fastpath, streamable
+from bridge.transports import common, fastpath, streamable
 from bridge.transports.fastpath import parse_head
-from bridge.transports.http import quality
+from bridge.transports.http import HttpError, quality
 
 SID = "0123456789abcdef0123456789abcdef"
 GOOD_HEAD = (
@@ -644,6 +649,141 @@ async def test_a_compressed_body_over_the_limit_once_decompressed_is_refused(dae
         await wire.send(mcp_post(echo(3), sid, accept="application/json"))
         status, _, text = await wire.response()
         assert status == 200 and json.loads(text)["result"]["content"][0]["text"] == "t3", (status, text)
+
+
+def _raw_deflate(body: bytes) -> bytes:
+    packer = zlib.compressobj(wbits=-zlib.MAX_WBITS)
+    return packer.compress(body) + packer.flush()
+
+
+_BOMB = gzip.compress(b"[" + b" " * (2 << 20) + b"]")  # 2 MiB from about 2 KiB
+_NOT_OURS = "unsupported Content-Encoding {!r}: a body may be gzip or deflate"
+# Every way a compressed body can fail, with its answer: (Content-Encoding, body, status, code, message).
+UNDECODABLE = [
+    ("gzip", b'{"not": "gzip"}', 400, -32700, "body does not decode as gzip: incorrect header check"),
+    ("deflate", b"\x78\x9c not deflate", 400, -32700, "body does not decode as deflate: invalid stored block lengths"),
+    ("deflate", b"\xff\xff not deflate", 400, -32700, "body does not decode as deflate: invalid block type"),
+    ("gzip", gzip.compress(echo(9))[:-6], 400, -32700, "body does not decode as gzip: it ends before its compressed data does"),
+    ("deflate", zlib.compress(echo(9))[:-3], 400, -32700, "body does not decode as deflate: it ends before its compressed data does"),
+    ("gzip", b"", 400, -32700, "body does not decode as gzip: it ends before its compressed data does"),
+    ("gzip", gzip.compress(echo(9)) + b"junk", 400, -32700, "body does not decode as gzip: data after its end (incorrect header check)"),
+    ("deflate", zlib.compress(echo(9)) + b"junk", 400, -32700, "body does not decode as deflate: data after its end"),
+    ("gzip", gzip.compress(b"[]") * 65, 400, -32700, "body does not decode as gzip: more than 64 gzip members"),
+    ("br", b"\x0b\x02\x80{}\x03", 415, -32600, _NOT_OURS.format("br")),
+    ("zstd", b"(\xb5/\xfd\x00\x00", 415, -32600, _NOT_OURS.format("zstd")),
+    ("compress", echo(9), 415, -32600, _NOT_OURS.format("compress")),  # never taken as plain JSON
+    ("gzip, gzip", gzip.compress(gzip.compress(echo(9))), 415, -32600, _NOT_OURS.format("gzip, gzip")),
+    ("gzip, identity, br", b"x", 415, -32600, _NOT_OURS.format("gzip, br")),
+    ("gzip", _BOMB, 413, -32600, "body is over the limit of 4096 bytes once decompressed"),
+]
+# Codings that decode: (Content-Encoding, how the body is encoded).
+DECODED: list[tuple[str, Any]] = [
+    ("gzip", gzip.compress),
+    ("X-GZIP", gzip.compress),
+    ("deflate", zlib.compress),
+    ("deflate", _raw_deflate),  # without zlib's header, as some clients send it
+    ("gzip", lambda body: gzip.compress(body[:10]) + gzip.compress(body[10:])),  # two members
+    ("identity", lambda body: body),
+    ("", lambda body: body),
+]
+
+
+def _framed(request: bytes, chunked: bool) -> bytes:
+    """`request` (built with a Content-Length) as it is, or with its body sent chunked."""
+    head, _, body = request.partition(b"\r\n\r\n")
+    if not chunked:
+        return request
+    head = b"\r\n".join(line for line in head.split(b"\r\n") if not line.lower().startswith(b"content-length"))
+    return head + b"\r\nTransfer-Encoding: chunked\r\n\r\n" + (b"%x\r\n%s\r\n" % (len(body), body) if body else b"") + b"0\r\n\r\n"
+
+
+@pytest.mark.parametrize("endpoint", ["mcp", "messages"])
+async def test_every_compressed_body_gets_its_answer_and_the_connection_goes_on(daemon: Bridge, endpoint: str) -> None:
+    """Both message endpoints, with a Content-Length (which the fast path hands to aiohttp) and
+    chunked: a body that does not decode is a 400 (-32700) with the reason, a coding the bridge
+    does not decode a 415 offering those it does, a bomb a 413; no 500 and nothing logged as an
+    error (aiohttp decoded these itself: a 500 and two tracebacks, an unknown coding read as
+    plain JSON, a truncated one taken). Each connection goes on to serve its next request."""
+    sse = await _session(daemon) if endpoint == "messages" else None
+    try:
+        async for wire in _wire(daemon):
+            if sse is None:
+                sid = f"Mcp-Session-Id: {await _mcp_session(wire)}"
+
+                def request(body: bytes, *extra: str) -> bytes:
+                    return mcp_post(body, sid, *extra, accept="application/json")
+            else:
+                session = sse.session_id
+
+                def request(body: bytes, *extra: str) -> bytes:
+                    return post(session, body, *extra)
+
+            n = 10
+
+            async def served() -> None:
+                nonlocal n
+                n += 1
+                await wire.send(request(echo(n)))
+                status, _, text = await wire.response()
+                if sse is None:
+                    assert status == 200 and json.loads(text)["result"]["content"][0]["text"] == f"t{n}", (status, text)
+                else:
+                    assert status == 202, (status, text)
+                    await _answered(sse, n)
+
+            for chunked in (False, True):
+                for coding, body, status, code, message in UNDECODABLE:
+                    await wire.send(_framed(request(body, f"Content-Encoding: {coding}"), chunked))
+                    got, headers, text = await wire.response()
+                    error = json.loads(text)["error"]
+                    assert (got, error["code"], error["message"]) == (status, code, message), (coding, chunked, got, text)
+                    assert headers.get("accept-encoding") == ("gzip, deflate" if status == 415 else None), headers
+                    await served()
+                # A compressed body over the limit as sent, with no length to refuse it by.
+                wide = gzip.compress(bytes(range(256)) * 32, compresslevel=0)
+                await wire.send(_framed(request(wide, "Content-Encoding: gzip"), chunked))
+                got, _, text = await wire.response()
+                error = json.loads(text)["error"]
+                limit = "over the limit of 4096 bytes" if chunked else f"body of {len(wide)} bytes is over the limit of 4096"
+                assert (got, error["code"]) == (413, -32600) and error["message"].endswith(limit), text
+                if chunked:
+                    await served()
+                for coding, encode in DECODED:
+                    n += 1
+                    await wire.send(_framed(request(encode(echo(n)), f"Content-Encoding: {coding}"), chunked))
+                    status, _, text = await wire.response()
+                    if sse is None:
+                        assert status == 200 and json.loads(text)["result"]["content"][0]["text"] == f"t{n}", (coding, status, text)
+                    else:
+                        assert status == 202, (coding, status, text)
+                        await _answered(sse, n)
+    finally:
+        if sse is not None:
+            await sse.__aexit__(None, None, None)
+    assert [e for e in daemon.events if e.get("level") in ("error", "critical")] == []
+    assert daemon.named("Unhandled exception") == [] and daemon.named("internal_error") == []
+
+
+async def test_a_compressed_bomb_is_refused_having_decompressed_no_more_than_the_limit() -> None:
+    """A 64 MiB bomb from 64 KiB, under a 64 KiB limit: refused 413 with little more than the
+    limit ever decompressed (aiohttp's own decoding went on to decompress the rest)."""
+    limit = 64 << 10
+    bomb = gzip.compress(bytes(64 << 20))
+    assert len(bomb) < limit
+    reader = StreamReader(BaseProtocol(asyncio.get_running_loop()), 2**16)
+    reader.feed_data(bomb)
+    reader.feed_eof()
+    request = make_mocked_request("POST", "/servers/demo/mcp", headers={"Content-Encoding": "gzip"}, payload=reader)
+    gateway: Any = SimpleNamespace(limits=SimpleNamespace(max_message_bytes=limit), metrics=SimpleNamespace(bytes_in=0))
+    tracemalloc.start()
+    try:
+        with pytest.raises(HttpError) as refused:
+            await common.read_message(request, gateway)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert (refused.value.status, refused.value.message) == (413, f"body is over the limit of {limit} bytes once decompressed")
+    assert peak < 4 * limit, peak
 
 
 async def test_a_notification_post_is_answered_the_same_on_both_paths(daemon: Bridge) -> None:

@@ -8,6 +8,7 @@ pinned to 2026-07-28 and in its default auto mode, checks that real clients work
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import signal
 import socket
@@ -207,6 +208,33 @@ async def test_get_and_delete_without_a_session_are_405(bridge):
                 async with http.request(method, b.url("demo", "mcp"), headers={"Accept": "text/event-stream"}) as resp:
                     assert resp.status == 405 and resp.headers["Allow"] == "POST"
                     assert (await resp.json())["error"]["code"] == -32600
+
+
+@pytest.mark.parametrize("path", PATHS)
+async def test_a_compressed_body_is_decoded_and_one_that_does_not_decode_is_400(bridge, path):
+    """A 2026-07-28 request with `Content-Encoding` (always aiohttp's: with a Content-Length the
+    fast path hands it over): decoded when it decodes, else 400 / -32700 with the reason (it
+    was a 500 and two tracebacks), 415 for a coding the bridge does not decode."""
+    async with bridge(shared(demo=demo())) as b:
+        call = request("tools/call", {"name": "echo", "arguments": {"text": "zipped"}}, rid=5)
+        good = gzip.compress(json.dumps(call).encode())
+        cases = [(good, "gzip", 200), (b'{"jsonrpc": "2.0"}', "gzip", 400), (good[:-4], "gzip", 400), (good, "br", 415)]
+        async with aiohttp.ClientSession(auto_decompress=False) as http:
+            for body, coding, status in cases:
+
+                async def chunks(body: bytes = body) -> AsyncIterator[bytes]:
+                    yield body
+
+                headers = {**headers_for(call), "Content-Encoding": coding}
+                async with http.post(b.url("demo", "mcp"), data=body if path == "fast" else chunks(), headers=headers) as resp:
+                    answer = Answer(resp.status, resp.content_type, await resp.read(), resp.headers)
+                assert answer.status == status, (coding, answer.status, answer.body)
+                if status == 200:
+                    assert answer.json()["result"]["content"][0]["text"] == "zipped", answer.body
+                else:
+                    code, reason = (-32700, "body does not decode as gzip: ") if status == 400 else (-32600, "unsupported Content-Encoding 'br'")
+                    assert error_of(answer)["code"] == code and error_of(answer)["message"].startswith(reason), answer.body
+        assert [e for e in b.events if e.get("level") in ("error", "critical")] == []
 
 
 @pytest.mark.parametrize("path", PATHS)

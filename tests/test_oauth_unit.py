@@ -217,6 +217,74 @@ async def test_opaque_tokens_are_introspected_once_and_remembered(aiohttp_server
         await verifier.close()
 
 
+def test_a_remembered_token_is_refused_once_past_its_exp_and_the_leeway() -> None:
+    """A token accepted once is remembered, so later requests skip its signature check; the
+    memory never outlives the token: accepted up to its exp plus the issuer's leeway (30 s),
+    refused from then on, by the wall clock (injected here)."""
+    config = parse(CONFIG, environ={})
+    assert config.security.oauth is not None
+    wall = [time.time()]
+    verifier = OAuthVerifier(config.security.oauth, wall=lambda: wall[0])
+    keys = verifier.issuers[ISSUER]
+    keys.keys = {"r1": jwk(RSA, "r1")}
+    keys.fetched_at = keys.attempted_at = time.monotonic()
+    exp = int(wall[0]) + 300
+    tok, audiences = token({"exp": exp, "aud": BASE}), frozenset({BASE})
+    assert verifier.check(tok, audiences).expires == exp + 30  # checked, and remembered
+    for now in (exp - 1, exp + 29.5):
+        wall[0] = now
+        assert verifier.check(tok, audiences).name == f"{ISSUER}#alice", now
+    wall[0] = exp + 30
+    with pytest.raises(TokenRefused, match="^token expired$"):
+        verifier.check(tok, audiences)
+    assert verifier.outcomes == {"ok": 3, "expired": 1}
+
+
+async def test_only_an_introspection_answer_of_json_true_is_active(aiohttp_server: Any) -> None:
+    """RFC 7662: `active` is a boolean, and a token is active only when it is `true`. An answer
+    that is not, whatever claims it carries (an identity provider may send them along), or
+    whose `active` is "true", 1 or missing, leaves the token refused as not active."""
+    from aiohttp import web
+
+    claims = {"sub": "bob", "aud": BASE, "exp": int(time.time()) + 300, "groups": ["mcp:time"]}
+    answers: dict[str, dict[str, Any]] = {
+        "active-true": {"active": True, **claims},
+        "active-false": {"active": False, **claims},
+        "active-string": {"active": "true", **claims},
+        "active-one": {"active": 1, **claims},
+        "active-null": {"active": None, **claims},
+        "active-missing": claims,
+    }
+
+    async def introspect(request: web.Request) -> web.Response:
+        return web.json_response(answers[str((await request.post())["token"])])
+
+    app = web.Application()
+    app.router.add_post("/introspect", introspect)
+    server = await aiohttp_server(app)
+    config = parse(
+        CONFIG.replace(
+            "scopes_claim: groups}",
+            f"scopes_claim: groups, introspection: {{url: 'http://127.0.0.1:{server.port}/introspect', client_id: bridge, client_secret: s}}}}",
+        ),
+        environ={},
+    )
+    assert config.security.oauth is not None
+    verifier = OAuthVerifier(config.security.oauth)
+    try:
+        for opaque in answers:
+            with pytest.raises(NeedsFetch):
+                verifier.check(opaque, frozenset({BASE}))
+            await verifier.fetch(opaque)
+        assert verifier.check("active-true", frozenset({BASE})).name == f"{ISSUER}#bob"  # the same claims, active
+        for opaque in [name for name in answers if name != "active-true"]:
+            with pytest.raises(TokenRefused, match="^token is not active$"):
+                verifier.check(opaque, frozenset({BASE}))
+        assert verifier.outcomes == {"ok": 1, "inactive": len(answers) - 1}
+    finally:
+        await verifier.close()
+
+
 def test_the_resource_url_comes_from_config_or_a_trusted_proxy_only() -> None:
     proxied = CONFIG.replace("listen: {host: 127.0.0.1, port: 8080}", "listen: {host: 127.0.0.1, port: 8080, trusted_proxies: [10.0.0.0/8]}")
     g = guard(text=proxied)

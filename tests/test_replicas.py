@@ -11,11 +11,14 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import gzip
 import json
 import os
+import re
 import signal
 import socket
 import time
+import zlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -42,12 +45,15 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def replica(tmp_path: Path, port: int, config: dict[str, Any] | None = None, expect_exit: int = 0) -> contextlib.AbstractAsyncContextManager[Bridge]:
-    """One replica on `port`, advertising it; its own directory, so that replicas never share a config file."""
+def replica(
+    tmp_path: Path, port: int, config: dict[str, Any] | None = None, expect_exit: int = 0, advertise: int | None = None
+) -> contextlib.AbstractAsyncContextManager[Bridge]:
+    """One replica on `port`, advertising it (or `advertise`: a port in front of it); its own
+    directory, so that replicas never share a config file."""
     home = tmp_path / f"r{port}"
     home.mkdir(parents=True, exist_ok=True)
     cfg = {**(config or DEMO), "cluster": {"peer_key": KEY}}
-    return run_bridge(home, cfg, "--port", str(port), "--advertise", f"127.0.0.1:{port}", expect_exit=expect_exit)
+    return run_bridge(home, cfg, "--port", str(port), "--advertise", f"127.0.0.1:{advertise or port}", expect_exit=expect_exit)
 
 
 @contextlib.asynccontextmanager
@@ -108,6 +114,79 @@ class Decoy:
         await self.server.wait_closed()
 
 
+class Relay:
+    """A loopback hop that keeps every byte sent through it: piped on to `upstream` (a
+    replica's port), or, with none, answered with `answer` after each request's head and body.
+    At most `limit` connections; later ones are closed at once."""
+
+    def __init__(self, upstream: int | None = None, answer: bytes = b"", limit: int = 8) -> None:
+        self.upstream, self.answer, self.limit = upstream, answer, limit
+        self.received = bytearray()
+        self.connections = 0
+        self.port = 0
+        self._server: asyncio.Server | None = None
+        self._writers: list[asyncio.StreamWriter] = []
+
+    async def __aenter__(self) -> Relay:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        for writer in self._writers:
+            writer.close()
+        await self._server.wait_closed()
+
+    def heads(self) -> list[tuple[bytes, CIMultiDict[str]]]:
+        """Each request head that went through: its request line and its fields, in order."""
+        found = []
+        for line, block in re.findall(rb"((?:POST|GET|DELETE) \S+ HTTP/1\.1)\r\n(.*?)\r\n\r\n", bytes(self.received), re.S):
+            fields = CIMultiDict((k.strip(), v.strip()) for k, _, v in (f.decode("latin-1").partition(":") for f in block.split(b"\r\n")))
+            found.append((line, fields))
+        return found
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        self._writers.append(writer)
+        if self.connections > self.limit:
+            writer.close()
+            return
+        if self.upstream is None:
+            await self._answer(reader, writer)
+            return
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream)
+        self._writers.append(up_writer)
+        await asyncio.gather(self._pipe(reader, up_writer, keep=True), self._pipe(up_reader, writer, keep=False))
+
+    async def _pipe(self, source: asyncio.StreamReader, sink: asyncio.StreamWriter, keep: bool) -> None:
+        try:
+            while data := await source.read(1 << 16):
+                if keep:
+                    self.received += data
+                sink.write(data)
+                await sink.drain()
+        except ConnectionError:
+            pass
+        finally:
+            sink.close()
+
+    async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                self.received += head
+                length = re.search(rb"\r\ncontent-length:\s*(\d+)", head, re.I)
+                self.received += await reader.readexactly(int(length[1]) if length else 0)
+                writer.write(self.answer)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+
 # ------------------------------------------------------------------ sessions
 
 
@@ -164,6 +243,37 @@ async def test_streamable_session_used_through_each_replica(tmp_path: Path) -> N
             client.url = mcp(via)
             gone = await client.post(tool_call("echo", {"text": "x"}, 9))
             assert gone.status == 404, (via.port, gone.status, gone.text)
+
+
+async def test_a_compressed_body_is_forwarded_as_sent_and_read_by_the_owner(tmp_path: Path) -> None:
+    """A compressed body for another replica's session, on both message endpoints, is relayed
+    as the client sent it and decoded, or refused with its reason, by the owner. It was
+    decompressed by the forwarder and sent on under its Content-Encoding and compressed
+    length: the owner answered 500 to a good body, and a bad one read as the owner gone."""
+    bomb = gzip.compress(bytes(8 << 20))  # 8 KiB that grow past the default 4 MiB limit
+    async with replicas(tmp_path, n=2) as (a, b), RawStreamable(mcp(a)) as client, RawSse(a.url("demo")) as sse:
+        await client.initialize()
+        await sse.initialize()
+        sse.endpoint = f"{b.base}/servers/demo/messages?session_id={sse.session_id}"
+        headers = {SESSION: client.session_id, "MCP-Protocol-Version": client.protocol_version, "Accept": JSON_ONLY}
+        async with aiohttp.ClientSession(auto_decompress=False) as http:
+            for n, (coding, encode, status, code) in enumerate(
+                [("gzip", gzip.compress, 200, None), ("deflate", zlib.compress, 200, None), ("gzip", lambda _: b"not gzip", 400, -32700),
+                 ("gzip", lambda _: bomb, 413, -32600), ("br", lambda body: body, 415, -32600)]  # fmt: skip
+            ):
+                body = json.dumps(tool_call("echo", {"text": f"zipped {n}"}, n)).encode()
+                async with http.post(mcp(b), data=encode(body), headers={**headers, "Content-Encoding": coding}) as resp:
+                    got, answer = resp.status, await resp.json()
+                sse_status, sse_text = await sse.post(None, raw=encode(body), headers={"Content-Encoding": coding})
+                if status == 200:
+                    assert got == 200 and text_of(answer) == f"zipped {n}", answer
+                    assert sse_status == 202, sse_text
+                    assert text_of(await sse.response(n)) == f"zipped {n}"
+                else:
+                    assert (got, answer["error"]["code"]) == (status, code), (coding, got, answer)
+                    assert (sse_status, json.loads(sse_text)["error"]) == (status, answer["error"]), sse_text
+        assert await forwarded_count(b, "forwarded") == 10 and await forwarded_count(b, "owner_gone") == 0
+    assert [e for e in a.events + b.events if e.get("level") in ("error", "critical")] == []
 
 
 async def test_resume_through_a_third_replica_after_the_proxy_died(tmp_path: Path) -> None:
@@ -444,6 +554,108 @@ async def test_mrtr_tampered_state_refused_with_no_connection(tmp_path: Path) ->
 
 
 # ---------------------------------------------------------------- operations
+
+
+# ------------------------------------------------------- what a forward carries
+
+
+# A client's fields that are meant for the one connection they came on (RFC 9110, 7.6.1), the
+# first named by the Connection field; none may reach the owner.
+HOP_BY_HOP_FIELDS = ("X-Secret: s", "Keep-Alive: timeout=5", "TE: trailers", "Proxy-Authorization: Basic eDp5", "Upgrade: h2c", "Proxy-Connection: keep-alive")
+
+
+def raw_post(b: Bridge, body: bytes, *fields: str) -> bytes:
+    head = ["POST /servers/demo/mcp HTTP/1.1", f"Host: 127.0.0.1:{b.port}", f"Content-Length: {len(body)}", *fields]
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + body
+
+
+async def exchange(b: Bridge, request: bytes) -> tuple[int, dict[str, str], Any]:
+    """One request on its own connection: the status, the fields (lower-case), the JSON body."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", b.port)
+    try:
+        writer.write(request)
+        async with asyncio.timeout(10):
+            head, _, rest = (await reader.readuntil(b"\r\n\r\n")).partition(b"\r\n")
+            fields = dict((k.strip().lower(), v.strip()) for k, _, v in (f.decode("latin-1").partition(":") for f in rest.split(b"\r\n") if f))
+            body = await reader.readexactly(int(fields["content-length"]))
+        return int(head.split()[1]), fields, json.loads(body)
+    finally:
+        writer.close()
+
+
+async def test_forwards_keep_every_end_to_end_field_in_order_and_no_hop_by_hop_one(tmp_path: Path) -> None:
+    """What the owner receives, seen on the wire by a hop in front of it (the owner advertises
+    the hop's address): a session's request and an MRTR retry forwarded by b, on both HTTP
+    paths, carry each X-Forwarded-For the client sent, in order (b forwarded only the last), the
+    forwarding mark, and none of the client's hop-by-hop fields."""
+    a_port = free_port()
+    async with Relay(upstream=a_port) as hop, replica(tmp_path, a_port, advertise=hop.port) as a, replica(tmp_path, free_port()) as b, RawStreamable(
+        mcp(a)
+    ) as client:
+        await client.initialize()
+        proxies = ("X-Forwarded-For: 198.51.100.7", "X-Forwarded-For: 10.0.0.2")
+        mark = f"127.0.0.1:{b.port}"
+
+        def forwarded(target: bytes) -> CIMultiDict[str]:
+            *_, (line, fields) = hop.heads()
+            assert line == b"POST " + target + b" HTTP/1.1", line
+            return fields
+
+        # A session's request, on the fast path's hand-off (Upgrade) and on aiohttp's.
+        body = json.dumps(tool_call("echo", {"text": "through"}, 1)).encode()
+        for extra in (("Connection: close, X-Secret", *HOP_BY_HOP_FIELDS), ("Connection: X-Secret", "X-Secret: s", "Keep-Alive: 5")):
+            session = (f"{SESSION}: {client.session_id}", f"MCP-Protocol-Version: {client.protocol_version}", f"Accept: {JSON_ONLY}")
+            status, _, answer = await exchange(b, raw_post(b, body, *proxies, *session, *extra))
+            assert status == 200 and text_of(answer) == "through", answer
+            fields = forwarded(b"/servers/demo/mcp")
+            assert fields.getall("X-Forwarded-For") == ["198.51.100.7", "10.0.0.2"], fields
+            assert fields.getall(FORWARDED_HEADER) == [mark], fields
+            leaked = [f for f in HOP_BY_HOP_FIELDS if f.partition(":")[0] in fields]
+            assert not leaked and "x-secret" not in fields.get("Connection", "").lower(), fields
+
+        # An MRTR retry parked on a, sent to b: fast path (Content-Length), aiohttp's (chunked).
+        for path in ("fast", "aiohttp"):
+            call = sample_call(f"via {path}?")
+            result = await input_required(mcp(a), call)
+            again = modern.retry(call, result, f"answered via {path}")
+            headers = CIMultiDict([*modern.headers_for(again).items(), *(p.split(": ") for p in proxies)])
+            answer = await modern.post(mcp(b), again, headers, path)  # type: ignore[arg-type]
+            assert answer.status == 200 and answer.final()["result"]["content"][0]["text"] == f"answered via {path}", answer.body
+            fields = forwarded(b"/servers/demo/mcp")
+            assert fields.getall("X-Forwarded-For") == ["198.51.100.7", "10.0.0.2"], (path, fields)
+            assert fields.getall(FORWARDED_HEADER) == [mark], fields
+        assert await forwarded_count(b, "forwarded") == 4
+
+
+async def test_an_owners_hop_by_hop_fields_are_not_relayed(tmp_path: Path) -> None:
+    """The owner's answer reaches the client with its end-to-end fields only: not those its
+    Connection field names, nor Keep-Alive, Proxy-Authenticate, Upgrade, Trailer."""
+    answer = b'{"jsonrpc":"2.0","id":1,"result":{"content":[]}}'
+    head = ("HTTP/1.1 200 OK", "Content-Type: application/json", f"Content-Length: {len(answer)}", "Connection: X-Owner-Secret",
+            "X-Owner-Secret: s", "Keep-Alive: timeout=5", "Proxy-Authenticate: Basic", "Upgrade: h2c", "Trailer: X-T", "X-Owner-Kept: k")  # fmt: skip
+    async with Relay(answer=("\r\n".join(head) + "\r\n\r\n").encode() + answer) as owner, replica(tmp_path, free_port()) as b:
+        sid = Cluster(f"127.0.0.1:{owner.port}", KEY).new_id(None)
+        body = json.dumps(tool_call("echo", {"text": "x"}, 1)).encode()
+        status, fields, got = await exchange(b, raw_post(b, body, f"{SESSION}: {sid}", f"Accept: {JSON_ONLY}", "Connection: close"))
+        assert status == 200 and got == json.loads(answer), got
+        assert fields.get("x-owner-kept") == "k", fields
+        leaked = [name for name in ("x-owner-secret", "keep-alive", "proxy-authenticate", "upgrade", "trailer") if name in fields]
+        assert not leaked, fields
+
+
+async def test_a_forward_that_reaches_a_replica_not_owning_the_session_goes_no_further(tmp_path: Path) -> None:
+    """A session id naming an address that leads to another replica (here a hop in front of b):
+    a forwards it there, and b, seeing a's mark, refuses it (404, -32600) rather than forwarding
+    it once more (unmarked, it went round b and the hop until connections ran out)."""
+    async with replicas(tmp_path, n=2) as (a, b), Relay(upstream=b.port) as hop:
+        sid = Cluster(f"127.0.0.1:{hop.port}", KEY).new_id(None)
+        body = json.dumps(tool_call("echo", {"text": "x"}, 1)).encode()
+        status, _, answer = await exchange(a, raw_post(a, body, f"{SESSION}: {sid}", f"Accept: {JSON_ONLY}"))
+        assert status == 404, answer
+        assert answer["error"] == {"code": -32600, "message": "unknown session: forwarded to a replica that does not own it"}, answer
+        assert [fields.getall(FORWARDED_HEADER) for _, fields in hop.heads()] == [[f"127.0.0.1:{a.port}"]]
+        assert await forwarded_count(b, "second_hop") == 1 and await forwarded_count(b, "forwarded") == 0
+        assert await forwarded_count(a, "forwarded") == 1
 
 
 async def test_status_names_the_replica_and_its_epoch(tmp_path: Path) -> None:

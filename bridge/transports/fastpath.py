@@ -72,8 +72,8 @@ _REQUEST_LINE = re.compile(rb"POST " + _TARGET.pattern + rb" HTTP/1\.1")
 _FIELDS = re.compile(rb"(?:\r\n[!#$%&'*+.^_`|~0-9A-Za-z-]+:[\t\x20-\x7e\x80-\xff]*)*")
 _FIELD = re.compile(rb"\r\n([^:]+):[\t ]*+((?:[^\r]*[^\r\t ])?)[\t ]*")  # one field of a block _FIELDS took
 _MCP = b"mcp"
-# A header here that changes how the body is framed or encoded (aiohttp decompresses a body that
-# says it is), or what is expected of the server, means aiohttp.
+# A header here that changes how the body is framed or encoded (a compressed body is decoded on
+# aiohttp's path, by common.read_message), or what is expected of the server, means aiohttp.
 _HAND_OFF_FIELDS = frozenset({b"transfer-encoding", b"content-encoding", b"expect", b"upgrade"})
 # The fields this path reads (and Mcp-Param-*): a repeat of one is ambiguous, and aiohttp's to
 # judge. A repeat of another (an X-Forwarded-For that each proxy on the way added) is not.

@@ -9,8 +9,10 @@ here.
 
 Forwarding opens one request to the owner through the daemon's one client
 (a bounded pool of connections; `cluster.connect_timeout`), with the
-client's end-to-end headers (its credentials, which the owner checks again)
-and `X-MCP-Bridge-Forwarded`, and relays the answer chunk by chunk as it
+client's end-to-end fields, every repeat in its order (its credentials,
+which the owner checks again; each proxy's `X-Forwarded-For`), the body as
+the client sent it (a compressed one is the owner's to decode), and
+`X-MCP-Bridge-Forwarded`, and relays the answer chunk by chunk as it
 comes: 202s, JSON bodies, SSE streams with their keepalives, resumed GET
 streams. Nothing is buffered whole, and a client gone closes the request to
 the owner. An owner that cannot be reached answers 404 at once (its
@@ -36,13 +38,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from typing import Any, assert_never
 from urllib.parse import quote
 
 import aiohttp
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
+from multidict import CIMultiDict, MultiMapping
 
 from .. import jsonrpc, logs
 from ..cluster import EPOCH_HEADER, FORWARDED_HEADER, Cluster, Forward, Gone, Local, Owner
@@ -141,14 +144,14 @@ class Forwarder:
                 assert_never(route)
 
     async def retry(
-        self, owner: Owner, server: str, headers: Mapping[str, str], body: bytes, reply: http.Reply, rid: jsonrpc.RequestId | None, unsent_limit: int
+        self, owner: Owner, server: str, headers: MultiMapping[str], body: bytes, reply: http.Reply, rid: jsonrpc.RequestId | None, unsent_limit: int
     ) -> None:
         """Forward an MRTR retry to the replica holding its call; its answer goes back through
         `reply`: a JSON body whole, a stream chunk by chunk (a client that leaves more than
         `unsent_limit` bytes unread is cut off, as a slow session is)."""
         gone = HttpError(400, f"{CALL_GONE}: the replica that held it is gone; start the call anew", jsonrpc.INVALID_PARAMS, request_id=rid)
         # The body is encoded again and sent whole: its own length and type, nothing to expect.
-        out = {k: v for k, v in self._request_headers(headers).items() if k.lower() not in _REENCODED}
+        out = self._request_headers(headers, _REENCODED)
         out["Content-Type"] = http.JSON
         path = f"/servers/{quote(server, safe='')}/mcp"
         async with self._exchange(owner, "POST", path, out, body, gone) as (upstream, outcome):
@@ -179,7 +182,7 @@ class Forwarder:
 
     @contextlib.asynccontextmanager
     async def _exchange(
-        self, owner: Owner, method: str, path: str, headers: dict[str, str], data: Any, gone: HttpError
+        self, owner: Owner, method: str, path: str, headers: CIMultiDict[str], data: Any, gone: HttpError
     ) -> AsyncIterator[tuple[aiohttp.ClientResponse, str]]:
         """One request to `owner`, and its answer with the outcome it counts as; `gone` when the
         owner cannot be reached."""
@@ -213,9 +216,11 @@ class Forwarder:
         finally:
             self.in_flight -= 1
 
-    def _request_headers(self, headers: Mapping[str, str]) -> dict[str, str]:
-        named = {t.strip().lower() for t in headers.get("Connection", "").split(",")}  # hop-by-hop too
-        out = {k: v for k, v in headers.items() if (low := k.lower()) not in HOP_BY_HOP and low not in named}
+    def _request_headers(self, headers: MultiMapping[str], dropped: frozenset[str] = frozenset()) -> CIMultiDict[str]:
+        """The client's end-to-end fields, every one in its order (each proxy's X-Forwarded-For
+        line, say), and the forwarding mark; not those meant for one connection, nor `dropped`."""
+        skipped = HOP_BY_HOP | connection_named(headers) | dropped
+        out = CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in skipped)
         out[FORWARDED_HEADER] = self.cluster.advertise
         return out
 
@@ -225,8 +230,9 @@ class Forwarder:
 
     async def _relay(self, request: web.Request, upstream: aiohttp.ClientResponse, owner: Owner, outcome: str) -> web.StreamResponse:
         response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+        skipped = _OWN_RESPONSE_HEADERS | connection_named(upstream.headers)
         for name, value in upstream.headers.items():
-            if name.lower() not in _OWN_RESPONSE_HEADERS:
+            if name.lower() not in skipped:
                 response.headers.add(name, value)
         if upstream.content_length is not None:
             response.content_length = upstream.content_length
@@ -252,6 +258,11 @@ class Forwarder:
         self.counts.outcomes[outcome] += 1
         await response.write_eof()
         return response
+
+
+def connection_named(headers: MultiMapping[str]) -> frozenset[str]:
+    """The fields a message's Connection fields name: hop-by-hop too (RFC 9110, 7.6.1)."""
+    return frozenset(t.strip().lower() for field in headers.getall("Connection", ()) for t in field.split(","))
 
 
 def session_named(request: web.Request) -> str | None:

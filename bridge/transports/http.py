@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 from aiohttp import HttpVersion11, web
 from aiohttp.typedefs import Handler, Middleware
+from multidict import MultiMapping
 
 from .. import jsonrpc, logs, stateless
 from ..principals import NeedsFetch
@@ -270,8 +271,8 @@ class Reply(Protocol):
     def watch(self, left: Callable[[], object]) -> None:
         """Call `left` if the client goes before the answer has ended (one watcher: the latest)."""
 
-    def request_headers(self) -> Mapping[str, str]:
-        """The request's headers: what a forwarded retry carries."""
+    def request_headers(self) -> MultiMapping[str]:
+        """The request's fields, each repeat in its order: what a forwarded retry carries."""
 
     def mirrored(self) -> stateless.Headers:
         """What a 2026-07-28 request's headers mirror of its body (read only for one of those)."""

@@ -39,6 +39,9 @@ TESTS = {
     "bridge/mux.py": ("tests/test_mux.py", "tests/test_mux_properties.py", "tests/test_policy_unit.py"),
     "bridge/transports/http.py": ("tests/test_security.py", "tests/test_app.py"),
     "bridge/policy.py": ("tests/test_policy_unit.py", "tests/test_principals.py"),
+    "bridge/principals.py": ("tests/test_oauth_unit.py",),
+    "bridge/transports/forward.py": ("tests/test_cluster.py", "tests/test_replicas.py"),
+    "bridge/transports/common.py": ("tests/test_fastpath.py",),
 }
 
 
@@ -53,6 +56,7 @@ class Fault:
 
 SEC, CFG, RPC, MUX = "bridge/security.py", "bridge/config.py", "bridge/jsonrpc.py", "bridge/mux.py"
 HTTP, POL = "bridge/transports/http.py", "bridge/policy.py"
+PRI, FWD, BODY = "bridge/principals.py", "bridge/transports/forward.py", "bridge/transports/common.py"
 
 # The fifteen that survived the first mutation run (issue 11).
 ISSUE_11 = [
@@ -259,7 +263,24 @@ SINCE = [
     Fault("pol-refusals-uncounted", POL, '        self._refused[principal, "rate"] += calls\n', ""),
 ]  # fmt: skip
 
-FAULTS = ISSUE_11 + FURTHER + SINCE
+# The four that survived a review's planted faults (issue 30, item 12), and the rules fixed beside them
+# (items 1 and 9): checked tokens, introspection, what a forward carries, compressed bodies.
+ISSUE_30 = [
+    Fault("oauth-cache-outlives-exp", PRI, "identity.expires <= self._wall()", "identity.expires + 3600 <= self._wall()"),
+    Fault("oauth-active-truthy", PRI, 'claims.get("active") is True', 'claims.get("active")'),
+    Fault("oauth-active-ignored", PRI, 'claims.get("active") is True and ', ""),
+    Fault("fwd-connection-named-forwarded", FWD, "skipped = HOP_BY_HOP | connection_named(headers) | dropped", "skipped = HOP_BY_HOP | dropped"),
+    Fault("fwd-te-forwarded", FWD, '"proxy-connection", "te", "trailer"', '"proxy-connection", "trailer"'),
+    Fault("fwd-not-marked", FWD, "        out[FORWARDED_HEADER] = self.cluster.advertise\n", ""),
+    Fault("fwd-last-repeat-only", FWD, "out = CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in skipped)", "out = CIMultiDict({k: v for k, v in headers.items() if k.lower() not in skipped})"),
+    Fault("fwd-owners-connection-named-relayed", FWD, "skipped = _OWN_RESPONSE_HEADERS | connection_named(upstream.headers)", "skipped = _OWN_RESPONSE_HEADERS"),
+    Fault("body-bomb-decompressed-whole", BODY, "piece = decoder.decompress(pending, limit + 1 - size)", "piece = decoder.decompress(pending)"),
+    Fault("body-truncated-taken", BODY, "    if decoder is None or not decoder.eof:\n        raise _undecodable", "    if decoder is None:\n        raise _undecodable"),
+    Fault("body-stacked-codings-decoded-once", BODY, "    if len(codings) > 1 or codings[0] not in _CODINGS:", "    if codings[0] not in _CODINGS:"),
+    Fault("body-as-sent-unbounded", BODY, "        if taken > limit:\n", "        if False:\n"),
+]  # fmt: skip
+
+FAULTS = ISSUE_11 + FURTHER + SINCE + ISSUE_30
 
 
 def copy_tree(dest: Path, baseline: str | None) -> None:
