@@ -76,14 +76,24 @@ def describe(gateway: Gateway, session: Session, now: float) -> dict[str, Any]:
 
 
 async def end_session(request: web.Request) -> web.Response:
-    session_id = request.match_info["id"]
-    for gateway in request.app[GATEWAYS].values():
-        session = gateway.sessions.get(session_id)
-        if session is not None:
-            failed = gateway.end_session(session, ENDED_MESSAGE)
-            _audit(request, "end_session", server=gateway.name, session=session_id, principal_of_session=session.owner, calls_failed=failed)
-            return web.json_response({"ended": session_id, "server": gateway.name, "calls_failed": failed})
-    raise HttpError(404, f"no session {session_id!r}")
+    gateway, session = _session(request.app[GATEWAYS], request.match_info["id"])
+    failed = gateway.end_session(session, ENDED_MESSAGE)
+    _audit(request, "end_session", server=gateway.name, session=session.id, principal_of_session=session.owner, calls_failed=failed)
+    return web.json_response({"ended": session.id, "server": gateway.name, "calls_failed": failed})
+
+
+def _session(gateways: dict[str, Gateway], asked: str) -> tuple[Gateway, Session]:
+    """The session with this id, else the one session whose id starts with it (what a person
+    copies off a table); a prefix of several is refused, naming how many."""
+    for gateway in gateways.values():
+        if (session := gateway.sessions.get(asked)) is not None:
+            return gateway, session
+    found = [(g, s) for g in gateways.values() for sid, s in list(g.sessions.items()) if sid.startswith(asked)]
+    if not found:
+        raise HttpError(404, f"no session {asked!r}")
+    if len(found) > 1:
+        raise HttpError(409, f"{len(found)} sessions have ids that start with {asked!r}: give more of the id")
+    return found[0]
 
 
 async def restart(request: web.Request) -> web.Response:

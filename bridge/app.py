@@ -12,7 +12,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from . import admin, confine, logs, policy, procstat, security, statuspage
 from .cluster import Cluster
 from .config import Config
-from .gateway import Gateway
+from .gateway import Gateway, Upstream
 from .metrics import Forwarding, Metrics
 from .pool import Slots
 from .principals import OAuthVerifier
@@ -249,9 +249,15 @@ async def protected_resource(request: web.Request) -> web.Response:
 
 
 async def status(request: web.Request) -> web.Response:
+    """All of it for an admin, and where no authentication is configured; a token without the
+    admin role sees only the servers it may use, and of each only its own part (`principal_status`)."""
+    gateways = request.app[GATEWAYS]
+    caller = request.get(http.CALLER)
+    if caller is not None and not caller.admin:
+        return web.json_response({"servers": {name: principal_status(g, caller.name) for name, g in gateways.items() if caller.may_use(name)}})
     slots = request.app[LIVE].processes
     body: dict[str, object] = {
-        "servers": {name: server_status(g) for name, g in request.app[GATEWAYS].items()},
+        "servers": {name: server_status(g) for name, g in gateways.items()},
         "processes": {"running": slots.used, "max": slots.limit, "waiting": len(slots.waiters)},
     }
     if (forwarder := request.app.get(forward.FORWARDER)) is not None:
@@ -269,30 +275,16 @@ def _memory_limit(gateway: Gateway) -> dict[str, str | None] | None:
 
 
 def server_status(gateway: Gateway) -> dict[str, object]:
+    """What an admin sees of a server: every process, with its routing tables and stderr."""
     now = time.time()
     pool = gateway.pool
     processes = []
     for upstream in gateway.upstreams():
-        sup = upstream.supervisor
-        child = upstream.child
-        usage = procstat.usage(child.pid) if child is not None and child.pid is not None else None
-        last = sup.child  # the running process, or the last one to run
+        last = upstream.supervisor.child  # the running process, or the last one to run
         processes.append(
             {
-                "pid": child.pid if child is not None else None,
-                "warm": upstream.warm and upstream in pool.warm,  # started ahead, not taken yet
-                "state": sup.status.value,
-                "protocol": upstream.mux.state.value,
-                "era": upstream.era.value,  # which MCP the process speaks: detecting, legacy or modern
-                "uptime_s": round(now - sup.started_at, 3) if child is not None and sup.started_at else None,
-                "restarts": sup.restarts,
-                "last_exit_code": sup.last_exit,
-                "last_exit_limit": upstream.last_limit,  # the limit that most likely ended it
-                "failure": sup.failure,
-                "in_flight": upstream.mux.inflight(),
+                **_process(upstream, now, upstream.mux.inflight()),
                 "tables": upstream.mux.table_sizes(),
-                "rss_bytes": usage.rss_bytes if usage is not None else None,
-                "cpu_seconds": usage.cpu_seconds if usage is not None else None,
                 "stderr_tail": last.stderr_tail() if last is not None else [],
             }
         )
@@ -307,4 +299,41 @@ def server_status(gateway: Gateway) -> dict[str, object]:
         "in_flight": gateway.inflight(),
         "pool": {**pool.sizes(), "waiting": pool.waiting(), "target": pool.settings.warm, "max": pool.settings.max},
         "processes": processes,
+    }
+
+
+def principal_status(gateway: Gateway, principal: str) -> dict[str, object]:
+    """What a principal without the admin role sees of a server it may use: its own sessions
+    and calls in flight, and the processes that serve it, each with its own calls on it.
+    Nothing of other principals (their sessions, processes, counts), and no stderr: a shared
+    process's mixes every principal's traffic, and servers print secrets there."""
+    now = time.time()
+    serving = gateway.serving(principal)
+    return {
+        "mode": gateway.server.mode,
+        "ready": gateway.readiness() is None,
+        "sessions": sum(1 for s in gateway.sessions.values() if s.owner == principal),
+        "in_flight": sum(serving.values()),
+        "processes": [_process(upstream, now, in_flight) for upstream, in_flight in serving.items()],
+    }
+
+
+def _process(upstream: Upstream, now: float, in_flight: int) -> dict[str, object]:
+    sup = upstream.supervisor
+    child = upstream.child
+    usage = procstat.usage(child.pid) if child is not None and child.pid is not None else None
+    return {
+        "pid": child.pid if child is not None else None,
+        "warm": upstream.warm and upstream in upstream.gateway.pool.warm,  # started ahead, not taken yet
+        "state": sup.status.value,
+        "protocol": upstream.mux.state.value,
+        "era": upstream.era.value,  # which MCP the process speaks: detecting, legacy or modern
+        "uptime_s": round(now - sup.started_at, 3) if child is not None and sup.started_at else None,
+        "restarts": sup.restarts,
+        "last_exit_code": sup.last_exit,
+        "last_exit_limit": upstream.last_limit,  # the limit that most likely ended it
+        "failure": sup.failure,
+        "in_flight": in_flight,
+        "rss_bytes": usage.rss_bytes if usage is not None else None,
+        "cpu_seconds": usage.cpu_seconds if usage is not None else None,
     }

@@ -32,7 +32,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     sessions = sub.add_parser("sessions", parents=[json_flag], help="open sessions")
     sessions.add_argument("--server")
     sessions.add_argument("--principal")
-    sub.add_parser("end", parents=[json_flag], help="end a session").add_argument("session")
+    sub.add_parser("end", parents=[json_flag], help="end a session").add_argument("session", help="its id, or a prefix only it starts with")
     sub.add_parser("restart", parents=[json_flag], help="restart a server's processes gracefully").add_argument("server")
     sub.add_parser("reload", parents=[json_flag], help="reload the config, as SIGHUP does")
     return parser.parse_args(argv)

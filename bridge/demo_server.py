@@ -32,6 +32,8 @@ SERVER_INFO = {"name": "mcp-bridge-demo", "version": "1.0.0"}
 LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
 
 COUNTER_URI = "demo://counter"
+GREETING_TEMPLATE = "demo://greeting/{name}"  # a resource template: demo://greeting/Alice reads "Hello, Alice!"
+GREETING_PREFIX = GREETING_TEMPLATE.removesuffix("{name}")
 GREET_NAMES = ("Alice", "Alan", "Bob", "Carol", "Charlie", "Dave", "Eve", "Mallory", "Trent")
 
 PARSE_ERROR = -32700
@@ -196,7 +198,7 @@ class DemoServer:
             "resources/read": self.resources_read,
             "resources/subscribe": self.resources_subscribe,
             "resources/unsubscribe": self.resources_unsubscribe,
-            "resources/templates/list": lambda call: {"resourceTemplates": []},
+            "resources/templates/list": self.resource_templates_list,
             "prompts/list": self.prompts_list,
             "prompts/get": self.prompts_get,
             "completion/complete": self.complete,
@@ -514,7 +516,14 @@ class DemoServer:
         }
         return {"resources": [resource]}
 
+    def resource_templates_list(self, call: Call) -> JSON:
+        template = {"uriTemplate": GREETING_TEMPLATE, "name": "greeting", "description": "A greeting for {name}.", "mimeType": "text/plain"}
+        return {"resourceTemplates": [template]}
+
     def resources_read(self, call: Call) -> JSON:
+        uri = call.params.get("uri")
+        if isinstance(uri, str) and uri.startswith(GREETING_PREFIX) and len(uri) > len(GREETING_PREFIX):
+            return {"contents": [{"uri": uri, "mimeType": "text/plain", "text": f"Hello, {uri.removeprefix(GREETING_PREFIX)}!"}]}
         uri = self._known_uri(call)
         with self.cond:
             value = self.counter
@@ -559,7 +568,11 @@ class DemoServer:
         ref, argument = call.params.get("ref"), call.params.get("argument")
         if not isinstance(ref, dict) or not isinstance(argument, dict):
             raise RpcError(INVALID_PARAMS, "ref and argument are required")
-        if ref.get("type") != "ref/prompt" or ref.get("name") != "greet":
+        if ref.get("type") == "ref/prompt" and ref.get("name") != "greet":
+            raise RpcError(INVALID_PARAMS, f"Unknown prompt: {ref.get('name')}")
+        if ref.get("type") == "ref/resource" and ref.get("uri") != GREETING_TEMPLATE:
+            raise RpcError(INVALID_PARAMS, f"Unknown resource template: {ref.get('uri')}")
+        if ref.get("type") not in ("ref/prompt", "ref/resource"):
             raise RpcError(INVALID_PARAMS, f"Nothing to complete for {ref}")
         values: list[str] = []
         if argument.get("name") == "name":

@@ -563,6 +563,18 @@ class Gateway:
         self.close_session(session, "ended")
         return len(pending)
 
+    def serving(self, principal: str | None) -> dict[Upstream, int]:
+        """The processes that serve `principal` (the shared one, its own per-principal one, its
+        sessions' per-session ones), each with that principal's calls in flight on it."""
+        served: dict[Upstream, int] = {}
+        own = self._shared or self._by_principal.get(principal)
+        if own is not None:
+            served[own] = 0
+        for sid, session in self.sessions.items():
+            if session.owner == principal and (upstream := self._upstreams.get(sid)) is not None:
+                served[upstream] = served.get(upstream, 0) + upstream.mux.inflight(sid)
+        return served
+
     def session_inflight(self, session: Session) -> int:
         upstream = self._upstreams.get(session.id)
         return upstream.mux.inflight(session.id) if upstream is not None else 0

@@ -67,6 +67,13 @@ Rules
    calls that arrive while it is down wait in the backlog. A new process is
    initialized (with the bridge's or the client's own `initialize`) and gets
    the live subscriptions and log level replayed before anything else.
+8. Views. A session may see only part of the server (its principal's `View`):
+   lists lose what it may not see, `resources/updated` for a uri it may not
+   see does not reach it, and a request that names a hidden tool, prompt,
+   resource or template (`_FILTERED`, `_REFERENCES`: every request of the
+   schema that names one) is answered as the server answers a name it does
+   not have, learned once per mux by a probe that carries nothing of the
+   request. Nothing of that request reaches the server.
 
 Theory of operation
 -------------------
@@ -195,7 +202,7 @@ class Call:
     sent_at: float = 0.0
     principal: str | None = None
     target: str | None = None  # the tool or prompt name, or resource uri, of an audited call
-    hidden: str | None = None  # a probe for a name the session may not see: that name
+    hidden: tuple[str, Probe] | None = None  # a probe for a name the session may not see: that name, and the probe
 
 
 @dataclass(slots=True, eq=False)
@@ -389,8 +396,8 @@ class Mux:
         self._own_init = False
         self._failure = "server unavailable"
         # How the server answers a request for a tool, prompt or resource it does not have,
-        # learned by asking (see `_hidden`): kind -> the answer, with the probe's name in it.
-        self._unknown: dict[str, bytes] = {}
+        # learned by asking (see `_hidden`): probe -> the answer, with the probe's name in it.
+        self._unknown: dict[Probe, bytes] = {}
         # Task status notices that came before the result naming their task's owner.
         self._early_notes: OrderedDict[str, list[Message]] = OrderedDict()
         self._early_count = 0
@@ -621,29 +628,42 @@ class Mux:
         The first such request asks the server with a name it cannot have (and nothing of
         the request's own); its answer, with the name put back, is the answer from then on."""
         method = msg["method"]
-        what = _FILTERED.get(method)
-        if what is None:
+        params = msg.get("params")
+        named = _FILTERED.get(method)
+        if named is None and (refs := _REFERENCES.get(method)) is not None and params.__class__ is dict:
+            ref = params.get("ref")
+            if ref.__class__ is dict and isinstance(of := ref.get("type"), str):
+                named, params = refs.get(of), ref
+        if named is None or params.__class__ is not dict:
             return None
-        kind, key = what
-        name = _text(msg, key)
+        name = params.get(named.key)
         assert peer.view is not None
-        if name is None or peer.view.admits(kind, name):
+        if not isinstance(name, str) or peer.view.admits(named.kind, name):
             return None
-        probe = _PROBES[kind]
-        template = self._unknown.get(kind)
+        client_id = msg["id"]
+        target = name if method in _AUDITED else None
+        if named.probe is None:
+            return self._hidden_unsubscribe(peer, client_id, name)
+        probe = named.probe
+        template = self._unknown.get(probe)
         if template is None:
-            client_id = msg["id"]
-            msg["method"] = "resources/read" if kind == "resources" else method
-            msg["params"] = {key: probe}
+            msg["method"], msg["params"] = probe.method, jsonrpc.decode(probe.params)
             out = self._forward_call(peer, msg)
             call = peer.calls.get(client_id)  # none if it was refused (a limit, a failed server)
             if call is not None:
-                call.hidden, call.target, call.method = name, name, method
+                call.hidden, call.target, call.method = (name, probe), target, method
             return out
-        call = Call(peer.id, msg["id"], 0, method, self._clock(), principal=peer.principal, target=name)
-        answer = jsonrpc.decode(template.replace(probe.encode(), _escaped(name)))
-        answer["id"] = msg["id"]
-        return [ToSession(peer.id, answer, msg["id"], True, call)]
+        call = Call(peer.id, client_id, 0, method, self._clock(), principal=peer.principal, target=target)
+        answer = jsonrpc.decode(template.replace(probe.name, _escaped(name)))
+        answer["id"] = client_id
+        return [ToSession(peer.id, answer, client_id, True, call)]
+
+    def _hidden_unsubscribe(self, peer: Peer, client_id: RequestId, uri: str) -> list[Action]:
+        """An unsubscribe from a uri the session may not see is answered as one from a uri it
+        does not hold (the mux answers those itself, the server never hears of them). One it
+        holds from before a reload hid the uri is withdrawn, by the bridge, as when it closes."""
+        peer.subscriptions.discard(uri)
+        return [*self._drop_subscriber(uri, peer.id), self._reply(peer, client_id, {})]
 
     def _hold_with(self, call: Call, msg: Message) -> list[Action]:
         """Let `call` through as the one call that may ask the clients something now."""
@@ -948,14 +968,13 @@ class Mux:
 
     def _learn_unknown(self, call: Call, msg: Message) -> None:
         """The server's answer to a probe (see `_hidden`): keep it, and give it the hidden name."""
-        kind = _FILTERED[call.method][0]
-        probe = _PROBES[kind]
+        assert call.hidden is not None
+        name, probe = call.hidden
         body = {k: v for k, v in msg.items() if k != "id"}
         template = jsonrpc.encode(body)
-        self._unknown[kind] = template
-        assert call.hidden is not None
+        self._unknown[probe] = template
         msg.clear()
-        msg.update(jsonrpc.decode(template.replace(probe.encode(), _escaped(call.hidden))))
+        msg.update(jsonrpc.decode(template.replace(probe.name, _escaped(name))))
 
     def _after_list(self, peer: Peer, call: Call, msg: Message) -> list[Action]:
         """Take out of a list result what the session may not see."""
@@ -1532,15 +1551,55 @@ def _escaped(name: str) -> bytes:
     return jsonrpc.encode(name)[1:-1]
 
 
-# Requests that name something a view may hide: method -> (kind, the parameter naming it).
+class Probe(NamedTuple):
+    """A request for a name no server has, with nothing of a client's request in it: the
+    server's answer to it is its answer to a name it does not have (see `Mux._hidden`)."""
+
+    method: str
+    params: bytes  # encoded: each probe decodes its own copy, for the era translator to add its `_meta` to
+    name: bytes  # the name it asks for, as its answer may quote it
+
+
+def _probe(method: str, name: str, params: dict[str, Any]) -> Probe:
+    return Probe(method, jsonrpc.encode(params), _escaped(name))
+
+
+_HIDDEN_TOOL, _HIDDEN_PROMPT, _HIDDEN_RESOURCE = "mcp-bridge-hidden-tool", "mcp-bridge-hidden-prompt", "mcp-bridge://hidden"
+_HIDDEN_ARGUMENT = {"name": "mcp-bridge-hidden-argument", "value": ""}  # not the client's: what it typed stays here
+# Subscribing to a probe's uri would leave a subscription behind: a hidden subscribe is asked as a read.
+_READ_PROBE = _probe("resources/read", _HIDDEN_RESOURCE, {"uri": _HIDDEN_RESOURCE})
+
+
+class Named(NamedTuple):
+    """Where a request names something a view may hide, and how to learn what the server
+    answers for a name it does not have."""
+
+    kind: str  # tools, prompts or resources: the filter that applies
+    key: str  # the parameter holding the name (of `ref`, for a reference)
+    probe: Probe | None  # None: the mux answers it itself (`Mux._hidden_unsubscribe`)
+
+
+# Requests that name something a view may hide: method -> where the name is. Every such
+# request of the MCP schema up to 2026-07-28 (whose `subscriptions/listen` subscribes
+# through `resources/subscribe`).
 _FILTERED = {
-    "tools/call": ("tools", "name"),
-    "prompts/get": ("prompts", "name"),
-    "resources/read": ("resources", "uri"),
-    "resources/subscribe": ("resources", "uri"),
+    "tools/call": Named("tools", "name", _probe("tools/call", _HIDDEN_TOOL, {"name": _HIDDEN_TOOL})),
+    "prompts/get": Named("prompts", "name", _probe("prompts/get", _HIDDEN_PROMPT, {"name": _HIDDEN_PROMPT})),
+    "resources/read": Named("resources", "uri", _READ_PROBE),
+    "resources/subscribe": Named("resources", "uri", _READ_PROBE),
+    "resources/unsubscribe": Named("resources", "uri", None),
 }
-# Names no server has: what a probe asks for instead of the hidden one.
-_PROBES = {"tools": "mcp-bridge-hidden-tool", "prompts": "mcp-bridge-hidden-prompt", "resources": "mcp-bridge://hidden"}
+# Requests that name it in a typed `ref`: method -> ref type -> where. A `ref/resource`
+# names a resource by its uri or a template by its uriTemplate: the resources filter
+# applies to both, as in the lists.
+_REFERENCES = {
+    "completion/complete": {
+        "ref/prompt": Named("prompts", "name", _probe("completion/complete", _HIDDEN_PROMPT, {
+            "ref": {"type": "ref/prompt", "name": _HIDDEN_PROMPT}, "argument": _HIDDEN_ARGUMENT})),
+        "ref/resource": Named("resources", "uri", _probe("completion/complete", _HIDDEN_RESOURCE, {
+            "ref": {"type": "ref/resource", "uri": _HIDDEN_RESOURCE}, "argument": _HIDDEN_ARGUMENT})),
+    },
+}  # fmt: skip
 # List results a view filters: method -> (the list's field, kind, the field naming an item).
 _LISTS = {
     "tools/list": ("tools", "tools", "name"),

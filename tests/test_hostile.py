@@ -48,7 +48,8 @@ pytestmark = [
 
 GOOD = "good-tok-6a0e3c1f5b7d9e2a4c6f8b0d"
 HOSTILE = "hostile-tok-9b8a7c6d5e4f3a2b1c0d9e8f"
-ENV = {"GOOD_TOKEN": GOOD, "HOSTILE_TOKEN": HOSTILE}
+OPS = "ops-tok-3e5a7c9b1d2f4a6c8e0b2d4f"  # an admin: /status shows it every principal's sessions
+ENV = {"GOOD_TOKEN": GOOD, "HOSTILE_TOKEN": HOSTILE, "OPS_TOKEN": OPS}
 ORIGIN = "https://app.example.com"
 LIMIT = 256 * 1024  # limits.max_message_bytes
 CONFIG = {
@@ -57,6 +58,7 @@ CONFIG = {
         "tokens": [
             {"name": "good", "token": "${GOOD_TOKEN}", "servers": ["*"]},
             {"name": "hostile", "token": "${HOSTILE_TOKEN}", "servers": ["f"]},
+            {"name": "ops", "token": "${OPS_TOKEN}", "roles": ["admin"]},
         ],
         "allowed_origins": [ORIGIN],
     },
@@ -951,7 +953,7 @@ async def test_rapid_connects_and_disconnects(arena: Arena) -> None:
         await arena.settle(2)
         opened = len(arena.b.named("session_opened")) - opened_before
         assert opened >= seen["read"] + seen["headers"] + seen["closed"], (opened, seen)
-        async with aiohttp.ClientSession() as http, http.get(f"{arena.b.base}/status", headers=bearer(GOOD)) as resp:
+        async with aiohttp.ClientSession() as http, http.get(f"{arena.b.base}/status", headers=bearer(OPS)) as resp:
             assert (await resp.json())["servers"]["f"]["sessions"] == 2
 
 

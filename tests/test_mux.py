@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from typing import Any
 
 import pytest
 
 from bridge import jsonrpc
+from bridge.config import Filter
 from bridge.jsonrpc import ProtocolError
 from bridge.mux import _CANCELLED_MEMORY, _EARLY_NOTES, LOG_LEVELS, Abandoned, Broadcast, Discard, Mux, RestartServer, State, Timer, ToServer, ToSession
+from bridge.policy import Rule, View
 
 INIT_RESULT = {"protocolVersion": "2025-06-18", "capabilities": {"tools": {}}, "serverInfo": {"name": "s", "version": "1"}}
 
@@ -1094,6 +1097,41 @@ def test_a_per_session_process_with_no_initialize_to_replay_is_told_nothing_it_d
     assert mux.table_sizes()["subscriptions"] == 0
     actions = mux.from_client("a", req(3, "resources/unsubscribe", uri="res://a"))
     assert to_server(actions) == [] and to_session(actions) == [jsonrpc.result(3, {})]
+
+
+# ------------------------------------------------------------------- views (rule 8)
+
+SECRET_VIEW = View(*((Rule.of(Filter(deny=("secret*",))),),) * 3)  # type: ignore[arg-type]
+ASKED = {"name": "typed", "value": "TYPED-BY-THE-CLIENT"}
+
+
+@pytest.mark.parametrize(
+    ("method", "params"),
+    [  # every request of the schema that names a tool, prompt, resource or template (unsubscribe: test_policy_unit)
+        ("tools/call", {"name": "secret-tool", "arguments": {"typed": ASKED["value"]}}),
+        ("prompts/get", {"name": "secret-prompt", "arguments": {"typed": ASKED["value"]}}),
+        ("resources/read", {"uri": "secret://doc"}),
+        ("resources/subscribe", {"uri": "secret://doc"}),
+        ("completion/complete", {"ref": {"type": "ref/prompt", "name": "secret-prompt"}, "argument": ASKED}),
+        ("completion/complete", {"ref": {"type": "ref/resource", "uri": "secret://doc"}, "argument": ASKED}),
+        ("completion/complete", {"ref": {"type": "ref/resource", "uri": "secret://{template}"}, "argument": ASKED}),
+    ],
+)
+def test_nothing_of_a_request_naming_a_hidden_item_reaches_the_server(method: str, params: dict[str, Any]) -> None:
+    mux = ready_mux()
+    mux.open_session("a", "alice", SECRET_VIEW)
+    mux.from_client("a", req(0, "initialize", protocolVersion="2025-06-18", capabilities={}, clientInfo={}))
+    sent: list[dict[str, Any]] = []
+    for rid in (1, 2):  # the first asks the server about a name it cannot have; the second is answered here
+        actions = mux.from_client("a", req(rid, method, **json.loads(json.dumps(params))))
+        answers = to_session(actions, "a")
+        for msg in to_server(actions):
+            sent.append(msg)
+            answers += to_session(mux.from_server(jsonrpc.error(msg["id"], -32602, f"no {json.dumps(msg['params'])}")), "a")
+        assert [answer["id"] for answer in answers] == [rid]
+        assert "secret" in answers[0]["error"]["message"]  # the name asked for, put back
+    assert len(sent) == 1 and "secret" not in json.dumps(sent) and "TYPED" not in json.dumps(sent), sent
+    assert {k: v for k, v in mux.table_sizes().items() if v} == {"sessions": 1}  # no subscription, no call left
 
 
 # ------------------------------------------------------------- stateless sessions (2026-07-28)

@@ -421,15 +421,19 @@ async def test_ctl_every_action(bridge, tmp_path: Path):
             code, out, err = await ctl(b, admin, "sessions", "--server", "demo")
             assert code == 0 and listed["id"] in out and "alice" in out, (out, err)
 
-            code, out, err = await ctl(b, user, "end", listed["id"])
-            assert code == 1 and "403" in err and "admin role" in err, (code, out, err)
+            for asked in (listed["id"], listed["id"][:12]):
+                code, out, err = await ctl(b, user, "end", asked)
+                assert code == 1 and "403" in err and "admin role" in err, (code, out, err)
             code, out, err = await ctl(b, None, "servers")
             assert code == 1 and "401" in err, (code, out, err)
 
             code, out, err = await ctl(b, admin, "restart", "demo")
             assert code == 0 and out.strip() == "restarted demo (1 processes)", (out, err)
             assert text_of(await c.session.call_tool("echo", {"text": "recovered"})) == "recovered"
-            code, out, err = await ctl(b, admin, "end", listed["id"])
+            code, out, err = await ctl(b, admin, "end", "0123456789abcdef-none")
+            assert code == 1 and "404 no session '0123456789abcdef-none'" in err, (code, out, err)
+            # What the status page shows of an id, or any unique prefix of it, will do.
+            code, out, err = await ctl(b, admin, "end", listed["id"][:12])
             assert code == 0 and out.startswith(f"ended session {listed['id']} of demo"), (out, err)
             code, out, err = await ctl(b, admin, "end", listed["id"], "--json")
             assert code == 1 and json.loads(out)["error"]["message"] == f"no session {listed['id']!r}", (out, err)
@@ -438,9 +442,30 @@ async def test_ctl_every_action(bridge, tmp_path: Path):
         assert [e["method"] for e in b.named("audit") if e["principal"] == "ops"] == [
             "admin/restart_server", "admin/end_session", "admin/reload",
         ]  # fmt: skip
+        assert [e["session"] for e in b.named("audit") if e["method"] == "admin/end_session"] == [listed["id"]]
     # A daemon that is gone: exit 2, said plainly.
     code, out, err = await ctl(b, admin, "servers")
     assert code == 2 and "cannot reach" in err, (code, err)
+
+
+def test_ending_a_session_by_prefix_needs_exactly_one_match() -> None:
+    from types import SimpleNamespace
+
+    from bridge.admin import _session
+    from bridge.transports.http import HttpError
+
+    a, b = SimpleNamespace(sessions={"4f0c1a": "s1", "4f0c9b": "s2"}), SimpleNamespace(sessions={"77e2": "s3", "4f": "s4"})
+    gateways: Any = {"a": a, "b": b}
+    assert _session(gateways, "4f0c9b") == (a, "s2") and _session(gateways, "4f") == (b, "s4")  # an exact id first
+    assert _session(gateways, "4f0c1") == (a, "s1") and _session(gateways, "7") == (b, "s3")
+    for asked, status, message in (
+        ("4f0c", 409, "2 sessions have ids that start with '4f0c': give more of the id"),
+        ("4f0c1a0", 404, "no session '4f0c1a0'"),
+        ("x", 404, "no session 'x'"),
+    ):
+        with pytest.raises(HttpError) as refused:
+            _session(gateways, asked)
+        assert (refused.value.status, refused.value.message) == (status, message)
 
 
 # ==================================================================== status page
@@ -458,6 +483,7 @@ async def sign_in(page: Page, token: str) -> None:
 
 
 VISIBLE_BUTTONS = "[...document.querySelectorAll('button')].filter(b => b.offsetParent !== null).map(b => b.textContent)"
+VISIBLE_HEADERS = "[...document.querySelectorAll('#servers th')].filter(th => !th.hidden).map(th => th.textContent)"
 
 
 def sessions_shown(server: str) -> str:
@@ -466,7 +492,10 @@ def sessions_shown(server: str) -> str:
 
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium (Debian package chromium)")
 async def test_status_page_in_a_browser(bridge, tmp_path: Path):
-    async with bridge(admin_config()) as b:
+    config = admin_config()
+    config["servers"]["private"] = {"command": PY, "args": ["-m", "bridge.demo_server"]}
+    config["security"]["tokens"][1]["servers"] = ["demo"]  # alice may not use private
+    async with bridge(config) as b:
         async with aiohttp.ClientSession() as http, http.get(b.base + "/ui") as resp:
             assert resp.status == 200 and resp.content_type == "text/html"
             csp = resp.headers["Content-Security-Policy"]
@@ -477,12 +506,15 @@ async def test_status_page_in_a_browser(bridge, tmp_path: Path):
             await sign_in(page, "not-a-token-at-all-000")
             await page.wait_for(by_id("signin-error", ".textContent === 'That token was refused.'"))
             assert "demo" not in await page.evaluate("document.body.innerText")
-            # A client's token: read-only.
+            # A client's token: read-only, its own servers only, and no server's stderr.
             await sign_in(page, USER_TOKEN)
             await page.wait_for(sessions_shown("demo") + " === '0'")
             assert await page.evaluate(by_id("viewer", ".textContent")) == "read-only"
             assert await page.evaluate(by_id("sessions-part", ".hidden")) is True
             assert await page.evaluate(VISIBLE_BUTTONS) == ["Sign out"]
+            assert await page.evaluate("[...document.querySelectorAll('tr[data-server]')].map(r => r.dataset.server)") == ["demo"]
+            assert await page.evaluate(VISIBLE_HEADERS) == ["Server", "Mode", "Ready", "Sessions", "In flight", "Processes", "Restarts"]
+            assert await page.evaluate("document.querySelectorAll('td.stderr').length") == 0
             await page.evaluate(by_id("signout", ".click()"))
             # An admin: sessions too, and the actions; counts follow sessions opening and closing.
             await sign_in(page, ADMIN_TOKEN)
@@ -492,7 +524,13 @@ async def test_status_page_in_a_browser(bridge, tmp_path: Path):
                 await page.wait_for(sessions_shown("demo") + " === '2'")
                 await page.wait_for("document.querySelectorAll('tr[data-session]').length === 2")
                 assert await page.evaluate("document.querySelector('tr[data-server=demo] td.name').textContent") == "demo"
-                assert await page.evaluate(VISIBLE_BUTTONS) == ["Sign out", "Reload config", "Restart", "End", "End"]
+                assert await page.evaluate(VISIBLE_BUTTONS) == ["Sign out", "Reload config", "Restart", "Restart", "End", "End"]
+                assert "Stderr (last lines)" in await page.evaluate(VISIBLE_HEADERS)
+                assert await page.evaluate("document.querySelectorAll('td.stderr').length") == 2
+                # The whole id, as `mcp-bridge ctl end` takes it.
+                _, listed = await api("GET", b.base + "/admin/sessions")
+                shown = await page.evaluate("[...document.querySelectorAll('tr[data-session] td.mono')].map(td => td.textContent)")
+                assert sorted(shown) == sorted(s["id"] for s in listed["sessions"]), (shown, listed)
                 await page.screenshot(ARTIFACTS / "status-page.png")
             await page.wait_for(sessions_shown("demo") + " === '0'")
             await page.wait_for("document.querySelectorAll('tr[data-session]').length === 0")

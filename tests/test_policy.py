@@ -14,11 +14,12 @@ from typing import Any
 import httpx2
 import mcp_types as types
 import pytest
-from conftest import faulty
+from conftest import demo, faulty
 from mcp import ClientSession
 from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
 from rawclient import RawSse, call
+from test_modern import PATHS, headers_for, post, request
 
 ALICE = "alice-token-0123456789"
 BOB = "bob-token-0123456789ab"
@@ -105,3 +106,72 @@ async def test_every_outcome_is_audited_once_without_arguments_or_results(bridge
             assert event["principal"] == "bob" and event["session"] == c.session_id and event["logger"] == "mcp_bridge.audit"
             assert event["duration_ms"] >= 0
         assert not [e for e in b.events if secret in str(e)]
+
+
+# ------------------------------------------------- prompts, resources, templates
+
+DEMO_CONFIG = {
+    "servers": {"demo": demo()},
+    "security": {
+        "tokens": [
+            {"name": "alice", "token": ALICE},
+            # bob may not see the prompt greet, nor the template demo://greeting/{name} and what it names
+            {"name": "bob", "token": BOB, "prompts": {"demo": {"deny": ["greet"]}}, "resources": {"demo": {"deny": ["demo://greeting/*"]}}},
+        ]
+    },
+}
+PROMPT = types.PromptReference(type="ref/prompt", name="greet")
+TEMPLATE = types.ResourceTemplateReference(type="ref/resource", uri="demo://greeting/{name}")
+
+
+async def _refused(request: Any) -> types.ErrorData:
+    with pytest.raises(Exception) as raised:
+        await request
+    error = getattr(raised.value, "error", None)
+    assert isinstance(error, types.ErrorData), raised.value
+    return error
+
+
+@pytest.mark.parametrize("transport", ["sse", "streamable"])
+async def test_a_hidden_prompt_or_template_is_unknown_to_every_method_that_names_it(bridge: Any, transport: str) -> None:
+    async with bridge(DEMO_CONFIG) as b:
+        url = f"{b.base}/servers/demo"
+        async with sdk(url, ALICE, transport) as alice, sdk(url, BOB, transport) as bob:
+            # alice sees both, and completes them.
+            assert [p.name for p in (await alice.list_prompts()).prompts] == ["greet"]
+            assert [t.uri_template for t in (await alice.list_resource_templates()).resource_templates] == [TEMPLATE.uri]
+            assert (await alice.complete(PROMPT, {"name": "name", "value": "Al"})).completion.values == ["Alice", "Alan"]
+            assert (await alice.complete(TEMPLATE, {"name": "name", "value": "C"})).completion.values == ["Carol", "Charlie"]
+            assert (await alice.read_resource("demo://greeting/Alice")).contents[0].text == "Hello, Alice!"  # type: ignore[union-attr]
+            unknown_prompt = await _refused(alice.complete(PROMPT.model_copy(update={"name": "nope"}), {"name": "name", "value": "Al"}))
+            unknown_template = await _refused(alice.complete(TEMPLATE.model_copy(update={"uri": "demo://nope/{name}"}), {"name": "name", "value": "C"}))
+            unknown_resource = await _refused(alice.read_resource("demo://nope/Alice"))
+
+            # bob sees neither, and every method that names one answers as for one the server does not have.
+            assert (await bob.list_prompts()).prompts == [] and (await bob.list_resource_templates()).resource_templates == []
+            for refused, unknown, name, hidden in (
+                (await _refused(bob.complete(PROMPT, {"name": "name", "value": "Al"})), unknown_prompt, "nope", "greet"),
+                (await _refused(bob.get_prompt("greet", {"name": "Al"})), unknown_prompt, "nope", "greet"),
+                (await _refused(bob.complete(TEMPLATE, {"name": "name", "value": "C"})), unknown_template, "demo://nope/{name}", TEMPLATE.uri),
+                (await _refused(bob.read_resource("demo://greeting/Alice")), unknown_resource, "demo://nope/Alice", "demo://greeting/Alice"),
+            ):
+                assert (refused.code, refused.message) == (unknown.code, unknown.message.replace(name, hidden)), refused
+
+
+@pytest.mark.parametrize("path", PATHS)
+async def test_a_2026_completion_of_a_hidden_prompt_or_template_is_unknown(bridge: Any, path: str) -> None:
+    async with bridge(DEMO_CONFIG) as b:
+        url = b.url("demo", "mcp")
+
+        async def ask(token: str, ref: dict[str, Any]) -> Any:
+            msg = request("completion/complete", {"ref": ref, "argument": {"name": "name", "value": "Al"}})
+            answer = await post(url, msg, {**headers_for(msg), "Authorization": f"Bearer {token}"}, path)
+            return answer.status, answer.json()
+
+        status, body = await ask(ALICE, {"type": "ref/prompt", "name": "greet"})
+        assert status == 200 and body["result"]["completion"]["values"] == ["Alice", "Alan"], body
+        for ref, key, unknown in (({"type": "ref/prompt", "name": "greet"}, "name", "nope"), ({"type": "ref/resource", "uri": TEMPLATE.uri}, "uri", "demo://nope/{name}")):
+            expected = await ask(ALICE, {**ref, key: unknown})
+            status, body = await ask(BOB, ref)
+            assert status == expected[0] and "error" in body, body
+            assert body["error"] == {**expected[1]["error"], "message": expected[1]["error"]["message"].replace(unknown, ref[key])}, body

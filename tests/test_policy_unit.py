@@ -147,6 +147,89 @@ def test_a_hidden_prompt_and_resource_are_refused_the_same_way() -> None:
     assert mux.table_sizes()["subscriptions"] == 0
 
 
+PROBE_ARGUMENT = {"name": "mcp-bridge-hidden-argument", "value": ""}
+
+
+def complete(rid: Any, ref: dict[str, Any], argument: str = "who", value: str = "typed-by-alice") -> dict[str, Any]:
+    return req(rid, "completion/complete", ref=ref, argument={"name": argument, "value": value})
+
+
+def test_a_completion_for_a_hidden_prompt_is_answered_as_for_an_unknown_one() -> None:
+    mux = filtered_mux()
+    # prompts/get has learned its answer already: a completion asks its own question.
+    (probe,) = to_server(mux.from_client("a", req(1, "prompts/get", name="internal")))
+    mux.from_server(jsonrpc.error(probe["id"], -32602, "Unknown prompt: mcp-bridge-hidden-prompt"))
+    (probe,) = to_server(mux.from_client("a", complete(2, {"type": "ref/prompt", "name": "internal"})))
+    assert probe["method"] == "completion/complete"
+    assert probe["params"] == {"ref": {"type": "ref/prompt", "name": "mcp-bridge-hidden-prompt"}, "argument": PROBE_ARGUMENT}
+    server_says = jsonrpc.error(probe["id"], -32602, "No prompt named mcp-bridge-hidden-prompt to complete")
+    (answer,) = to_session(mux.from_server(server_says), "a")
+    assert answer == jsonrpc.error(2, -32602, "No prompt named internal to complete")
+    # Learned: the next one never reaches the server, and is not audited (no completion is).
+    actions = mux.from_client("a", complete(3, {"type": "ref/prompt", "name": "private"}, value="more"))
+    assert to_server(actions) == []
+    (answer,) = to_session(actions, "a")
+    assert answer == jsonrpc.error(3, -32602, "No prompt named private to complete")
+    assert [a.call.target for a in actions if isinstance(a, ToSession)] == [None]  # type: ignore[union-attr]
+    # A prompt it may see, and any prompt for b, go through untouched.
+    for sid, name in (("a", "public"), ("b", "internal")):
+        (fwd,) = to_server(mux.from_client(sid, complete(4, {"type": "ref/prompt", "name": name})))
+        assert fwd["params"]["ref"]["name"] == name and fwd["params"]["argument"] == {"name": "who", "value": "typed-by-alice"}
+
+
+def test_a_completion_for_a_hidden_resource_or_template_is_answered_as_for_an_unknown_one() -> None:
+    mux = filtered_mux()
+    (probe,) = to_server(mux.from_client("a", complete(1, {"type": "ref/resource", "uri": "file:///private/{name}"}, "name")))
+    assert probe["params"] == {"ref": {"type": "ref/resource", "uri": "mcp-bridge://hidden"}, "argument": PROBE_ARGUMENT}
+    # A server that completes nothing for what it does not have: that answer, as it is.
+    (answer,) = to_session(mux.from_server(jsonrpc.result(probe["id"], {"completion": {"values": [], "hasMore": False}})), "a")
+    assert answer == jsonrpc.result(1, {"completion": {"values": [], "hasMore": False}})
+    actions = mux.from_client("a", complete(2, {"type": "ref/resource", "uri": "file:///private/b"}))
+    assert to_server(actions) == [] and to_session(actions, "a") == [jsonrpc.result(2, {"completion": {"values": [], "hasMore": False}})]
+    (fwd,) = to_server(mux.from_client("a", complete(3, {"type": "ref/resource", "uri": "file:///public/{name}"})))
+    assert fwd["params"]["ref"]["uri"] == "file:///public/{name}"
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"ref": {"type": "ref/prompt", "name": 7}, "argument": {"name": "x", "value": ""}},  # not a name: the server's to refuse
+        {"ref": {"type": ["ref/prompt"], "name": "internal"}},
+        {"ref": {"type": "ref/other", "name": "internal"}},
+        {"ref": "internal"},
+        {},
+    ],
+)
+def test_a_completion_that_names_nothing_the_view_knows_goes_to_the_server_as_it_is(params: dict[str, Any]) -> None:
+    mux = filtered_mux()
+    (fwd,) = to_server(mux.from_client("a", req(1, "completion/complete", **params)))
+    assert fwd.get("params", {}) == params
+
+
+def test_unsubscribing_from_a_hidden_uri_is_answered_as_for_one_not_held() -> None:
+    mux = filtered_mux()
+    for sid in "ab":  # subscribed while a could still see it
+        mux.set_view(sid, None)
+        actions = mux.from_client(sid, req(1, "resources/subscribe", uri="file:///private/b"))
+        for sub in to_server(actions):
+            mux.from_server(jsonrpc.result(sub["id"], {}))
+    mux.set_view("a", VIEW)  # a reload hides it from a
+    # Never held, or held: {} from the bridge, as for any uri a session does not hold.
+    for uri in ("file:///private/never", "file:///private/b"):
+        actions = mux.from_client("a", req(2, "resources/unsubscribe", uri=uri))
+        assert to_server(actions) == [] and to_session(actions, "a") == [jsonrpc.result(2, {})]
+    assert mux.peer("a").subscriptions == set() and mux.table_sizes()["subscriptions"] == 1  # b still holds it
+    assert to_session(mux.from_server(note("notifications/resources/updated", uri="file:///private/b"))) != []
+    # The last holder of a subscription a reload hid: the bridge withdraws it, as when a session closes.
+    mux.set_view("b", VIEW)
+    actions = mux.from_client("b", req(2, "resources/unsubscribe", uri="file:///private/b"))
+    (unsub,) = to_server(actions)
+    assert unsub["params"] == {"uri": "file:///private/b"} and unsub["id"] != 2
+    assert to_session(actions, "b") == [jsonrpc.result(2, {})]
+    assert to_session(mux.from_server(jsonrpc.result(unsub["id"], {}))) == []
+    assert mux.table_sizes()["subscriptions"] == 0
+
+
 def test_updates_for_a_hidden_resource_reach_only_those_who_may_see_it() -> None:
     mux = filtered_mux()
     (sub,) = to_server(mux.from_client("b", req(1, "resources/subscribe", uri="file:///")))

@@ -301,14 +301,18 @@ async def test_max_processes_counts_every_server_and_takes_an_idle_warm_process(
             await b1.close()
 
 
+OPS = "ops-token-0123456789abcd"
+
+
 async def test_per_principal_takes_a_warm_process_for_a_new_principal(bridge: Any) -> None:
     tokens = [{"name": "alice", "token": "alice-token-0123456789"}, {"name": "bob", "token": "bob-token-0123456789ab"}]
+    tokens.append({"name": "ops", "token": OPS, "roles": ["admin"]})  # the pool is only in an admin's /status
     config = {
         "servers": {"f": {**faulty(), "mode": "per-principal", "pool": {"warm": 1}}},
         "security": {"tokens": tokens},
     }
     async with bridge(config) as b:
-        await until_pool_authed(b, "alice-token-0123456789", warm=1)
+        await until_pool_authed(b, OPS, warm=1)
         (warm_pid,) = b.server_pids()
         c = RawSse(b.url("f"), headers={"Authorization": "Bearer alice-token-0123456789"})
         await c.__aenter__()
@@ -316,7 +320,7 @@ async def test_per_principal_takes_a_warm_process_for_a_new_principal(bridge: An
             await c.initialize()
             assert await server_pid(c) == warm_pid
             assert initialized_for(b, warm_pid) == ["mcp-bridge"]
-            await until_pool_authed(b, "alice-token-0123456789", warm=1, in_use=1)
+            await until_pool_authed(b, OPS, warm=1, in_use=1)
         finally:
             await c.close()
 

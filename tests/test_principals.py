@@ -6,6 +6,7 @@ Real daemon, real server processes (tests/servers/faulty.py), two bearer tokens.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from typing import Any
 
@@ -208,3 +209,65 @@ async def test_calls_in_flight_are_capped_per_principal_across_transports(bridge
             await b.wait_for("audit", where=lambda e: e["outcome"] == "cancelled")
             response, _ = await s.request("tools/call", call("echo", {"text": "room"}), request_id="room")
             assert "result" in response
+
+
+OPS = "ops-token-0123456789abcd"
+
+
+async def status_for(b: Any, token: str) -> dict[str, Any]:
+    async with aiohttp.ClientSession() as http, http.get(b.base + "/status", headers=bearer(token)) as resp:
+        assert resp.status == 200, await resp.text()
+        body: dict[str, Any] = await resp.json()
+        return body
+
+
+async def test_status_shows_a_principal_only_its_servers_sessions_and_processes(bridge: Any) -> None:
+    users = ["shared", "mine", "each"]
+    config = {
+        "servers": {"shared": faulty(), "mine": {**faulty(), "mode": "per-principal"}, "each": {**faulty(), "mode": "per-session"}, "ops-only": faulty()},
+        "security": {
+            "tokens": [
+                {"name": "ops", "token": OPS, "roles": ["admin"]},
+                {"name": "alice", "token": ALICE, "servers": users},
+                {"name": "bob", "token": BOB, "servers": users},
+                {"name": "metrics", "token": "metrics-token-0123456789", "servers": []},
+            ]
+        },
+    }
+    async with bridge(config) as b, contextlib.AsyncExitStack() as stack:
+        clients = {
+            (who, name): await stack.enter_async_context(RawSse(b.url(name), bearer(token)))
+            for who, token in (("alice", ALICE), ("bob", BOB))
+            for name in users
+        }
+        for c in clients.values():
+            await c.initialize()
+        pids = {key: await server_pid(c) for key, c in clients.items()}
+        # bob has a call in flight on the shared process, which notes it on its stderr.
+        status, _ = await clients["bob", "shared"].post({"jsonrpc": "2.0", "id": "h", "method": "tools/call", "params": call("hang")})
+        assert status == 202
+        await b.wait_for("server_stderr", where=lambda e: "faulty: hang" in e.get("line", ""))
+
+        admin = await status_for(b, OPS)
+        assert set(admin["servers"]) == {*users, "ops-only"} and {"processes", "servers"} <= set(admin)
+        shared = admin["servers"]["shared"]
+        assert (shared["sessions"], shared["in_flight"]) == (2, 1)
+        assert any("faulty: hang" in line for line in shared["processes"][0]["stderr_tail"])
+        assert sorted(p["pid"] for p in admin["servers"]["mine"]["processes"]) == sorted([pids["alice", "mine"], pids["bob", "mine"]])
+
+        for who, calls in (("alice", 0), ("bob", 1)):
+            seen = await status_for(b, {"alice": ALICE, "bob": BOB}[who])
+            assert set(seen) == {"servers"} and set(seen["servers"]) == set(users), seen  # no ops-only, no daemon-wide counts
+            mine = seen["servers"]
+            assert (mine["shared"]["sessions"], mine["shared"]["in_flight"]) == (1, calls), mine["shared"]
+            (process,) = mine["shared"]["processes"]
+            assert process["pid"] == pids[who, "shared"] and process["in_flight"] == calls
+            for name in ("mine", "each"):
+                assert [p["pid"] for p in mine[name]["processes"]] == [pids[who, name]], (name, mine[name])
+                assert mine[name]["sessions"] == 1 and mine[name]["mode"] == config["servers"][name].get("mode", "shared")
+            for server in mine.values():
+                assert set(server) == {"mode", "ready", "sessions", "in_flight", "processes"}
+                for process in server["processes"]:
+                    assert "stderr_tail" not in process and "tables" not in process
+            assert "faulty:" not in json.dumps(seen)
+        assert await status_for(b, "metrics-token-0123456789") == {"servers": {}}

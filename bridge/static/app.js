@@ -1,4 +1,5 @@
-// The status page: reads /status (any token) and, for admins, /admin/sessions; polls every 2 s.
+// The status page: reads /status (any token: it answers each with what that token may see) and,
+// for admins, /admin/sessions; polls every 2 s.
 // Data only ever reaches the page as text (textContent), never as markup.
 "use strict";
 
@@ -55,18 +56,15 @@ function renderServers(servers) {
     cell(row, s.ready ? "ready" : "not ready", s.ready ? "ok" : "bad");
     cell(row, s.sessions, "num sessions");
     cell(row, s.in_flight, "num");
-    cell(row, s.processes.map((p) => `${p.pid ?? "-"} ${p.state}${p.uptime_s != null ? " " + seconds(p.uptime_s) : ""}`).join("\n") || "none");
+    cell(row, s.processes.map((p) =>
+      `${p.pid ?? "-"} ${p.state}${p.uptime_s != null ? " " + seconds(p.uptime_s) : ""}${p.failure ? " (" + p.failure + ")" : ""}`).join("\n") || "none", "lines");
     cell(row, s.processes.reduce((n, p) => n + p.restarts, 0), "num restarts");
-    const errors = cell(row, "");
-    const lines = [];
-    for (const p of s.processes) {
-      if (p.failure) lines.push(p.failure);
-      lines.push(...p.stderr_tail.slice(-5));
-    }
-    const pre = document.createElement("pre");
-    pre.textContent = lines.join("\n");
-    errors.replaceChildren(pre);
     if (admin) {
+      // Only admins get a process's stderr (a shared process's mixes every principal's traffic).
+      const stderr = cell(row, "", "stderr");
+      const pre = document.createElement("pre");
+      pre.textContent = s.processes.flatMap((p) => (p.stderr_tail ?? []).slice(-5)).join("\n");
+      stderr.replaceChildren(pre);
       const actions = cell(row, "");
       actions.replaceChildren(button("Restart", () => act("POST", `admin/servers/${encodeURIComponent(name)}/restart`, `restart ${name}`)));
     }
@@ -80,7 +78,7 @@ function renderSessions(sessions) {
   for (const s of sessions) {
     const row = document.createElement("tr");
     row.dataset.session = s.id;
-    cell(row, s.id.slice(0, 12), "mono");
+    cell(row, s.id, "mono");  // whole: what `mcp-bridge ctl end` takes (or any unique prefix of it)
     cell(row, s.server);
     cell(row, s.principal);
     cell(row, s.transport);

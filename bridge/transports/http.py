@@ -31,7 +31,8 @@ from multidict import MultiMapping
 from .. import jsonrpc, logs, stateless
 from ..principals import NeedsFetch
 from ..security import (
-    ADMIN_PATH, CORS_HEADERS, CORS_METHODS, NOT_FORWARDED, OPEN_PATHS, WELL_KNOWN, Forwarded, Guard, Refusal, admit, cors_headers, refused,
+    ADMIN_PATH, CORS_HEADERS, CORS_METHODS, NOT_FORWARDED, OPEN_PATHS, WELL_KNOWN, Forwarded, Guard, Principal, Refusal, admit, cors_headers,
+    refused,
 )  # fmt: skip
 
 JSON = "application/json"
@@ -39,6 +40,8 @@ SSE = "text/event-stream"
 RETRY_AFTER_S = "5"  # what a 503 for a full or stopping server tells the client to wait
 # Set on an aiohttp request by the middleware: the name of the token that made it.
 PRINCIPAL: web.RequestKey[str | None] = web.RequestKey("mcp_bridge.principal")
+# And the token's principal itself (its servers, whether it is an admin): what /status shows it.
+CALLER: web.RequestKey[Principal | None] = web.RequestKey("mcp_bridge.caller")
 
 
 class HttpError(Exception):
@@ -75,10 +78,11 @@ class Access:
     """What the access rules decided for one admitted request. Its responses carry the
     CORS headers `security.cors_headers` gives for its Origin (each path adds them)."""
 
-    __slots__ = ("preflight", "principal")
+    __slots__ = ("caller", "preflight", "principal")
 
-    def __init__(self, principal: str | None, preflight: bool) -> None:
-        self.principal = principal  # the token's name; None when no tokens are configured
+    def __init__(self, caller: Principal | None, preflight: bool) -> None:
+        self.caller = caller  # None when no authentication is configured, and for a preflight
+        self.principal = caller.name if caller is not None else None  # the token's name
         self.preflight = preflight  # a CORS preflight: answered with PREFLIGHT_HEADERS, no handler
 
 
@@ -113,7 +117,7 @@ def check_access(
     if isinstance(result, Refusal):
         refused(count, result, path, remote)
         raise HttpError(result.status, result.reason, headers=result.headers)
-    return Access(result.name if result is not None else None, preflight)
+    return Access(result, preflight)
 
 
 # ------------------------------------------------------------- aiohttp's path
@@ -157,7 +161,7 @@ def middleware(guard: Callable[[], Guard], count: Callable[[str], None], refused
                         raise HttpError(503, "the authorization server's keys are being fetched", headers={"Retry-After": RETRY_AFTER_S}) from None
                 if access.preflight:
                     return web.Response(status=204, headers=PREFLIGHT_HEADERS)
-                request[PRINCIPAL] = access.principal
+                request[PRINCIPAL], request[CALLER] = access.principal, access.caller
             try:
                 return await handler(request)
             except HttpError as exc:
