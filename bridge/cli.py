@@ -200,6 +200,9 @@ def describe(config: Config, source: str) -> str:
     for name, server in config.servers.items():
         lines.append(f"  {name} (mode {server.mode}): {server.command} {' '.join(server.args)}".rstrip())
         lines += [f"    {line}" for line in confine.describe(server)]
+        if server.max_concurrent_calls is not None:
+            cap = server.max_concurrent_calls
+            lines.append(f"    at most {cap} call{'s' if cap > 1 else ''} at once to each process (max_concurrent_calls); more wait their turn")
         lines.append(f"    {base}/servers/{name}/mcp  Streamable HTTP (protocol 2025-03-26 and later)")
         lines.append(f"    {base}/servers/{name}/sse  HTTP+SSE (protocol 2024-11-05)")
     if listen.port == 0:

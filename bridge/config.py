@@ -259,6 +259,7 @@ class Server(Struct, frozen=True):
     restart: Restart = Restart()
     shutdown_timeout: Duration = Duration(5)
     attribution_window: Duration = Duration(0.25)
+    max_concurrent_calls: PositiveInt | None = None  # client calls at a process at once; None: no cap
     max_sessions: PositiveInt | None = None
     rlimits: Rlimits = Rlimits()
     user: UserId | None = None  # run as this user (the daemon must be root)
