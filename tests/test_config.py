@@ -82,6 +82,13 @@ def test_max_concurrent_calls_is_unset_by_default_and_a_count() -> None:
     ]
 
 
+def test_without_interpolation_variables_stay_as_written_and_need_not_be_set() -> None:
+    """What `config convert` validates: the output keeps them for the daemon to fill in."""
+    text = "servers: {s: {command: '${CMD}', args: ['${file:/nonexistent}', '$${X}'], env: {K: '${K:-d}'}}}"
+    server = parse(text, "t.yaml", {}, interpolate=False).servers["s"]
+    assert (server.command, server.args, server.env) == ("${CMD}", ("${file:/nonexistent}", "$${X}"), {"K": "${K:-d}"})
+
+
 def test_a_missing_variable_names_itself_and_its_key() -> None:
     assert problems("servers: {s: {command: '${NOPE}'}}") == ["servers.s.command: environment variable NOPE is not set"]
     assert problems("servers: {s: {command: x, args: [a, '${NOPE}']}}") == ["servers.s.args[1]: environment variable NOPE is not set"]
