@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import fcntl
+import ipaddress
 import os
 import signal
+import socket
 import ssl
+import struct
 import sys
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
@@ -191,20 +195,72 @@ def _in_terms(problem: str, terms: Mapping[str, str]) -> str:
     return problem
 
 
+# A wildcard listen address -> the loopback address of its family, which a URL can name.
+_WILDCARDS = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}
+_EVERY = {
+    "0.0.0.0": ("every IPv4 address (0.0.0.0)", socket.AF_INET),
+    "::": ("every IPv6 address (::)", socket.AF_INET6),  # asyncio binds it IPv6 only
+    "": ("every address (an empty host)", None),
+}
+_SIOCGIFADDR = 0x8915  # Linux: an interface's IPv4 address
+
+
 def describe(config: Config, source: str) -> str:
-    """What `--check` prints for a valid config: each server's endpoints, mode and protocol eras."""
+    """What `--check` prints for a valid config: each server's endpoints, mode and protocol eras.
+    A wildcard listen address is no address a client can use: the URLs name loopback, and a
+    note names the addresses other machines can use instead."""
     listen = config.listen
-    host = f"[{listen.host}]" if ":" in listen.host else listen.host
+    shown = _WILDCARDS.get(listen.host, listen.host)
+    host = f"[{shown}]" if ":" in shown else shown
     base = f"{'https' if listen.tls is not None else 'http'}://{host}:{listen.port}"
     lines = [f"{source}: ok ({len(config.servers)} servers: {', '.join(config.servers)})"]
     for name, server in config.servers.items():
         lines.append(f"  {name} (mode {server.mode}): {server.command} {' '.join(server.args)}".rstrip())
         lines += [f"    {line}" for line in confine.describe(server)]
+        if server.max_concurrent_calls is not None:
+            cap = server.max_concurrent_calls
+            lines.append(f"    at most {cap} call{'s' if cap > 1 else ''} at once to each process (max_concurrent_calls); more wait their turn")
         lines.append(f"    {base}/servers/{name}/mcp  Streamable HTTP (protocol 2025-03-26 and later)")
         lines.append(f"    {base}/servers/{name}/sse  HTTP+SSE (protocol 2024-11-05)")
+    if listen.host in _WILDCARDS:
+        every, family = _EVERY[listen.host]
+        found = host_addresses(family)
+        which = f"its own: {', '.join(found)}" if found else "its name, or an address of it"
+        lines.append(
+            f"  (listening on {every}: the URLs say {shown}, for clients on this machine; clients elsewhere"
+            f" use in its place an address of this machine they can reach ({which}))"
+        )
     if listen.port == 0:
         lines.append("  (port 0: the port chosen is logged in the `listening` event)")
     return "\n".join(lines)
+
+
+def host_addresses(family: socket.AddressFamily | None = None) -> list[str]:
+    """This machine's addresses other machines may reach it at (no loopback, no link-local:
+    a URL with one needs an interface name), IPv4 then IPv6, as a URL writes them; only
+    `family`'s when given. Read from the kernel (Linux); what cannot be read is left out."""
+    found: list[str] = []
+    if family in (None, socket.AF_INET):
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+                for _, name in socket.if_nameindex():
+                    try:
+                        packed = fcntl.ioctl(sock.fileno(), _SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
+                    except OSError:
+                        continue  # no IPv4 address
+                    found.append(socket.inet_ntoa(packed[20:24]))
+        except OSError:
+            pass
+    if family in (None, socket.AF_INET6):
+        try:
+            with open("/proc/net/if_inet6", encoding="ascii") as table:
+                for line in table:
+                    digits = line.split()[0]
+                    found.append(str(ipaddress.IPv6Address(bytes.fromhex(digits))))
+        except (OSError, ValueError, IndexError):
+            pass
+    usable = [a for a in dict.fromkeys(found) if not (ip := ipaddress.ip_address(a)).is_loopback and not ip.is_link_local]
+    return [f"[{a}]" if ":" in a else a for a in usable]
 
 
 def convert_main(argv: Sequence[str]) -> int:
@@ -215,7 +271,9 @@ def convert_main(argv: Sequence[str]) -> int:
     args = parser.parse_args(argv)
     notes: list[str] = []
     try:
-        load(args.file, notes=notes)  # the same validation as serving it
+        # The same validation as serving it, but its ${VAR}s stay as written (the output keeps
+        # them for the daemon to fill in): they need not be set where it is converted.
+        load(args.file, notes=notes, interpolate=False)
         data = yaml.safe_load(Path(args.file).read_text(encoding="utf-8"))
     except ConfigError as exc:
         _print_problems(exc)

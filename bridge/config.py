@@ -259,6 +259,7 @@ class Server(Struct, frozen=True):
     restart: Restart = Restart()
     shutdown_timeout: Duration = Duration(5)
     attribution_window: Duration = Duration(0.25)
+    max_concurrent_calls: PositiveInt | None = None  # client calls at a process at once; None: no cap
     max_sessions: PositiveInt | None = None
     rlimits: Rlimits = Rlimits()
     user: UserId | None = None  # run as this user (the daemon must be root)
@@ -306,19 +307,26 @@ class ConfigError(Exception):
         self.problems = problems
 
 
-def load(path: str | Path, environ: Mapping[str, str] | None = None, notes: list[str] | None = None) -> Config:
+def load(
+    path: str | Path, environ: Mapping[str, str] | None = None, notes: list[str] | None = None, interpolate: bool = True
+) -> Config:
     """The config in `path`: the YAML format, or an MCP client's `mcpServers` JSON (whose
-    entries a bridge cannot serve are skipped, each described in `notes`)."""
+    entries a bridge cannot serve are skipped, each described in `notes`); with `interpolate`
+    False, its `${...}` are left as written (and so need not be set)."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(str(path), [f"cannot read: {exc}"]) from None
-    return parse(text, str(path), os.environ if environ is None else environ, notes)
+    return parse(text, str(path), os.environ if environ is None else environ, notes, interpolate)
 
 
 def parse(
-    text: str, source: str = "<config>", environ: Mapping[str, str] | None = None, notes: list[str] | None = None
+    text: str,
+    source: str = "<config>",
+    environ: Mapping[str, str] | None = None,
+    notes: list[str] | None = None,
+    interpolate: bool = True,
 ) -> Config:
     try:
         data = json.loads(text) if source.endswith(".json") else yaml.safe_load(text)
@@ -336,10 +344,10 @@ def parse(
         if notes is not None:
             notes += skipped
         try:
-            return build(data, source, environ)
+            return build(data, source, environ, interpolate)
         except ConfigError as exc:
             raise ConfigError(source, [mcpservers.in_file_terms(p) for p in exc.problems]) from None
-    return build(data, source, environ)
+    return build(data, source, environ, interpolate)
 
 
 def build(data: Any, source: str, environ: Mapping[str, str] | None = None, interpolate: bool = True) -> Config:

@@ -76,8 +76,10 @@ class Upstream:
             max_backlog=limits.server_backlog,
             max_subscriptions=limits.max_subscriptions,
             attribution_window=self._attribution_window,
+            max_calls=cfg.max_concurrent_calls or 0,
             client_info=("mcp-bridge", __version__),
             in_flight=gateway.in_flight,
+            slot_waited=gateway.metrics.slot_waits.observe,
         )
         self._timer: asyncio.TimerHandle | None = None
         self._stall: asyncio.TimerHandle | None = None  # armed while the server's input is backed up
@@ -880,6 +882,10 @@ class Gateway:
 
     def inflight(self) -> int:
         return sum(u.mux.inflight() for u in self.upstreams())
+
+    def calls_waiting(self) -> int:
+        """Calls waiting for a slot under max_concurrent_calls, every process together."""
+        return sum(u.mux.waiting_for_slot() for u in self.upstreams())
 
     def pids(self) -> list[int]:
         return [u.child.pid for u in self.upstreams() if u.child is not None and u.child.pid is not None]

@@ -76,6 +76,8 @@ class ServerView(Protocol):
 
     def inflight(self) -> int: ...
 
+    def calls_waiting(self) -> int: ...
+
     def processes_up(self) -> int: ...
 
     def processes_by_era(self) -> dict[str, int]: ...
@@ -131,6 +133,7 @@ class ServerMetrics:
         self.limit_kills: Counter[str] = Counter()  # processes ended by a limit, by rlimits key
         self.pool_waits: Counter[str] = Counter()  # sessions that waited for a process, by outcome
         self.pool_starts: Counter[str] = Counter()  # sessions' processes by where they came from
+        self.slot_waits = Latency()  # how long calls waited for a slot (servers.NAME.max_concurrent_calls)
         # CPU seconds of the server's processes: each one's last reading, by (pid, start
         # time), and the sum of those of the processes that have exited since.
         self._cpu_seen: dict[tuple[int, int], float] = {}
@@ -304,6 +307,12 @@ class _Collector(Collector):
             "last reading at a scrape).",
             labels=["server"],
         )
+        slot_waits = HistogramMetricFamily(
+            f"{PREFIX}_call_queue_wait_seconds",
+            "Time a call waited for a free slot under max_concurrent_calls, until written to the server "
+            "(0 for one that found a slot free; servers without the cap observe nothing).",
+            labels=["server"],
+        )
         limit_kills = CounterMetricFamily(
             f"{PREFIX}_server_limit_kills",
             "Server processes ended by one of their rlimits, by limit (memory, cpu_time, processes, open_files): "
@@ -330,15 +339,22 @@ class _Collector(Collector):
             for code, n in sorted(m.errors.items()):
                 errors.add_metric([m.server, code], n)
             cpu.add_metric([m.server], m.cpu_seconds())
+            slot_waits.add_metric([m.server], m.slot_waits.cumulative(), m.slot_waits.total)
             for outcome, n in sorted(m.pool_waits.items()):
                 waits.add_metric([m.server, outcome], n)
             for source, n in sorted(m.pool_starts.items()):
                 starts.add_metric([m.server, source], n)
-        yield from (opened, dropped, messages, eras, traffic, duration, restarts, dropped_messages, errors, cpu, limit_kills, waits, starts)
+        yield from (
+            opened, dropped, messages, eras, traffic, duration, restarts, dropped_messages, errors, cpu, limit_kills, waits, starts,
+            slot_waits,
+        )  # fmt: skip
 
     def _state(self, views: list[ServerView], rss: dict[str, int]) -> Iterator[Metric]:
         sessions = GaugeMetricFamily(f"{PREFIX}_sessions_open", "Client sessions open now.", labels=["server", "transport"])
         inflight = GaugeMetricFamily(f"{PREFIX}_requests_in_flight", "Client requests awaiting a response.", labels=["server"])
+        waiting = GaugeMetricFamily(
+            f"{PREFIX}_calls_waiting", "Client calls waiting for a free slot under max_concurrent_calls.", labels=["server"]
+        )
         up = GaugeMetricFamily(
             f"{PREFIX}_server_up",
             "1 when the server can serve: its process is up and initialized (per-session: it can be started).",
@@ -369,13 +385,14 @@ class _Collector(Collector):
             for transport in TRANSPORTS:
                 sessions.add_metric([view.name, transport], counts.get(transport, 0))
             inflight.add_metric([view.name], view.inflight())
+            waiting.add_metric([view.name], view.calls_waiting())
             processes.add_metric([view.name], view.processes_up())
             for era, n in sorted(view.processes_by_era().items()):
                 by_era.add_metric([view.name, era], n)
             up.add_metric([view.name], 1 if view.readiness() is None else 0)
             looping.add_metric([view.name], 1 if view.crash_looping() else 0)
             memory.add_metric([view.name], rss[view.name])
-        yield from (sessions, inflight, up, looping, processes, by_era, memory, pool)
+        yield from (sessions, inflight, waiting, up, looping, processes, by_era, memory, pool)
 
 
 class Forwarding:

@@ -74,6 +74,24 @@ Rules
    schema that names one) is answered as the server answers a name it does
    not have, learned once per mux by a probe that carries nothing of the
    request. Nothing of that request reaches the server.
+9. Slots. With `max_calls` set, at most that many client calls are written to
+   the process and not yet ended: answered, failed, or cancelled (by their
+   client, a timeout, their session closing; a cancelled call's slot frees at
+   once, as a server answers no cancelled call). Past it a call waits in a
+   queue that takes turns by principal as held calls do (rule 4), and is
+   written when a slot frees; a held call let through waits there too, and
+   its attribution window starts when it is written. While the process is
+   not ready, calls wait in that queue rather than in the backlog. The queue
+   and the backlog together hold at most `max_backlog` messages: a call past
+   that is refused (-32003). A waiting call that is cancelled, times out or
+   whose session closes leaves the queue, and the next goes. When the process
+   exits, waiting calls stay for the next one (as the backlog does); they
+   fail when the server fails or the bridge shuts down. The bridge's own calls
+   never wait, nor do a client's `initialize`, `ping`, `resources/subscribe`,
+   `resources/unsubscribe` and `logging/setLevel`: the handshake and state
+   the mux shares between sessions, whose order upstream is the mux's to keep
+   (rule 5), and not what the cap guards (a server's tools racing each other).
+   With no cap, this rule costs a call one attribute test (`_send_call`).
 
 Theory of operation
 -------------------
@@ -120,6 +138,8 @@ V = TypeVar("V")
 _CANCELLED_MEMORY = 4096
 # Task notices kept for a result still to come (see `_task_status`).
 _EARLY_NOTES = 256
+# Client requests that never wait for a slot (rule 9).
+_UNCAPPED = frozenset({"initialize", "ping", "resources/subscribe", "resources/unsubscribe", "logging/setLevel"})
 # Requests that cannot make the server ask the client anything: never held back.
 _INERT = frozenset(
     {"ping", "tools/list", "prompts/list", "resources/list", "resources/templates/list", "logging/setLevel",
@@ -199,6 +219,8 @@ class Call:
     task: bool = False  # task-augmented: the result names a task the session will own
     subscribe_uri: str | None = None
     asked: int = 0  # when a server request was last attributed to this call (0: never)
+    # When it was written; while it waits for a slot (rule 9), since when it waits
+    # (a field of its own would cost every call its default).
     sent_at: float = 0.0
     principal: str | None = None
     target: str | None = None  # the tool or prompt name, or resource uri, of an audited call
@@ -279,21 +301,31 @@ def bridge_initialize_params(client_name: str, version: str) -> dict[str, Any]:
     }
 
 
-class _Turns:
-    """Calls held back for attribution (rule 4): one queue per principal, first in, first
-    out within it, and the principal served least recently goes next. So one principal's
-    waiting calls delay another's by at most the one attribution window under way, however
-    many they are."""
+class _Tally:
+    """How many calls wait in a mux's queues, all of them together: what the mux asks
+    after every event. An attribute, not `__len__`: a `__len__` is a Python call made
+    through C each time."""
 
-    __slots__ = ("_queues", "_served", "_turn", "waiting")
+    __slots__ = ("waiting",)
 
     def __init__(self) -> None:
+        self.waiting = 0
+
+
+class _Turns:
+    """Calls waiting their turn: held back for attribution (rule 4) or for a slot (rule 9).
+    One queue per principal, first in, first out within it, and the principal served least
+    recently goes next. So one principal's waiting calls delay another's by at most one
+    turn (the attribution window, the slot) under way, however many they are."""
+
+    __slots__ = ("_queues", "_served", "_turn", "_tally", "waiting")
+
+    def __init__(self, tally: _Tally) -> None:
         self._queues: dict[str | None, deque[Message]] = {}
         self._served: dict[str | None, int] = {}  # principal -> turn it was last let through at
         self._turn = itertools.count()
-        # How many calls are held. An attribute, not `__len__`: the mux asks after every
-        # event, and a `__len__` is a Python call made through C each time.
-        self.waiting = 0
+        self._tally = tally  # shared by the mux's queues
+        self.waiting = 0  # how many calls are in this one
 
     def push(self, principal: str | None, msg: Message) -> None:
         queue = self._queues.get(principal)
@@ -301,6 +333,7 @@ class _Turns:
             queue = self._queues[principal] = deque()
         queue.append(msg)
         self.waiting += 1
+        self._tally.waiting += 1
 
     def peek(self) -> Message:
         """The call `pop` returns next."""
@@ -313,6 +346,7 @@ class _Turns:
         if not queue:
             del self._queues[principal]
         self.waiting -= 1
+        self._tally.waiting -= 1
         return msg
 
     def _next(self) -> str | None:
@@ -331,6 +365,7 @@ class _Turns:
                 if msg["id"] == upstream_id:
                     del queue[i]
                     self.waiting -= 1
+                    self._tally.waiting -= 1
                     if not queue:
                         del self._queues[principal]
                     return True
@@ -338,6 +373,7 @@ class _Turns:
 
     def clear(self) -> None:
         self._queues.clear()
+        self._tally.waiting -= self.waiting
         self.waiting = 0
 
 
@@ -351,9 +387,11 @@ class Mux:
         max_backlog: int = 0,
         max_subscriptions: int = 0,
         attribution_window: float = 0.0,
+        max_calls: int = 0,
         client_info: tuple[str, str] = ("mcp-bridge", "0"),
         clock: Callable[[], float] = time.monotonic,
         in_flight: Counter[str | None] | None = None,
+        slot_waited: Callable[[float], None] | None = None,
     ) -> None:
         self.shared = shared
         self.roots = None if roots is None else tuple(roots)
@@ -361,6 +399,7 @@ class Mux:
         self.max_backlog = max_backlog  # messages waiting for a process that is not ready
         self.max_subscriptions = max_subscriptions  # per session
         self.attribution_window = attribution_window
+        self.max_calls = max_calls  # client calls at the process at once (rule 9); 0: no cap
         self.state = State.DOWN
         self.init_result: dict[str, Any] | None = None
         self._client_info = client_info
@@ -379,9 +418,15 @@ class Mux:
         self._elicitation_owner: dict[str, str] = {}
         self._upstream_level: int | None = None
         self._backlog: list[Message] = []
+        self._queued = _Tally()  # calls in `_held` and `_for_slot`
         # Calls held back until the one call allowed to ask (`_holder`) asks,
         # finishes or has had `attribution_window` seconds (rule 4).
-        self._held = _Turns()
+        self._held = _Turns(self._queued)
+        # Calls waiting for a slot (rule 9); `_slots` holds the upstream ids of the calls
+        # written under the cap, some of which may have ended since (see `_free_slot`).
+        self._for_slot = _Turns(self._queued)
+        self._slots: set[int] = set()
+        self._slot_waited = slot_waited  # told how long each call written under the cap waited
         self._by_principal: dict[str | None, int] = {}  # open sessions per principal
         self._holder: Call | None = None
         # Calls from sessions that cannot be asked, sent while some session can be: each may
@@ -479,8 +524,9 @@ class Mux:
         else:
             del self._by_principal[principal]
             self._held.forget(principal)
+            self._for_slot.forget(principal)
         self._forget_early_notes()
-        return self._settle(out) if self._held.waiting else out
+        return self._settle(out) if self._queued.waiting else out
 
     def sessions(self) -> list[str]:
         return list(self._peers)
@@ -510,7 +556,12 @@ class Mux:
             "elicitations": len(self._elicitation_owner),
             "early_task_notes": self._early_count,
             "queued_calls": sum(1 for m in self._backlog if "method" in m and "id" in m) + self._held.waiting,
+            "waiting_for_slot": self._for_slot.waiting,
         }
+
+    def waiting_for_slot(self) -> int:
+        """Client calls waiting for a slot under `max_calls` (rule 9)."""
+        return self._for_slot.waiting
 
     def is_idle(self) -> bool:
         """True when no table holds anything: what every closed session must leave behind."""
@@ -532,9 +583,9 @@ class Mux:
             out: list[Action] = []
             for msg, kind in zip(payload, kinds, strict=True):
                 out += self._from_client(peer, msg, kind)
-            return self._settle(out) if self._held.waiting else out
+            return self._settle(out) if self._queued.waiting else out
         out = self._from_client(peer, payload, jsonrpc.classify(payload))
-        return self._settle(out) if self._held.waiting else out
+        return self._settle(out) if self._queued.waiting else out
 
     def _from_client(self, peer: Peer, msg: Message, kind: Kind) -> list[Action]:
         peer.last_active = next(self._seq)
@@ -686,7 +737,8 @@ class Mux:
 
     def _settle(self, out: list[Action]) -> list[Action]:
         """After any event: let held calls through, in turn, while they may go (see
-        `_take_turn`); asks for a wake-up when the next waits for calls' windows to end."""
+        `_take_turn`), asking for a wake-up when the next waits for calls' windows to end;
+        if a slot is free, write the next call waiting for one (rule 9)."""
         held = self._held
         while held.waiting and not self._holder_active():
             msg = held.peek()
@@ -702,6 +754,8 @@ class Mux:
             else:
                 held.pop()
                 out += self._hold_with(call, msg)
+        if self._for_slot.waiting and self.state is _READY:
+            self._release(out)
         return out
 
     def timer(self) -> list[Action]:
@@ -721,6 +775,8 @@ class Mux:
         return [Timer(delay)]
 
     def _send_call(self, call: Call, msg: Message) -> list[Action]:
+        if self.max_calls and call.method not in _UNCAPPED:
+            return self._send_in_turn(call, msg)
         if self.state is _READY:
             call.sent = True
             call.sent_at = self._clock()
@@ -729,6 +785,46 @@ class Mux:
             return [self._fail(call, jsonrpc.SERVER_UNAVAILABLE, self._backlog_full_reason())]
         self._backlog.append(msg)
         return []
+
+    def _send_in_turn(self, call: Call, msg: Message) -> list[Action]:
+        """Rule 8: write the call if a slot is free and no call waits for one, else queue it."""
+        now = self._clock()
+        if self.state is _READY and not self._for_slot.waiting and self._free_slot():
+            return [self._take_slot(call, msg, now)]
+        if self._backlog_full():
+            return [self._fail(call, jsonrpc.SERVER_UNAVAILABLE, self._backlog_full_reason())]
+        call.sent_at = now  # since when it waits
+        self._for_slot.push(call.principal, msg)
+        return []
+
+    def _free_slot(self) -> bool:
+        """Whether a call may be written now. `_slots` is pruned only when it looks full,
+        so that a call ending (in `_forget_call`, on every path) costs nothing here."""
+        slots = self._slots
+        if len(slots) < self.max_calls:
+            return True
+        calls = self._calls
+        self._slots = slots = {upstream_id for upstream_id in slots if upstream_id in calls}
+        return len(slots) < self.max_calls
+
+    def _take_slot(self, call: Call, msg: Message, since: float) -> ToServer:
+        now = self._clock()
+        if self._slot_waited is not None:
+            self._slot_waited(now - since)
+        call.sent = True
+        call.sent_at = now
+        self._slots.add(call.upstream_id)
+        self._for_slot.served(call.principal)
+        return ToServer(msg)
+
+    def _release(self, out: list[Action]) -> None:
+        """Write calls waiting for a slot, in turn, while slots are free (the process is ready)."""
+        queue = self._for_slot
+        while queue.waiting and self._free_slot():
+            msg = queue.pop()
+            call = self._calls.get(msg["id"])
+            if call is not None:
+                out.append(self._take_slot(call, msg, call.sent_at))
 
     def _to_server(self, msg: Message) -> list[Action]:
         if self.state is _READY:
@@ -741,10 +837,13 @@ class Mux:
         return []
 
     def _backlog_full(self) -> bool:
-        return bool(self.max_backlog) and len(self._backlog) >= self.max_backlog
+        return bool(self.max_backlog) and len(self._backlog) + self._for_slot.waiting >= self.max_backlog
 
     def _backlog_full_reason(self) -> str:
-        return f"server is not ready and {len(self._backlog)} messages wait for it (limits.server_backlog)"
+        waiting = len(self._backlog) + self._for_slot.waiting
+        if self.state is _READY:  # so only calls wait, each for a slot
+            return f"{waiting} calls already wait for one of the server's {self.max_calls} slots (max_concurrent_calls, limits.server_backlog)"
+        return f"server is not ready and {waiting} messages wait for it (limits.server_backlog)"
 
     def not_written(self, upstream_id: RequestId, reason: str) -> list[Action]:
         """The shell could not write this request to the process (its input is full):
@@ -920,7 +1019,7 @@ class Mux:
             out = []
             for msg in payload:
                 out += self._from_server(msg)
-        return self._settle(out) if self._held.waiting else out
+        return self._settle(out) if self._queued.waiting else out
 
     def _from_server(self, msg: Any) -> list[Action]:
         try:
@@ -961,10 +1060,11 @@ class Mux:
         if call is None or call.session is None or not call.sent:
             return [Discard("server line over limits.max_message_bytes", {"size": size, "id": upstream_id})]
         message = f"response of {size} bytes is over the limit (limits.max_message_bytes)"
-        return [
+        out: list[Action] = [
             Discard("server line over limits.max_message_bytes", {"size": size, "id": upstream_id}),
             self._fail(call, jsonrpc.RESPONSE_TOO_LARGE, message),
         ]
+        return self._settle(out) if self._queued.waiting else out
 
     def _learn_unknown(self, call: Call, msg: Message) -> None:
         """The server's answer to a probe (see `_hidden`): keep it, and give it the hidden name."""
@@ -1045,7 +1145,7 @@ class Mux:
         form of a modern server's input_required): it goes to that call's session, if able."""
         call = self._calls.get(upstream_id) if upstream_id.__class__ is int else None
         out = self._server_request(msg, self._asked_by(call, msg))
-        return self._settle(out) if self._held.waiting else out
+        return self._settle(out) if self._queued.waiting else out
 
     def _server_request(self, msg: Message, asker: tuple[Peer | None, Call | None] | None = None) -> list[Action]:
         """`asker`: the session and call it belongs to, when known; else they are guessed."""
@@ -1118,27 +1218,25 @@ class Mux:
             return None, None  # a task we do not know belongs to nobody here
         wanted = _CAPABILITY_FOR.get(method)
         fresh_since = self._clock() - self.attribution_window
-        asker: Call | None = None
+        asker: tuple[Call, Peer | None] | None = None  # the call that asked last, and its session if able
         newest: Call | None = None
         busy = False  # a client's call is in flight
         for call in self._calls.values():  # oldest first
             if call.session is None or not call.sent:
                 continue
             peer = self._peers[call.session]
-            if not peer.initialized:
-                continue
             busy = True
-            able = wanted is None or _can_handle(peer.capabilities, wanted, msg)
+            able = peer.initialized and (wanted is None or _can_handle(peer.capabilities, wanted, msg))
             if not call.asked and call.sent_at > fresh_since and self.attribution_window:
                 return (peer if able else None), call  # it asked, whether or not its session can answer
-            if not able:
-                continue
-            if call.asked and (asker is None or call.asked > asker.asked):
-                asker = call
-            newest = call
-        chosen = asker or newest
-        if chosen is not None:
-            return self._peers[_caller(chosen)[0]], chosen
+            if call.asked and (asker is None or call.asked > asker[0].asked):
+                asker = call, peer if able else None
+            if able:
+                newest = call
+        if asker is not None:
+            return asker[1], asker[0]
+        if newest is not None:
+            return self._peers[_caller(newest)[0]], newest
         if busy:
             return None, None  # only calls of sessions that cannot answer are in flight: one of them asked
         # No call in flight: the request is about no one's call. It may still go to a session
@@ -1320,6 +1418,7 @@ class Mux:
         out = self.server_exited(reason)
         self._backlog.clear()
         self._held.clear()
+        self._for_slot.clear()
         for call in [c for c in self._calls.values() if not c.sent]:
             out.append(self._fail(call, jsonrpc.SERVER_UNAVAILABLE, reason))
         return out + self._refuse_waiting_inits(reason)
@@ -1392,16 +1491,20 @@ class Mux:
         return ToServer(jsonrpc.request(call.upstream_id, method, params))
 
     def _flush_backlog(self) -> list[Action]:
+        """The process is ready: what waited for it goes, then calls waiting for a slot."""
         backlog, self._backlog = self._backlog, []
         for msg in backlog:
             call = self._calls.get(msg["id"]) if "method" in msg and "id" in msg else None
             if call is not None:
                 call.sent = True
                 call.sent_at = self._clock()
-        return [ToServer(m) for m in backlog]
+        out: list[Action] = [ToServer(m) for m in backlog]
+        if self._for_slot.waiting:
+            self._release(out)
+        return out
 
     def _unqueue(self, call: Call) -> None:
-        if self._held.remove(call.upstream_id):
+        if self._held.remove(call.upstream_id) or self._for_slot.remove(call.upstream_id):
             return
         for i, msg in enumerate(self._backlog):
             if msg.get("id") == call.upstream_id and "method" in msg:

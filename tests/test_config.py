@@ -73,6 +73,22 @@ servers:
     assert server.env == {"TOKEN": "s3", "LITERAL": "${NOT_A_VAR}", "MIXED": "a-run-b", "EMPTY": "", "SET": "run"}
 
 
+def test_max_concurrent_calls_is_unset_by_default_and_a_count() -> None:
+    assert parse(MINIMAL, environ={}).servers["time"].max_concurrent_calls is None
+    config = parse("servers: {time: {command: x, mode: per-session, max_concurrent_calls: 1}}", environ={})
+    assert config.servers["time"].max_concurrent_calls == 1
+    assert problems("servers: {time: {command: x, max_concurrent_calls: many}}") == [
+        "servers.time.max_concurrent_calls: expected `int`, got `str`"
+    ]
+
+
+def test_without_interpolation_variables_stay_as_written_and_need_not_be_set() -> None:
+    """What `config convert` validates: the output keeps them for the daemon to fill in."""
+    text = "servers: {s: {command: '${CMD}', args: ['${file:/nonexistent}', '$${X}'], env: {K: '${K:-d}'}}}"
+    server = parse(text, "t.yaml", {}, interpolate=False).servers["s"]
+    assert (server.command, server.args, server.env) == ("${CMD}", ("${file:/nonexistent}", "$${X}"), {"K": "${K:-d}"})
+
+
 def test_a_missing_variable_names_itself_and_its_key() -> None:
     assert problems("servers: {s: {command: '${NOPE}'}}") == ["servers.s.command: environment variable NOPE is not set"]
     assert problems("servers: {s: {command: x, args: [a, '${NOPE}']}}") == ["servers.s.args[1]: environment variable NOPE is not set"]
@@ -381,7 +397,9 @@ def test_the_metrics_path_is_absolute_and_not_under_servers(path: str) -> None:
     assert problems(MINIMAL + f"metrics: {{path: '{path}'}}\n") == ["metrics.path: must start with '/' and not be under /servers/"]
 
 
-@pytest.mark.parametrize("key", ["limits.max_sessions", "limits.max_inflight", "limits.session_queue", "servers.time.max_sessions"])
+@pytest.mark.parametrize(
+    "key", ["limits.max_sessions", "limits.max_inflight", "limits.session_queue", "servers.time.max_sessions", "servers.time.max_concurrent_calls"]
+)
 def test_counts_are_at_least_one(key: str) -> None:
     section, _, field = key.rpartition(".")
     text = MINIMAL + f"limits: {{{field}: 0}}\n" if section == "limits" else f"servers: {{time: {{command: x, {field}: 0}}}}\n"

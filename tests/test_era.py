@@ -107,6 +107,23 @@ async def test_calls_to_a_modern_server_do_not_take_turns(bridge):
         assert took < 3, f"4 calls of 1s took {took:.1f}s: they took turns (4s)"
 
 
+async def test_calls_to_a_modern_server_take_turns_under_max_concurrent_calls(bridge):
+    """The cap holds through the era translator: one call at a time reaches the server, and a
+    call waiting for its client's input (input_required, answered and retried) keeps its slot."""
+    async with bridge(config("shared", max_concurrent_calls=1)) as b:
+        async with connect(b.url("m"), elicit=lambda params: {"name": "ada"}) as c:
+            started = time.monotonic()
+            results = await asyncio.gather(
+                *(c.session.call_tool("nap", {"seconds": 0.5}) for _ in range(3)), c.session.call_tool("greet", {})
+            )
+            took = time.monotonic() - started
+        assert [text_of(r) for r in results] == ["rested"] * 3 + ["hello ada"]
+        assert took >= 1.5, f"3 calls of 0.5s took {took:.2f}s: some ran at once"
+        m = await scrape(b)
+        assert m.get("mcp_bridge_call_queue_wait_seconds_count", server="m") >= 4  # type: ignore[operator]
+        assert m.get("mcp_bridge_call_queue_wait_seconds_sum", server="m") >= 1.0  # type: ignore[operator]
+
+
 async def test_configured_roots_are_answered_by_the_bridge(bridge):
     async with bridge(config("shared", roots=["file:///srv/data"])) as b, connect(b.url("m")) as c:
         assert text_of(await c.session.call_tool("roots", {})) == "file:///srv/data"

@@ -1213,3 +1213,245 @@ def test_a_session_is_quiet_only_once_nothing_of_its_is_left_at_the_server() -> 
     assert mux.inflight("modern") == 0 and not mux.quiet("modern")  # the server's question is still open
     to_server(mux.from_client("modern", jsonrpc.result(asked["id"], {"role": "assistant", "content": {"type": "text", "text": "x"}})))
     assert mux.quiet("modern")
+
+
+# ------------------------------------------------------------ slots (rule 9)
+
+
+def who(messages: list[dict[str, Any]]) -> list[str]:
+    return [m["params"]["who"] for m in messages if m.get("method") == "tools/call"]
+
+
+def call(rid: Any, who: str) -> dict[str, Any]:
+    return req(rid, "tools/call", name="t", who=who)
+
+
+def test_past_the_cap_calls_wait_and_each_goes_when_a_slot_frees() -> None:
+    clock = Clock()
+    waits: list[float] = []
+    mux = ready_mux("a", "b", max_calls=2, clock=clock, slot_waited=waits.append)
+    sent = to_server(mux.from_client("a", call(1, "a1"))) + to_server(mux.from_client("b", call(1, "b1")))
+    assert who(sent) == ["a1", "b1"]
+    assert mux.from_client("a", call(2, "a2")) == []  # no slot: it waits, no answer
+    assert mux.table_sizes()["waiting_for_slot"] == mux.waiting_for_slot() == 1
+    assert mux.inflight("a") == 2  # it is the client's call in flight all the same
+    clock.now += 3
+    out = mux.from_server(jsonrpc.result(sent[0]["id"], {"n": 1}))
+    assert to_session(out, "a") == [jsonrpc.result(1, {"n": 1})]
+    (a2,) = to_server(out)
+    assert a2["params"]["who"] == "a2" and mux.waiting_for_slot() == 0
+    assert waits == [0.0, 0.0, 3.0]  # every call written under the cap, with how long it waited
+    assert to_session(mux.from_server(jsonrpc.result(a2["id"], {"n": 2})), "a") == [jsonrpc.result(2, {"n": 2})]
+
+
+def test_without_a_cap_nothing_waits_and_nothing_is_observed() -> None:
+    waits: list[float] = []
+    mux = ready_mux("a", slot_waited=waits.append)
+    assert len(to_server([a for i in range(50) for a in mux.from_client("a", call(i, f"a{i}"))])) == 50
+    assert waits == [] and mux.waiting_for_slot() == 0
+
+
+def test_calls_waiting_for_a_slot_take_turns_by_principal() -> None:
+    """alice queues three calls, then bob one: bob's goes second, not after all of hers."""
+    mux = two_principals(max_calls=1)
+    (first,) = to_server(mux.from_client("a1", call(1, "a1-1")))
+    for rid in (2, 3, 4):
+        assert mux.from_client("a1", call(rid, f"a1-{rid}")) == []
+    assert mux.from_client("b1", call(1, "b1-1")) == []
+    order = []
+    upstream_id = first["id"]
+    for _ in range(4):
+        (nxt,) = to_server(mux.from_server(jsonrpc.result(upstream_id, {})))
+        order.append(nxt["params"]["who"])
+        upstream_id = nxt["id"]
+    assert order == ["b1-1", "a1-2", "a1-3", "a1-4"]
+
+
+def test_a_waiting_call_that_is_cancelled_leaves_the_queue_and_the_next_goes() -> None:
+    mux = ready_mux("a", "b", max_calls=1)
+    (first,) = to_server(mux.from_client("a", call(1, "a1")))
+    mux.from_client("b", call(1, "b1"))
+    mux.from_client("b", call(2, "b2"))
+    (abandoned,) = mux.from_client("b", note("notifications/cancelled", requestId=1))
+    assert isinstance(abandoned, Abandoned) and abandoned.call.client_id == 1  # no upstream cancel: never sent
+    assert mux.waiting_for_slot() == 1
+    (nxt,) = to_server(mux.from_server(jsonrpc.result(first["id"], {})))
+    assert nxt["params"]["who"] == "b2"
+
+
+def test_a_cancelled_call_frees_its_slot_at_once() -> None:
+    mux = ready_mux("a", "b", max_calls=1)
+    (first,) = to_server(mux.from_client("a", call(1, "a1")))
+    mux.from_client("b", call(1, "b1"))
+    cancel, nxt = to_server(mux.from_client("a", note("notifications/cancelled", requestId=1)))
+    assert cancel["params"]["requestId"] == first["id"] and nxt["params"]["who"] == "b1"
+    assert mux.from_server(jsonrpc.result(first["id"], {})) == []  # late: dropped, frees nothing more
+
+
+def test_a_waiting_call_times_out_and_leaves_the_queue() -> None:
+    clock = Clock()
+    mux = ready_mux("a", "b", max_calls=1, clock=clock)
+    (first,) = to_server(mux.from_client("a", call(1, "a1")))
+    mux.from_client("b", call(1, "b1"))
+    clock.now += 5
+    mux.from_client("b", call(2, "b2"))
+    clock.now += 6  # a1 and b1 are over 10 s old, b2 is not
+    actions = mux.expire(10)
+    (cancel, nxt) = to_server(actions)
+    assert cancel["params"]["requestId"] == first["id"]  # a1 was sent: cancelled upstream
+    assert nxt["params"]["who"] == "b2"  # b1 never was: it just leaves; b2 takes the slot a1 freed
+    assert [(m["id"], m["error"]["code"]) for m in to_session(actions)] == [(1, jsonrpc.REQUEST_TIMEOUT)] * 2
+    assert mux.waiting_for_slot() == 0 and mux.inflight() == 1
+
+
+def test_a_closing_session_takes_its_waiting_calls_out_of_the_queue() -> None:
+    mux = ready_mux("a", "b", "c", max_calls=1)
+    (first,) = to_server(mux.from_client("a", call(1, "a1")))
+    mux.from_client("b", call(1, "b1"))
+    mux.from_client("c", call(1, "c1"))
+    actions = mux.close_session("b")
+    assert to_server(actions) == [] and [type(a) for a in actions] == [Abandoned]
+    (nxt,) = to_server(mux.from_server(jsonrpc.result(first["id"], {})))
+    assert nxt["params"]["who"] == "c1"
+    (cancel,) = to_server(mux.close_session("c"))
+    assert cancel["params"]["requestId"] == nxt["id"] and mux.waiting_for_slot() == 0
+
+
+def test_waiting_calls_stay_for_the_next_process_and_go_after_its_replays() -> None:
+    mux = ready_mux("a", "b", max_calls=1)
+    for msg in (req(8, "logging/setLevel", level="info"), req(9, "resources/subscribe", uri="u")):
+        (fwd,) = to_server(mux.from_client("a", msg))
+        mux.from_server(jsonrpc.result(fwd["id"], {}))
+    (first,) = to_server(mux.from_client("a", call(1, "a1")))
+    mux.from_client("b", call(1, "b1"))
+    mux.from_client("a", call(2, "a2"))
+    (err,) = to_session(mux.server_exited("boom"))
+    assert err["id"] == 1 and err["error"]["code"] == jsonrpc.SERVER_EXITED  # sent: fails
+    assert mux.waiting_for_slot() == 2  # not sent: waits for the next process
+    mux.from_client("b", call(2, "b2"))  # the process is down: it waits in the same queue
+    (init,) = to_server(mux.server_started())
+    sent = to_server(mux.from_server(jsonrpc.result(init["id"], INIT_RESULT)))
+    # The bridge's own replays never wait for a slot; then one call, bob's (alice was served last).
+    assert [m["method"] for m in sent] == ["notifications/initialized", "resources/subscribe", "logging/setLevel", "tools/call"]
+    assert who(sent) == ["b1"]
+    (nxt,) = to_server(mux.from_server(jsonrpc.result(sent[-1]["id"], {})))
+    assert nxt["params"]["who"] == "a2"
+
+
+def test_waiting_calls_fail_when_the_server_fails_or_the_bridge_stops() -> None:
+    mux = ready_mux("a", "b", max_calls=1)
+    mux.from_client("a", call(1, "a1"))
+    mux.from_client("b", call(1, "b1"))
+    mux.server_exited("boom")
+    (err,) = to_session(mux.server_failed("crash loop"))
+    assert (err["id"], err["error"]["code"], err["error"]["message"]) == (1, jsonrpc.SERVER_UNAVAILABLE, "crash loop")
+    assert mux.waiting_for_slot() == 0 and mux.inflight() == 0
+
+    mux = ready_mux("a", "b", max_calls=1)
+    (first,) = to_server(mux.from_client("a", call(1, "a1")))
+    mux.from_client("b", call(1, "b1"))
+    actions = mux.shutdown("bridge shutting down")
+    assert to_server(actions) == [jsonrpc.notification("notifications/cancelled", {"requestId": first["id"], "reason": "bridge shutting down"})]
+    assert sorted((a.session, a.message["error"]["code"]) for a in actions if isinstance(a, ToSession)) == [
+        ("a", jsonrpc.SERVER_UNAVAILABLE), ("b", jsonrpc.SERVER_UNAVAILABLE),
+    ]  # fmt: skip
+    assert mux.waiting_for_slot() == 0 and mux.inflight() == 0
+
+
+def test_the_queue_for_slots_is_bounded_by_the_backlog_limit() -> None:
+    mux = ready_mux("a", max_calls=1, max_backlog=2)
+    assert len(to_server(mux.from_client("a", call(1, "a1")))) == 1
+    assert mux.from_client("a", call(2, "a2")) == mux.from_client("a", call(3, "a3")) == []
+    (over,) = to_session(mux.from_client("a", call(4, "a4")), "a")
+    assert over == jsonrpc.error(
+        4, jsonrpc.SERVER_UNAVAILABLE,
+        "2 calls already wait for one of the server's 1 slots (max_concurrent_calls, limits.server_backlog)",
+    )  # fmt: skip
+    assert mux.inflight("a") == 3
+    # While the process is down the queue and the backlog share the bound.
+    mux.server_exited()
+    (over,) = to_session(mux.from_client("a", call(5, "a5")), "a")
+    assert over["error"] == {"code": jsonrpc.SERVER_UNAVAILABLE, "message": "server is not ready and 2 messages wait for it (limits.server_backlog)"}
+
+
+def test_subscriptions_and_the_log_level_never_wait_for_a_slot_nor_take_one() -> None:
+    """They are state the mux shares between sessions, whose order upstream it keeps."""
+    mux = ready_mux("a", "b", max_calls=1)
+    (first,) = to_server(mux.from_client("a", call(1, "a1")))
+    assert mux.from_client("b", call(1, "b1")) == []
+    for msg in (
+        req(2, "resources/subscribe", uri="u"), req(3, "logging/setLevel", level="info"), req(4, "resources/unsubscribe", uri="u"),
+    ):  # fmt: skip
+        (fwd,) = to_server(mux.from_client("a", msg))
+        assert fwd["method"] == msg["method"]
+        assert to_server(mux.from_server(jsonrpc.result(fwd["id"], {}))) == []  # freed no slot: b1 still waits
+    assert mux.waiting_for_slot() == 1
+    (b1,) = to_server(mux.from_server(jsonrpc.result(first["id"], {})))
+    assert b1["params"]["who"] == "b1"
+
+
+def test_per_session_mode_caps_the_sessions_own_process() -> None:
+    mux, _ = per_session_mux()  # its initialize went through (never waits)
+    mux.max_calls = 1
+    (first,) = to_server(mux.from_client("a", call(2, "a2")))
+    assert mux.from_client("a", call(3, "a3")) == []
+    (ping,) = to_server(mux.from_client("a", req(4, "ping")))  # passed through, at once
+    mux.from_server(jsonrpc.result(ping["id"], {}))
+    (nxt,) = to_server(mux.from_server(jsonrpc.result(first["id"], {})))
+    assert nxt["params"]["who"] == "a3"
+
+
+def test_calls_waiting_before_a_per_session_process_is_ready_go_when_it_is() -> None:
+    """A process with no initialize to replay is ready as soon as it starts: what waited for it
+    goes then, the client's own initialize first (it never waits for a slot), then one call."""
+    mux = Mux(shared=False, max_calls=1)
+    mux.open_session("a")
+    assert mux.from_client("a", [req(1, "initialize", protocolVersion="2025-06-18", capabilities={}, clientInfo={}), call(2, "a2")]) == []
+    mux.from_client("a", call(3, "a3"))
+    sent = to_server(mux.server_started())
+    assert [m["method"] for m in sent] == ["initialize", "tools/call"] and who(sent) == ["a2"]
+    mux.from_server(jsonrpc.result(sent[0]["id"], INIT_RESULT))
+    (a3,) = to_server(mux.from_server(jsonrpc.result(sent[1]["id"], {})))
+    assert a3["params"]["who"] == "a3"
+
+
+def test_a_stateless_request_waits_for_a_slot_like_any_call() -> None:
+    mux = ready_mux("legacy", max_calls=1)
+    mux.open_session("modern")
+    mux.adopt("modern", {}, "2026-07-28", None, None)
+    (first,) = to_server(mux.from_client("legacy", call(1, "legacy")))
+    assert mux.from_client("modern", call(7, "modern")) == []
+    assert not mux.quiet("modern")
+    (nxt,) = to_server(mux.from_server(jsonrpc.result(first["id"], {})))
+    assert nxt["params"]["who"] == "modern"
+    assert to_session(mux.from_server(jsonrpc.result(nxt["id"], {})), "modern") == [jsonrpc.result(7, {})]
+    assert mux.quiet("modern")
+
+
+def test_a_held_call_let_through_waits_for_a_slot_and_its_window_starts_when_written() -> None:
+    clock = Clock()
+    mux = ready_mux("a", "b", "x", capabilities=SAMPLERS, attribution_window=0.25, max_calls=1, clock=clock)
+    (busy,) = to_server(mux.from_client("x", call(1, "x1")))  # x cannot be asked: never held, takes the slot
+    actions = mux.from_client("a", call(1, "a1"))  # the holder: let through, but no slot
+    assert to_server(actions) == [] and any(isinstance(a, Timer) for a in actions)
+    assert mux.from_client("b", call(1, "b1")) == []  # held behind a
+    clock.now += 1.0  # far past a's window, had it started
+    (rearmed,) = mux.timer()
+    assert isinstance(rearmed, Timer)  # a has not been written: its window has not begun, b stays held
+    (a1,) = to_server(mux.from_server(jsonrpc.result(busy["id"], {})))
+    assert a1["params"]["who"] == "a1"
+    (asked,) = [a for a in mux.from_server(sample("s1")) if isinstance(a, ToSession)]
+    assert asked.session == "a"  # the question finds the call that was written, within its window
+    (b1,) = to_server(mux.from_server(jsonrpc.result(a1["id"], {})))  # a asked and ended: b goes
+    assert b1["params"]["who"] == "b1"
+
+
+def test_an_oversized_response_or_an_unwritten_call_frees_its_slot() -> None:
+    mux = ready_mux("a", "b", "c", max_calls=1)
+    (first,) = to_server(mux.from_client("a", call(1, "a1")))
+    mux.from_client("b", call(1, "b1"))
+    mux.from_client("c", call(1, "c1"))
+    (b1,) = to_server(mux.response_too_large(first["id"], 10_000_000))
+    assert b1["params"]["who"] == "b1"
+    (c1,) = to_server(mux.not_written(b1["id"], "full"))
+    assert c1["params"]["who"] == "c1"

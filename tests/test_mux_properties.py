@@ -18,6 +18,10 @@ every collision the mux must untangle happens. After every step:
 
 At the end the server answers everything, every client request has had
 exactly one response, and once all sessions close every mux table is empty.
+
+The capped machines run the same rules with `max_calls` (servers.NAME.
+max_concurrent_calls) and a small backlog bound: the server never holds more
+client calls than the cap, and calls refused past the bound are answered too.
 """
 
 from __future__ import annotations
@@ -56,12 +60,17 @@ class Client:
 class MuxMachine(RuleBasedStateMachine):
     shared = True
     max_sessions = 4
+    max_calls = 0  # no cap
+    max_backlog = 0  # no bound
 
     def __init__(self) -> None:
         super().__init__()
         self.now = 0.0
         self.in_flight: Counter[str | None] = Counter()
-        self.mux = Mux(shared=self.shared, clock=lambda: self.now, max_inflight=50, attribution_window=1.0, in_flight=self.in_flight)
+        self.mux = Mux(
+            shared=self.shared, clock=lambda: self.now, max_inflight=50, attribution_window=1.0, in_flight=self.in_flight,
+            max_calls=self.max_calls, max_backlog=self.max_backlog,
+        )  # fmt: skip
         self.clients: dict[str, Client] = {}
         self.closed: set[str] = set()
         self.server_pending: dict[int, dict[str, Any]] = {}  # upstream id -> tools/call message
@@ -413,6 +422,12 @@ class MuxMachine(RuleBasedStateMachine):
         assert +held == +self.in_flight, (held, self.in_flight)
 
     @invariant()
+    def the_server_holds_no_more_calls_than_the_cap(self) -> None:
+        """Every tools/call the model server holds is a client's; none may be past the cap."""
+        if self.max_calls:
+            assert len(self.server_pending) <= self.max_calls, (len(self.server_pending), self.max_calls)
+
+    @invariant()
     def tables_match_clients(self) -> None:
         for sid, client in self.clients.items():
             inflight = {r for r, m in client.outstanding.items() if m != "initialize" or not self.shared}
@@ -423,7 +438,8 @@ class MuxMachine(RuleBasedStateMachine):
         if not self.server_alive:
             self.server_restarts()
         for _ in range(1000):
-            if not self.server_pending and not self.mux.table_sizes()["queued_calls"]:
+            tables = self.mux.table_sizes()
+            if not self.server_pending and not tables["queued_calls"] and not tables["waiting_for_slot"]:
                 break
             if not self.server_pending:
                 self.now += 5.0
@@ -452,12 +468,28 @@ class PerSessionMuxMachine(MuxMachine):
     max_sessions = 1
 
 
+class CappedMuxMachine(MuxMachine):
+    """Shared mode with servers.NAME.max_concurrent_calls (rule 9): calls wait for a slot,
+    taking turns by principal, within a bound shared with the backlog."""
+
+    max_calls = 2
+    max_backlog = 4
+
+
+class CappedPerSessionMuxMachine(PerSessionMuxMachine):
+    max_calls = 1
+    max_backlog = 3
+
+
 MuxMachine.TestCase.settings = settings(
     max_examples=300, stateful_step_count=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
-PerSessionMuxMachine.TestCase.settings = MuxMachine.TestCase.settings
+for machine in (PerSessionMuxMachine, CappedMuxMachine, CappedPerSessionMuxMachine):
+    machine.TestCase.settings = MuxMachine.TestCase.settings
 TestMux = MuxMachine.TestCase
 TestPerSessionMux = PerSessionMuxMachine.TestCase
+TestCappedMux = CappedMuxMachine.TestCase
+TestCappedPerSessionMux = CappedPerSessionMuxMachine.TestCase
 
 
 class _Picks:

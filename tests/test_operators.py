@@ -7,9 +7,11 @@ real server processes, and the official SDK as the client.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import os
 import shutil
+import socket
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -175,6 +177,55 @@ def test_config_convert_prints_the_equivalent_yaml(tmp_path: Path):
     yaml_path.write_text(result.stdout)
     check = cli("--check", "--config", str(yaml_path))
     assert check.returncode == 0 and "2 servers: demo, faulty" in check.stdout, check
+
+
+def test_config_convert_keeps_variables_as_written_and_needs_none_set(tmp_path: Path):
+    """The output keeps `${...}` for the daemon to fill in, so converting needs none of them set
+    (nor a `${file:...}` readable); serving the file still does."""
+    path = tmp_path / "mcp.json"
+    entry = {"command": "${API_BIN}", "args": ["--key", "${API_KEY}", "${file:/nonexistent/secret}"], "env": {"T": "${API_T:-x}"}}
+    path.write_text(json.dumps({"mcpServers": {"api": entry}}))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("API_")}
+    result = cli("config", "convert", str(path), env=env)
+    assert result.returncode == 0, result.stderr
+    assert yaml.safe_load(result.stdout) == {"servers": {"api": entry}}
+    check = cli("--check", "--config", str(path), env=env)
+    assert check.returncode == 2, check
+    assert f"{path}: mcpServers.api.command: environment variable API_BIN is not set" in check.stderr, check.stderr
+    assert f"{path}: mcpServers.api.args[2]: cannot read /nonexistent/secret" in check.stderr, check.stderr
+    # What is wrong with the file itself is still found.
+    path.write_text(json.dumps({"mcpServers": {"api": {**entry, "args": "${API_KEY}"}}}))
+    result = cli("config", "convert", str(path), env=env)
+    assert result.returncode == 2 and "mcpServers.api.args: expected `array`" in result.stderr, result
+
+
+@pytest.mark.parametrize(("host", "loopback", "family"), [("0.0.0.0", "127.0.0.1", "IPv4"), ("::", "[::1]", "IPv6")])
+def test_check_on_every_address_prints_urls_a_client_can_use(tmp_path: Path, host: str, loopback: str, family: str):
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({"servers": {"demo": {"command": PY}}, "security": {"tokens": [{"name": "t", "token": TOKEN}]}}))
+    result = cli("--check", "--config", str(path), "--host", host, "--port", "8080")
+    assert result.returncode == 0, result.stderr
+    assert f"http://{loopback}:8080/servers/demo/mcp  Streamable HTTP" in result.stdout, result.stdout
+    assert f"http://{loopback}:8080/servers/demo/sse  HTTP+SSE" in result.stdout, result.stdout
+    assert "0.0.0.0:" not in result.stdout and "[::]:" not in result.stdout, result.stdout
+    (note,) = [line for line in result.stdout.splitlines() if line.startswith(f"  (listening on every {family} address ({host})")]
+    assert f"the URLs say {loopback.strip('[]')}, for clients on this machine" in note, note
+    from bridge.cli import host_addresses
+
+    addresses = host_addresses(socket.AF_INET if family == "IPv4" else socket.AF_INET6)
+    assert f"(its own: {', '.join(addresses)}))" in note if addresses else "(its name, or an address of it))" in note, note
+
+
+def test_the_hosts_addresses_are_those_other_machines_can_reach():
+    from bridge.cli import host_addresses
+
+    found = host_addresses()
+    assert len(found) == len(set(found))
+    for address in found:
+        ip = ipaddress.ip_address(address.strip("[]"))
+        assert not ip.is_loopback and not ip.is_link_local, address
+        assert address.startswith("[") == (ip.version == 6), address
+    assert set(host_addresses(socket.AF_INET)) | set(host_addresses(socket.AF_INET6)) == set(found)
 
 
 # ====================================================================== admin API
