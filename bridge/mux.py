@@ -32,8 +32,11 @@ Rules
    asked. Held calls take turns by principal (the one served least recently
    goes next), so one principal's queue delays another's by one window at
    most. A question in the window of a call whose session cannot answer it
-   gets the server an error, and when that call is a stateless session's that
-   did not declare the capability, it ends with -32021 and is cancelled.
+   gets the server an error; whether the call needs it is the server's to say,
+   and when a stateless session's call that did not declare the capability
+   then fails (an error, or a result marked `isError`), its answer is -32021
+   naming the capabilities asked for (a server that asks for several and goes
+   on with those it gets is answered as it answers).
    After the windows, a further question goes to the call that asked last;
    while only calls of sessions that cannot answer are in flight, to nobody.
    A request about no call in flight goes to a session only when every
@@ -443,6 +446,9 @@ class Mux:
         # How the server answers a request for a tool, prompt or resource it does not have,
         # learned by asking (see `_hidden`): probe -> the answer, with the probe's name in it.
         self._unknown: dict[Probe, bytes] = {}
+        # Stateless sessions' calls whose server asked for a capability they did not declare
+        # (rule 4): upstream id -> those capabilities. Empty but for that rare case.
+        self._refused: dict[int, set[str]] = {}
         # Task status notices that came before the result naming their task's owner.
         self._early_notes: OrderedDict[str, list[Message]] = OrderedDict()
         self._early_count = 0
@@ -1040,11 +1046,14 @@ class Mux:
             if upstream_id in self._cancelled:
                 return []
             return [Discard("response with an id the bridge never issued", {"id": upstream_id})]
+        refused = self._refused.pop(upstream_id, None) if self._refused else None
         self._forget_call(call)
         if call.session is None:
             return self._internal_response(call, msg)
         peer = self._peers[call.session]
         out: list[Action] = []
+        if refused is not None and _failed(msg):
+            msg = _missing(upstream_id, refused)
         if call.hidden is not None:
             self._learn_unknown(call, msg)
         after = _AFTER_RESPONSE.get(call.method)
@@ -1159,8 +1168,8 @@ class Mux:
             return [Discard("server reused a request id still in flight", {"id": server_id, "method": method})]
         peer, call = self._attribute(msg) if asker is None else asker
         if peer is None:
-            refusal = ToServer(jsonrpc.error(server_id, jsonrpc.METHOD_NOT_FOUND, f"no connected client can handle {method}"))
-            return [refusal, *self._missing_capability(method, call)]
+            self._missing_capability(method, call)
+            return [ToServer(jsonrpc.error(server_id, jsonrpc.METHOD_NOT_FOUND, f"no connected client can handle {method}"))]
         related = None
         if call is not None:
             call.asked = next(self._seq)
@@ -1177,27 +1186,25 @@ class Mux:
         msg["id"] = downstream_id
         return [ToSession(peer.id, msg, related)]
 
-    def _missing_capability(self, method: str, call: Call | None) -> list[Action]:
-        """A server request its session cannot answer, from `call` (the one attributed it),
-        or with none attributed, from the one call in flight, if only one is. A stateless
-        session's call that did not declare what the request needs ends with the 2026-07-28
-        error that says so (and is cancelled upstream)."""
+    def _missing_capability(self, method: str, call: Call | None) -> None:
+        """A server request its session cannot answer (the server is refused it), from `call`
+        (the one attributed it), or with none attributed, from the one call in flight, if
+        only one is. Whether the call needs it is the server's to say: if a stateless
+        session's call that did not declare the capability then fails, it fails with the
+        2026-07-28 error that says which (see `_server_response`); a server that asks for
+        several capabilities and goes on with those it gets is answered as it answers."""
         wanted = _CAPABILITY_FOR.get(method)
         if wanted is None:
-            return []
+            return
         if call is None:
             sent = [c for c in self._calls.values() if c.sent and c.session is not None]
             if len(sent) != 1:
-                return []
+                return
             (call,) = sent
         call.asked = next(self._seq)  # its window is over: it asked
         peer = self._peers[_caller(call)[0]]
-        if not peer.stateless or wanted in peer.capabilities:
-            return []
-        self._forget_call(call)
-        message = f"the server asked for {wanted}, which this request did not declare in its client capabilities"
-        error = jsonrpc.error(call.client_id, MISSING_CAPABILITY, message, {"requiredCapabilities": {wanted: {}}})
-        return [self._cancel_upstream(call, message), ToSession(peer.id, error, call.client_id, True, call)]
+        if peer.stateless and wanted not in peer.capabilities:
+            self._refused.setdefault(call.upstream_id, set()).add(wanted)
 
     def _attribute(self, msg: Message) -> tuple[Peer | None, Call | None]:
         """The session (and call) a server request most likely belongs to.
@@ -1532,6 +1539,8 @@ class Mux:
     def _forget_call(self, call: Call) -> None:
         if self._calls.pop(call.upstream_id, None) is None or call.session is None or call.client_id is None:
             return
+        if self._refused:
+            self._refused.pop(call.upstream_id, None)
         in_flight, principal = self._in_flight, call.principal
         left = in_flight[principal] - 1
         if left:
@@ -1647,6 +1656,21 @@ def _task_id(result: object) -> str | None:
 
 def _cancelled(request_id: RequestId, reason: str) -> Message:
     return jsonrpc.notification("notifications/cancelled", {"requestId": request_id, "reason": reason})
+
+
+def _failed(answer: Message) -> bool:
+    """Whether a call's answer says it failed: an error, or a result marked `isError`."""
+    if "error" in answer:
+        return True
+    result = answer.get("result")
+    return result.__class__ is dict and result.get("isError") is True
+
+
+def _missing(upstream_id: int, capabilities: set[str]) -> Message:
+    """A failed call's answer, as 2026-07-28 says it: the capabilities its server asked for
+    that the request did not declare (rule 4)."""
+    message = f"the server asked for {', '.join(sorted(capabilities))}, which this request did not declare in its client capabilities"
+    return jsonrpc.error(upstream_id, MISSING_CAPABILITY, message, {"requiredCapabilities": {c: {} for c in sorted(capabilities)}})
 
 
 def _escaped(name: str) -> bytes:

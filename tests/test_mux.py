@@ -1182,20 +1182,41 @@ def test_per_session_mode_initializes_a_stateless_sessions_process_itself() -> N
     assert answer["id"] == "d" and answer["result"] == INIT_RESULT
 
 
-def test_a_stateless_call_that_lacks_the_capability_the_server_asks_for_ends_with_32021() -> None:
+@pytest.mark.parametrize("failure", [jsonrpc.error(0, -32603, "elicitation failed"), jsonrpc.result(0, {"content": [], "isError": True})])
+def test_a_stateless_call_whose_server_fails_for_want_of_an_undeclared_capability_ends_with_32021(failure: dict[str, Any]) -> None:
+    """The server is refused the question at once; whether the call needs it is the server's
+    to say: when it then fails the call, the answer says which capability was wanting."""
     mux = ready_mux()
     mux.open_session("modern")
     mux.adopt("modern", {}, "2026-07-28", None, None)
     (call,) = to_server(mux.from_client("modern", req(7, "tools/call", name="needs-elicitation")))
     out = mux.from_server(req("e1", "elicitation/create", message="name?", requestedSchema={}))
-    refusal, cancel = to_server(out)
+    (refusal,) = to_server(out)
     assert refusal["id"] == "e1" and refusal["error"]["code"] == jsonrpc.METHOD_NOT_FOUND
-    assert cancel["method"] == "notifications/cancelled" and cancel["params"]["requestId"] == call["id"]
-    (answer,) = to_session(out, "modern")
+    assert to_session(out, "modern") == [] and mux.inflight("modern") == 1
+    failure = {**failure, "id": call["id"]}
+    (answer,) = to_session(mux.from_server(failure), "modern")
     assert answer["id"] == 7 and answer["error"]["code"] == -32021
     assert answer["error"]["data"] == {"requiredCapabilities": {"elicitation": {}}}
-    assert mux.inflight("modern") == 0
-    assert to_session(mux.from_server(jsonrpc.result(call["id"], {})), "modern") == []  # its late answer is dropped
+    assert mux.inflight() == 0
+
+
+def test_a_stateless_call_whose_server_goes_on_without_the_undeclared_capability_is_answered_as_it_answers() -> None:
+    """A server that asks for several capabilities and uses what it gets (the conformance
+    suite's input-required-result-capability-check): only the declared question reaches the
+    client, and the call's answer is the server's."""
+    mux = ready_mux()
+    mux.open_session("modern")
+    mux.adopt("modern", {"sampling": {}}, "2026-07-28", None, None)
+    (call,) = to_server(mux.from_client("modern", req(7, "tools/call", name="asks-both")))
+    out = mux.from_server([req("e1", "elicitation/create", message="name?", requestedSchema={}), sample("s1")])
+    (refusal,) = to_server(out)
+    assert refusal["id"] == "e1" and refusal["error"]["code"] == jsonrpc.METHOD_NOT_FOUND
+    (asked,) = to_session(out, "modern")
+    assert asked["method"] == "sampling/createMessage"
+    to_server(mux.from_client("modern", jsonrpc.result(asked["id"], {"role": "assistant", "content": {"type": "text", "text": "x"}})))
+    (answer,) = to_session(mux.from_server(jsonrpc.result(call["id"], {"content": [{"type": "text", "text": "got sampling"}]})), "modern")
+    assert answer == jsonrpc.result(7, {"content": [{"type": "text", "text": "got sampling"}]})
 
 
 def test_a_session_is_quiet_only_once_nothing_of_its_is_left_at_the_server() -> None:
