@@ -12,7 +12,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from . import admin, confine, logs, policy, procstat, security, statuspage
 from .cluster import Cluster
 from .config import Config
-from .gateway import Gateway, Upstream
+from .gateway import DRAIN_QUIET_S, Gateway, Upstream
 from .metrics import Forwarding, Metrics
 from .pool import Slots
 from .principals import OAuthVerifier
@@ -21,10 +21,6 @@ from .transports import common, forward, http, modern, sse, streamable
 from .transports.common import GATEWAYS, LIVE, METRICS, Live
 
 DRAIN_POLL_S = 0.05
-# A drain ends only after this long with no request: a client acts on an answer at once
-# (the official SDKs list the tools after a call's result, before handing it over), and
-# that follow-up must find the replica still serving. Idle clients do not wait for it.
-DRAIN_QUIET_S = 0.5
 
 
 def create_app(config: Config) -> web.Application:

@@ -41,6 +41,11 @@ DROP_REASONS = frozenset({"slow", "idle", "server_gone", "shutdown", "ended"})  
 # per server: as many as a busy principal's clients have calls at once, within reason.
 SPARES_PER_SERVER = 64
 RESTART_POLL_S = 0.05  # how often a graceful restart looks whether the calls in flight have ended
+# A drain (SIGTERM, or a graceful restart) ends only after this long with no request and no call
+# in flight: a client acts on an answer at once (the official SDKs list the tools after a
+# call's result, before handing it over), and that follow-up must find the process still
+# serving. Idle clients do not wait for it.
+DRAIN_QUIET_S = 0.5
 NOT_READING = "server is not reading its input (limits.server_input_buffer)"
 _LIST_CHANGES = frozenset(method for method, _ in stateless.LIST_CHANGES.values())
 
@@ -583,13 +588,20 @@ class Gateway:
 
     async def restart(self, reason: str, drain_timeout: float) -> int:
         """Restart this server's processes gracefully: wait up to `drain_timeout` for the calls
-        in flight to end, then stop each process (SIGTERM, then shutdown_timeout) and start it
-        again. Sessions stay open: their calls wait for the new process, as after a crash.
-        How many processes were restarted."""
+        in flight to end and then DRAIN_QUIET_S with no call and no client message (an
+        answer's follow-up is served by the process that gave the answer, as in a drain),
+        then stop each process (SIGTERM, then shutdown_timeout) and start it again. Sessions
+        stay open: their calls wait for the new process, as after a crash. How many
+        processes were restarted."""
         self.restarting = True
         try:
             deadline = time.monotonic() + drain_timeout
-            while self.inflight() and time.monotonic() < deadline:
+            busy_at = 0.0  # when a look last saw a call in flight: its answer came since
+            while (now := time.monotonic()) < deadline:
+                if self.inflight():
+                    busy_at = now
+                elif max(busy_at, self.last_request) <= now - DRAIN_QUIET_S:
+                    break
                 await asyncio.sleep(RESTART_POLL_S)
             upstreams = list(self.upstreams())
             await asyncio.gather(*(u.restart(reason) for u in upstreams))

@@ -69,6 +69,44 @@ def test_malformed_ids_are_nobodys(sid: str) -> None:
     assert Cluster(B, KEY).owner(sid, None) is None
 
 
+def test_the_mac_is_compared_in_constant_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An id's MAC is checked with hmac.compare_digest, against the MAC under each peer key:
+    never with `==`, whose time says how many leading characters matched."""
+    from bridge import cluster
+
+    a, b = Cluster(A, KEY), Cluster(B, KEY, previous_key=OTHER_KEY)
+    compared: list[tuple[str, str]] = []
+    real = cluster.hmac.compare_digest
+
+    def spy(x: Any, y: Any) -> bool:
+        compared.append((x, y))
+        return bool(real(x, y))
+
+    monkeypatch.setattr(cluster.hmac, "compare_digest", spy)
+    sid = a.new_id("alice")
+    mac = sid.rpartition(".")[2]
+    assert b.owner(sid, "alice") == Owner(A, a.epoch)
+    assert compared and compared[0][0] == mac and compared[0][1] == mac  # the current key's MAC matches first
+    compared.clear()
+    forged = sid[:-1] + ("A" if sid[-1] != "A" else "B")
+    assert b.owner(forged, "alice") is None
+    assert [x for x, _ in compared] == [forged.rpartition(".")[2]] * 2  # under either key: both compared, in constant time
+    assert all(len(x) == len(y) for x, y in compared)
+
+
+def test_a_shortened_mac_is_nobodys() -> None:
+    """The MAC is 128 bits (22 base64url characters), all of them checked: an id whose MAC is
+    cut short, to a prefix of the real one or to nothing, names nobody."""
+    a, b = Cluster(A, KEY), Cluster(B, KEY)
+    sid = a.new_id("alice")
+    body, _, mac = sid.rpartition(".")
+    assert len(mac) == 22 and b.owner(sid, "alice") is not None
+    for cut in (21, 16, 11, 1, 0):
+        short = f"{body}.{mac[:cut]}"
+        assert b.owner(short, "alice") is None, cut
+        assert b.route(short, "alice", forwarded=False) == Gone("unknown session", "invalid")
+
+
 def test_the_previous_key_is_accepted_and_the_current_one_signs() -> None:
     old = Cluster(A, OTHER_KEY)
     rotating = Cluster(B, KEY, previous_key=OTHER_KEY)

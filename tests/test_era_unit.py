@@ -9,6 +9,8 @@ import pytest
 from bridge import jsonrpc
 from bridge.era import (
     MAX_HELD,
+    MAX_INPUTS,
+    MAX_PARKED,
     MAX_ROUNDS,
     Ask,
     Decided,
@@ -216,7 +218,8 @@ def test_a_client_error_fails_the_call_and_later_answers_are_dropped() -> None:
     t = modern()
     a, b = ask_inputs(t, 5, name=ELICIT, model=SAMPLE)
     (failed,) = delivered(t.from_mux(jsonrpc.error(a.message["id"], -32601, "no connected client can handle it")))
-    assert failed["id"] == 5 and "could not give the input" in failed["error"]["message"]
+    assert failed["id"] == 5 and failed["error"]["code"] == -32601  # the client's code, not one of the bridge's
+    assert failed["error"]["message"] == "the client could not give the input the server asked for (name): no connected client can handle it"
     assert t.from_mux(jsonrpc.result(b.message["id"], {})) == []
     assert not any(t.table_sizes().values())
 
@@ -258,6 +261,66 @@ def test_a_malformed_input_required_fails_the_call(result: dict[str, Any]) -> No
     (failed,) = delivered(t.from_server(jsonrpc.result(sent["id"], result)))
     assert failed["id"] == 5 and failed["error"]["code"] == jsonrpc.INTERNAL_ERROR
     assert not any(t.table_sizes().values())
+
+
+def test_a_client_error_for_an_input_request_fails_the_call_with_the_clients_code() -> None:
+    """Whatever code the client gave (a user declining in its own terms, a limit of its own)
+    is the call's: the bridge does not turn it into an error of its own."""
+    t = modern()
+    for call_id, code in ((5, -32602), (6, 1234), (7, -32000)):
+        (a,) = ask_inputs(t, call_id, name=ELICIT)
+        (failed,) = delivered(t.from_mux(jsonrpc.error(a.message["id"], code, "declined")))
+        assert failed["id"] == call_id and failed["error"]["code"] == code, failed
+    assert not any(t.table_sizes().values())
+
+
+def test_input_requests_per_answer_are_bounded() -> None:
+    """An input_required with MAX_INPUTS input requests becomes that many server requests; one
+    with more fails the call (-32603) and asks the client nothing."""
+    t = modern()
+    inputs = {f"q{i}": ELICIT for i in range(MAX_INPUTS)}
+    assert len(ask_inputs(t, 5, **inputs)) == MAX_INPUTS
+    (sent,) = writes(t.from_mux(req(6, "tools/call", name="greet", arguments={})))
+    result = {"resultType": "input_required", "inputRequests": {**inputs, "one_more": ELICIT}, "requestState": "s"}
+    outs = t.from_server(jsonrpc.result(sent["id"], result))
+    assert asks(outs) == []
+    (failed,) = delivered(outs)
+    assert failed["id"] == 6 and failed["error"]["code"] == jsonrpc.INTERNAL_ERROR
+    assert failed["error"]["message"] == f"inputRequests must be an object of at most {MAX_INPUTS} requests"
+
+
+def park(t: Translator, calls: range) -> list[Ask]:
+    """One input request for each of `calls` (mux ids), each call answered input_required."""
+    return [ask for call_id in calls for ask in ask_inputs(t, call_id, name=ELICIT)]
+
+
+def test_parked_calls_are_bounded_and_a_forgotten_one_stops_counting() -> None:
+    """At most MAX_PARKED calls wait for their clients' input: the next one fails (-32603).
+    A parked call that ends otherwise (its client's error, a cancel, its retry's answer) frees
+    its place."""
+    t = modern()
+    waiting = park(t, range(MAX_PARKED))
+    assert len(waiting) == MAX_PARKED
+
+    def refused(call_id: int) -> None:
+        (sent,) = writes(t.from_mux(req(call_id, "tools/call", name="greet", arguments={})))
+        outs = t.from_server(jsonrpc.result(sent["id"], {"resultType": "input_required", "inputRequests": {"name": ELICIT}}))
+        (failed,) = delivered(outs)
+        assert failed["id"] == call_id and failed["error"]["message"] == f"{MAX_PARKED} calls already wait for their clients' input"
+        assert asks(outs) == []
+
+    refused(-1)
+    # Forgotten three ways: the client's error, a cancel, an answer that sends the call on.
+    delivered(t.from_mux(jsonrpc.error(waiting[0].message["id"], -32601, "no")))
+    assert t.from_mux(jsonrpc.notification("notifications/cancelled", {"requestId": 1})) == []
+    (retry,) = writes(t.from_mux(jsonrpc.result(waiting[2].message["id"], {"action": "decline"})))
+    for call_id in (-2, -3, -4):
+        assert len(park(t, range(call_id, call_id + 1))) == 1, call_id  # each takes a place freed
+    refused(-5)
+    # The retry comes back input_required: it waits again, and there is no room for it.
+    again = t.from_server(jsonrpc.result(retry["id"], {"resultType": "input_required", "inputRequests": {"name": ELICIT}}))
+    (failed,) = delivered(again)
+    assert failed["id"] == 2 and "already wait" in failed["error"]["message"]
 
 
 def test_a_retry_the_process_had_no_room_for_is_the_muxs_call() -> None:

@@ -516,6 +516,46 @@ async def test_a_refused_body_is_read_and_dropped_before_closing(daemon: Bridge)
         await client.close()
 
 
+async def test_a_large_refused_body_is_not_read_whole(bridge: Any) -> None:
+    """A request refused before its body (here 401: no token) that declares a body larger than
+    what is worth reading to keep the connection is answered at once, with Connection: close,
+    and the connection closes: the client never has to send, nor the bridge to take in, the
+    megabytes it declared (on either message endpoint)."""
+    config = {"servers": {"demo": demo()}, "limits": {"max_message_bytes": "8MiB"}, "security": {"tokens": [{"name": "a", "token": "a" * 32}]}}
+    async with bridge(config) as b:
+        for endpoint in ("mcp", f"messages?session_id={SID}"):
+            async for wire in _wire(b):
+                head = f"POST /servers/demo/{endpoint} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {4 << 20}\r\n\r\n"
+                await wire.send(head.encode() + b"{" + b" " * 1023)  # 1 KiB of the 4 MiB declared, and no more
+                try:
+                    status, headers, body = await wire.response(timeout=5)
+                except TimeoutError:
+                    raise AssertionError(f"{endpoint}: no answer until the declared body is all sent") from None
+                assert (status, headers["connection"]) == (401, "close"), (status, headers)
+                assert json.loads(body)["error"]["code"] == -32600
+                assert await wire.closed(timeout=5)
+
+
+async def test_x_forwarded_fields_from_a_trusted_proxy_are_read_as_on_aiohttps_path(bridge: Any) -> None:
+    """Behind a trusted proxy, the resource URL a 401 points a client to (RFC 9728) is the one
+    the proxy's X-Forwarded-Proto, -Host and -Prefix say the client sees, on the fast path as on
+    aiohttp's (a chunked body); from a proxy not trusted, they change nothing."""
+    oauth = {"authorization_servers": [{"issuer": "http://127.0.0.1:9/realms/x", "jwks_uri": "http://127.0.0.1:9/jwks"}], "scopes": {"mcp:all": ["*"]}}
+    for trusted, resource in (("127.0.0.0/8", "https://mcp.example.com/bridge"), ("10.0.0.0/8", None)):
+        config = {"listen": {"host": "127.0.0.1", "port": 0, "trusted_proxies": [trusted]}, "servers": {"demo": demo()}, "security": {"oauth": oauth}}
+        async with bridge(config) as b:
+            expected = f'Bearer resource_metadata="{resource or b.base}/.well-known/oauth-protected-resource/servers/demo/mcp", scope="mcp:all"'
+            head = "POST /servers/demo/mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Forwarded-Proto: https\r\nX-Forwarded-Host: mcp.example.com\r\nX-Forwarded-Prefix: /bridge/\r\n"
+            body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "ping"}).encode()
+            async for wire in _wire(b):
+                await wire.send(f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body)
+                fast = await wire.response()
+                await wire.send(f"{head}Transfer-Encoding: chunked\r\n\r\n".encode() + b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body))
+                slow = await wire.response()
+            for status, headers, _ in (fast, slow):
+                assert (status, headers["www-authenticate"]) == (401, expected), (trusted, status, headers)
+
+
 async def test_a_head_sent_byte_by_byte_is_not_activity(bridge: Any) -> None:
     config = {"servers": {"demo": demo()}, "limits": {"keepalive_timeout": "1s"}}
     async with bridge(config) as b:

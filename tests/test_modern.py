@@ -722,6 +722,66 @@ async def test_a_state_is_bound_to_its_principal(bridge, tmp_path):
         assert answer.final()["result"]["content"][0]["text"] == "answer"
 
 
+async def test_a_state_issued_at_one_servers_endpoint_is_refused_at_anothers(bridge):
+    """A requestState names the server whose endpoint issued it: a retry of it sent to another
+    server's endpoint (same principal, method and params) is refused there, on both HTTP paths,
+    and the call stays parked for its retry at its own endpoint."""
+    async with bridge(shared(demo=demo(), other=demo())) as b:
+        call, result = await first_round(b.url("demo", "mcp"))
+        again = retry(call, result, "at home")
+        for path in PATHS:
+            answer = await post(b.url("other", "mcp"), again, headers_for(again), path)
+            assert answer.status == 400, answer.body
+            assert error_of(answer) == {"code": -32602, "message": "requestState was issued to another client or server"}
+            assert answer.json()["id"] == 2
+        final = (await post(b.url("demo", "mcp"), again, headers_for(again))).final()
+        assert final["id"] == 2 and final["result"]["content"][0]["text"] == "at home", final
+        assert not b.named("input_refused")
+
+
+async def test_a_bad_retry_by_another_principal_or_at_another_server_never_ends_the_call(bridge):
+    """A retry whose requestState is refused ends the parked call it names only when it is
+    that call's client, at that call's server: a token's retry whose state its owner could have
+    spoiled. Bob's altered copy of alice's state, and alice's own sent to another server's
+    endpoint, are refused (400, -32602) and leave her call parked: her retry completes it."""
+    config = shared(demo=demo(), other=demo())
+    config["security"] = {"tokens": TWO_PRINCIPALS}
+    async with bridge(config) as b:
+        call, result = await first_round(b.url("demo", "mcp"), prompt="alice's", headers=ALICE)
+        state = result["requestState"]
+        tampered = retry(call, {**result, "requestState": state[:-3] + ("AAA" if not state.endswith("AAA") else "BBB")})
+        for url, who in ((b.url("demo", "mcp"), BOB), (b.url("other", "mcp"), ALICE), (b.url("other", "mcp"), BOB)):
+            for path in PATHS:
+                answer = await post(url, tampered, {**headers_for(tampered), **who}, path)
+                assert answer.status == 400, answer.body
+                assert error_of(answer) == {"code": -32602, "message": "requestState is not valid: not issued by this bridge, or altered"}
+        again = retry(call, result, text="for alice")
+        final = (await post(b.url("demo", "mcp"), again, {**headers_for(again), **ALICE})).final()
+        assert final["result"]["content"][0]["text"] == "for alice", final
+        assert not b.named("input_refused")
+        # Her own bad retry, at her call's server, does end it (the server's question gets an error).
+        call, result = await first_round(b.url("demo", "mcp"), prompt="again", headers=ALICE)
+        state = result["requestState"]
+        spoiled = retry(call, {**result, "requestState": state[:-3] + ("AAA" if not state.endswith("AAA") else "BBB")})
+        assert (await post(b.url("demo", "mcp"), spoiled, {**headers_for(spoiled), **ALICE})).status == 400
+        await b.wait_for("input_refused", timeout=5)
+
+
+@pytest.mark.parametrize("path", PATHS)
+async def test_a_call_whose_session_ended_before_its_answer_is_answered_as_ended(bridge, path):
+    """A 2026-07-28 call whose session ends with no answer from its server (here: the server
+    says more at once than limits.session_queue holds, so the session is dropped as too slow)
+    is answered 503 with -32005 naming why it ended, never 200 as if it had been answered."""
+    config = {**shared(f=faulty()), "limits": {"session_queue": 2}}
+    async with bridge(config) as b:
+        notes = [json.dumps({"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": "error", "data": f"n{i}"}}) for i in range(8)]
+        call = request("tools/call", {"name": "emit", "arguments": {"lines": notes}}, rid=7, **{"io.modelcontextprotocol/logLevel": "debug"})
+        answer = await post(b.url("f", "mcp"), call, headers_for(call, Accept="application/json"), path)
+        assert (answer.status, answer.content_type) == (503, "application/json"), answer.body
+        assert answer.json() == {"jsonrpc": "2.0", "id": 7, "error": {"code": -32005, "message": "request ended before its answer: slow"}}
+        await b.wait_for("session_too_slow", timeout=5)
+
+
 def fixture(**extra: Any) -> dict[str, Any]:
     """The conformance suite's fixture tools as a legacy server: its questions have string ids."""
     return {"command": PY, "args": [str(SERVERS / "conformance_fixture.py")], **extra}

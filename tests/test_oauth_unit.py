@@ -51,12 +51,12 @@ def guard(now: float | None = None, text: str = CONFIG) -> Guard:
     return Guard(config, verifier)
 
 
-def token(claims: dict[str, Any] | None = None, *, key: Any = RSA, alg: str = "RS256", kid: str = "r1", drop: tuple[str, ...] = ()) -> str:
+def token(claims: dict[str, Any] | None = None, *, key: Any = RSA, alg: str = "RS256", kid: str | None = "r1", drop: tuple[str, ...] = ()) -> str:
     now = int(time.time())
     body = {"iss": ISSUER, "sub": "alice", "aud": f"{BASE}/servers/time/mcp", "exp": now + 300, "iat": now, "groups": ["mcp:time"], **(claims or {})}
     for name in drop:
         body.pop(name)
-    return jwt.encode(body, key, algorithm=alg, headers={"kid": kid})
+    return jwt.encode(body, key, algorithm=alg, headers={"kid": kid} if kid is not None else None)
 
 
 def check(g: Guard, tok: str, server: str | None = "time") -> Refusal | Principal | None:
@@ -319,3 +319,102 @@ def test_a_scope_or_group_listed_under_oauth_admin_gives_the_admin_role() -> Non
     plain = check(g, token({"aud": BASE, "groups": ["mcp:all"]}), server=None)
     assert isinstance(admin, Principal) and admin.admin and g.admin_allowed(admin)
     assert isinstance(plain, Principal) and not plain.admin and not g.admin_allowed(plain)
+
+
+@pytest.mark.parametrize("claim", ["sub", "oid"])
+def test_a_token_whose_principal_claim_is_empty_is_refused(claim: str) -> None:
+    """The principal is `issuer#<claim>`: an empty one would name a principal every such token
+    shares (`issuer#`), so the token is refused, whichever claim names the principal."""
+    text = CONFIG if claim == "sub" else CONFIG.replace("scopes_claim: groups}", f"scopes_claim: groups, principal_claim: {claim}}}")
+    g = guard(text=text)
+    assert isinstance(check(g, token({claim: "carol"})), Principal)
+    refusal = check(g, token({claim: ""}))
+    assert isinstance(refusal, Refusal) and refusal.status == 401, refusal
+    assert refusal.reason == f"token has no usable {claim!r} claim", refusal.reason
+    assert g.oauth is not None and g.oauth.outcomes == {"ok": 1, "invalid": 1}
+
+
+async def test_an_introspection_answer_naming_another_issuer_is_not_this_issuers(aiohttp_server: Any) -> None:
+    """RFC 7662 answers may carry `iss`: an issuer's endpoint that answers for a token another
+    issuer made (a shared or misconfigured identity provider) does not vouch for it, so the
+    principal is not named after this issuer; an answer with no `iss`, or this issuer's, is."""
+    from aiohttp import web
+
+    claims = {"active": True, "sub": "bob", "aud": BASE, "exp": int(time.time()) + 300, "groups": ["mcp:time"]}
+    answers: dict[str, dict[str, Any]] = {
+        "ours": {**claims, "iss": ISSUER},
+        "no-iss": claims,
+        "theirs": {**claims, "iss": "http://127.0.0.1:9999/realms/other"},
+        "no-sub": {**claims, "sub": ""},
+    }
+
+    async def introspect(request: web.Request) -> web.Response:
+        return web.json_response(answers[str((await request.post())["token"])])
+
+    app = web.Application()
+    app.router.add_post("/introspect", introspect)
+    server = await aiohttp_server(app)
+    config = parse(
+        CONFIG.replace(
+            "scopes_claim: groups}",
+            f"scopes_claim: groups, introspection: {{url: 'http://127.0.0.1:{server.port}/introspect', client_id: bridge, client_secret: s}}}}",
+        ),
+        environ={},
+    )
+    assert config.security.oauth is not None
+    verifier = OAuthVerifier(config.security.oauth)
+    try:
+        for opaque in answers:
+            with pytest.raises(NeedsFetch):
+                verifier.check(opaque, frozenset({BASE}))
+            await verifier.fetch(opaque)
+        for opaque in ("ours", "no-iss"):
+            assert verifier.check(opaque, frozenset({BASE})).name == f"{ISSUER}#bob", opaque
+        for opaque in ("theirs", "no-sub"):
+            with pytest.raises(TokenRefused, match="^token is not active$"):
+                verifier.check(opaque, frozenset({BASE}))
+    finally:
+        await verifier.close()
+
+
+async def test_a_token_naming_an_unknown_kid_fetches_the_keys_again(aiohttp_server: Any) -> None:
+    """Key rotation: the issuer's JWKS holds one key, then another. A token naming the new key's
+    `kid` makes the keys be fetched again (NeedsFetch, then `fetch`) and is then accepted; it is
+    never checked against the one key held (which would refuse it as a bad signature, and would
+    take a token another key signed for that key's). A token with no kid is checked against
+    the one key held."""
+    from aiohttp import web
+
+    rotated = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    served = {"keys": [json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(RSA.public_key())) | {"kid": "r1", "use": "sig"}]}
+    fetched: list[int] = []
+
+    async def jwks(request: web.Request) -> web.Response:
+        fetched.append(len(served["keys"]))
+        return web.json_response(served)
+
+    app = web.Application()
+    app.router.add_get("/jwks", jwks)
+    server = await aiohttp_server(app)
+    config = parse(CONFIG.replace("scopes_claim: groups}", f"scopes_claim: groups, jwks_uri: 'http://127.0.0.1:{server.port}/jwks'}}"), environ={})
+    assert config.security.oauth is not None
+    verifier = OAuthVerifier(config.security.oauth)
+    audiences = frozenset({BASE})
+    try:
+        await verifier.start()
+        assert list(verifier.issuers[ISSUER].keys) == ["r1"] and len(fetched) == 1
+        assert verifier.check(token({"aud": BASE}), audiences).name == f"{ISSUER}#alice"
+        assert verifier.check(token({"aud": BASE, "sub": "nokid"}, kid=None), audiences).name == f"{ISSUER}#nokid"
+        # The issuer rotates its key: a token of the new key names a kid not held.
+        served["keys"] = [json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(rotated.public_key())) | {"kid": "r2", "use": "sig"}]
+        fresh = token({"aud": BASE, "sub": "dave"}, key=rotated, kid="r2")
+        with pytest.raises(NeedsFetch):
+            verifier.check(fresh, audiences)
+        await verifier.fetch(fresh)
+        assert len(fetched) == 2 and list(verifier.issuers[ISSUER].keys) == ["r2"]
+        assert verifier.check(fresh, audiences).name == f"{ISSUER}#dave"
+        # A token naming r2 but signed with the old key: checked against r2, and refused.
+        with pytest.raises(TokenRefused, match="^token signature does not verify$"):
+            verifier.check(token({"aud": BASE, "sub": "mallory"}, kid="r2"), audiences)
+    finally:
+        await verifier.close()

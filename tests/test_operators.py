@@ -253,14 +253,15 @@ async def api(method: str, url: str, token: str | None = ADMIN_TOKEN) -> tuple[i
 ALICE = {"Authorization": f"Bearer {USER_TOKEN}"}
 
 
-async def call_in_flight(client: Client) -> asyncio.Task[Any]:
-    """A demo `countdown` of 30 s, once the server is working on it (its first progress arrived)."""
+async def call_in_flight(client: Client, steps: int = 300) -> asyncio.Task[Any]:
+    """A demo `countdown` of `steps` tenths of a second (30 s), once the server is working on it
+    (its first progress arrived)."""
     progressed = asyncio.Event()
 
     async def on_progress(progress: float, total: float | None, message: str | None) -> None:
         progressed.set()
 
-    call = asyncio.create_task(client.session.call_tool("countdown", {"steps": 300, "interval_ms": 100}, progress_callback=on_progress))
+    call = asyncio.create_task(client.session.call_tool("countdown", {"steps": steps, "interval_ms": 100}, progress_callback=on_progress))
     async with asyncio.timeout(10):
         await progressed.wait()
     return call
@@ -395,6 +396,102 @@ async def test_admin_restarts_a_server_and_its_sessions_recover(bridge):
             assert text_of(await c.session.call_tool("echo", {"text": "after"})) == "after"
             assert text_of(await s.session.call_tool("echo", {"text": "sse after"})) == "sse after"
         assert (await api("POST", f"{b.base}/admin/servers/nope/restart"))[0] == 404
+
+
+async def test_admin_sessions_are_filtered_by_server_and_idle_is_since_the_last_request(bridge):
+    """`?server=` lists that server's sessions only (none for a server with none, or no such
+    server); `idle_s` counts from the client's last request, so a session used after it opened
+    is less idle than it is old."""
+    config = admin_config()
+    config["servers"]["other"] = config["servers"]["demo"]
+    async with bridge(config) as b:
+        async with connect(b.url("demo", "mcp"), streamable=True, headers=ALICE) as used, connect(b.url("other"), headers=ALICE):
+            assert text_of(await used.session.call_tool("echo", {"text": "now"})) == "now"
+            status, body = await api("GET", b.base + "/admin/sessions")
+            assert status == 200 and sorted((s["server"], s["transport"]) for s in body["sessions"]) == [("demo", "streamable"), ("other", "sse")]
+            for server, transport in (("demo", "streamable"), ("other", "sse")):
+                status, body = await api("GET", f"{b.base}/admin/sessions?server={server}")
+                assert status == 200 and [(s["server"], s["transport"]) for s in body["sessions"]] == [(server, transport)], body
+            assert (await api("GET", b.base + "/admin/sessions?server=nope"))[1] == {"sessions": []}
+            (demo_session,) = (await api("GET", b.base + "/admin/sessions?server=demo"))[1]["sessions"]
+            assert 0 <= demo_session["idle_s"] < demo_session["age_s"], demo_session
+
+
+def test_idle_s_is_the_time_since_the_clients_last_request_not_the_sessions_age() -> None:
+    from bridge.admin import describe
+    from bridge.sessions import Session
+
+    class Listed(Session):
+        transport = "streamable"
+
+        def attached(self) -> bool:
+            return False
+
+    class Gateway:
+        name = "demo"
+
+        def negotiated_version(self, session: Session) -> str:
+            return "2025-06-18"
+
+        def session_inflight(self, session: Session) -> int:
+            return 0
+
+    session = Listed("demo", "alice")
+    session.created, session.last_seen = 1000.0, 1060.0  # opened, then last used a minute later
+    listed = describe(Gateway(), session, 1075.5)  # type: ignore[arg-type]
+    assert (listed["age_s"], listed["idle_s"], listed["principal"], listed["attached"]) == (75.5, 15.5, "alice", False), listed
+
+
+async def test_an_admin_restart_lets_the_calls_in_flight_and_their_follow_ups_finish_first(bridge):
+    """The restart waits up to limits.drain_timeout for the calls in flight, then for a quiet
+    pause (0.5 s with no request): a call that ends in time gets its answer from the old
+    process, and so does the request its client sends next, a moment later (the official
+    SDKs list the tools after a call's result); only then is the process restarted."""
+    config = admin_config(drain_timeout="30s")
+    config["servers"] = {"f": {"command": PY, "args": [str(SERVERS / "faulty.py")]}}
+    async with bridge(config) as b:
+        async with connect(b.url("f", "mcp"), streamable=True, headers=ALICE) as c:
+            old = text_of(await c.session.call_tool("pid", {}))
+            mark = len(b.events)
+            slow = asyncio.create_task(c.session.call_tool("slow", {"ms": 1000}))
+            await b.wait_for("server_stderr", where=lambda e: e["line"].startswith("faulty: slow"), start=mark)
+            restart = asyncio.create_task(api("POST", f"{b.base}/admin/servers/f/restart"))
+            await b.wait_for("audit", where=lambda e: e.get("method") == "admin/restart_server", start=mark)
+            async with asyncio.timeout(10):
+                assert text_of(await slow) == "slept"
+            await asyncio.sleep(0.25)  # the client's next request comes a moment after the answer, within the quiet pause
+            assert text_of(await c.session.call_tool("pid", {})) == old, "the follow-up did not reach the process that answered"
+            assert not restart.done()
+            status, body = await restart
+            assert status == 200 and body == {"restarted": "f", "processes": 1}, body
+            started = await b.wait_for("server_started", where=lambda e: str(e["pid"]) != old, start=mark)
+            assert text_of(await c.session.call_tool("pid", {})) == str(started["pid"])
+            assert not b.named("server_exited")
+
+
+async def test_an_admin_hanging_up_mid_restart_does_not_cancel_it(bridge):
+    """The admin's connection drops while the restart waits for a call in flight: the restart
+    goes on (the call is answered, the process restarted), and the next one is not refused as
+    already under way."""
+    async with bridge(admin_config(drain_timeout="30s")) as b:
+        async with connect(b.url("demo", "mcp"), streamable=True, headers=ALICE) as c:
+            old = b.server_pids()
+            call = await call_in_flight(c, steps=15)
+            mark = len(b.events)
+            reader, writer = await asyncio.open_connection("127.0.0.1", b.port)
+            request = f"POST /admin/servers/demo/restart HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {ADMIN_TOKEN}\r\nContent-Length: 0\r\n\r\n"
+            writer.write(request.encode())
+            await b.wait_for("audit", where=lambda e: e.get("method") == "admin/restart_server", start=mark)
+            writer.transport.abort()  # hung up, before any answer
+            async with asyncio.timeout(10):
+                assert text_of(await call) == "done"
+            try:
+                await b.wait_for("server_started", timeout=10, where=lambda e: e["pid"] not in old)
+            except TimeoutError:
+                raise AssertionError("the restart ended with its admin's connection: no new process") from None
+            assert text_of(await c.session.call_tool("echo", {"text": "after"})) == "after"
+            status, body = await api("POST", f"{b.base}/admin/servers/demo/restart")
+            assert status == 200 and body == {"restarted": "demo", "processes": 1}, body
 
 
 async def test_admin_reload(bridge):

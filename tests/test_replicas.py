@@ -27,16 +27,19 @@ import aiohttp
 import jwt
 from multidict import CIMultiDict
 import test_modern as modern
-from conftest import Bridge, demo, pid_alive, run_bridge
+from conftest import Bridge, demo, faulty, pid_alive, run_bridge
 from rawclient import RawSse
 from rawstreamable import JSON_ONLY, SESSION, RawStreamable, text_of, tool_call
 
-from bridge.cluster import EPOCH_HEADER, FORWARDED_HEADER, Cluster
+from bridge.cluster import EPOCH_HEADER, FORWARDED_HEADER, Cluster, Owner
+from bridge.stateless import State, StateKeys
+from bridge.transports.forward import OWNER_GONE
 
 KEY = "replicas-test-peer-key-0123456789abcdef"
 DEMO = {"servers": {"demo": demo()}}
 KILLED = -signal.SIGKILL
 OWNER_GONE_WITHIN_S = 1.0
+RESTARTED = "unknown session: the replica that owned it has restarted since; start a new session"
 
 
 def free_port() -> int:
@@ -317,10 +320,10 @@ async def test_owner_killed_answers_404_within_a_second(tmp_path: Path) -> None:
             started = time.monotonic()
             gone = await client.post(tool_call("echo", {"text": "x"}, 1))
             assert time.monotonic() - started < OWNER_GONE_WITHIN_S
-            assert gone.status == 404 and gone.json["error"]["message"].startswith("unknown session"), gone.text
+            assert (gone.status, gone.json["error"]) == (404, {"code": -32005, "message": OWNER_GONE}), gone.text
             sse.endpoint = f"{via.base}/servers/demo/messages?session_id={sse.session_id}"
             status, text = await sse.post({"jsonrpc": "2.0", "id": 2, "method": "ping"})
-            assert status == 404, text
+            assert (status, json.loads(text)["error"]) == (404, {"code": -32005, "message": OWNER_GONE}), text
         assert await forwarded_count(b, "owner_gone") == 2
 
         async with RawStreamable(mcp(b)) as fresh:  # the client's next session works
@@ -361,10 +364,11 @@ async def test_a_restarted_owner_refuses_its_old_ids(tmp_path: Path) -> None:
                 headers = {SESSION: old, "Content-Type": "application/json", "Accept": JSON_ONLY}
                 async with http.post(mcp(restarted), data=ping, headers=headers) as resp:
                     assert resp.status == 404 and EPOCH_HEADER in resp.headers
+                    assert (await resp.json())["error"] == {"code": -32005, "message": RESTARTED}
                 for _ in range(2):  # through a peer: asked once, then known dead
                     async with http.post(mcp(b), data=ping, headers=headers) as resp:
                         assert resp.status == 404
-                        assert (await resp.json())["error"]["message"].startswith("unknown session: the replica that owned it has restarted")
+                        assert (await resp.json())["error"] == {"code": -32005, "message": RESTARTED}
             assert await forwarded_count(b, "owner_restarted") == 2
             assert await forwarded_count(restarted, "stale") == 2  # one from the client, one forwarded
 
@@ -392,10 +396,11 @@ async def test_forged_ids_get_404_and_no_connection(tmp_path: Path) -> None:
             for sid in forged:
                 async with http.post(mcp(b), data=ping, headers={**alice, SESSION: sid, "Accept": JSON_ONLY}) as resp:
                     assert resp.status == 404, (sid, resp.status)
-                    assert (await resp.json())["error"]["message"] == "unknown session"
+                    assert (await resp.json())["error"] == {"code": -32600, "message": "unknown session"}, sid
             # The real id, by another principal: 404 from b itself, nothing sent to its owner.
             async with http.post(mcp(b), data=ping, headers={**bob, SESSION: real, "Accept": JSON_ONLY}) as resp:
                 assert resp.status == 404
+                assert (await resp.json())["error"] == {"code": -32600, "message": "unknown session"}
             async with http.post(mcp(b), data=ping, headers={**alice, SESSION: real, "Accept": JSON_ONLY}) as resp:
                 assert resp.status == 200
         assert decoy.connections == 0
@@ -411,11 +416,89 @@ async def test_no_second_hop(tmp_path: Path) -> None:
         headers = {SESSION: sid, "Accept": JSON_ONLY}
         async with http.post(mcp(b), data=ping, headers={**headers, FORWARDED_HEADER: f"127.0.0.1:{a.port}"}) as resp:
             assert resp.status == 404  # ...but not a request a peer already forwarded
+            assert (await resp.json())["error"] == {"code": -32600, "message": "unknown session: forwarded to a replica that does not own it"}
         assert decoy.connections == 0
         assert await forwarded_count(b, "second_hop") == 1
         async with http.post(mcp(b), data=ping, headers=headers) as resp:
             assert resp.status == 404  # the decoy closes the connection: an owner gone
+            assert (await resp.json())["error"] == {"code": -32005, "message": OWNER_GONE}
         assert decoy.connections == 1
+
+
+def head_of(raw: bytes) -> tuple[int, dict[str, str], bytes]:
+    head, _, body = raw.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    return int(lines[0].split()[1]), {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}, body
+
+
+def complete(raw: bytes) -> bool:
+    """Whether `raw` holds a whole answer: its Content-Length, or its last chunk."""
+    if b"\r\n\r\n" not in raw:
+        return False
+    _, fields, body = head_of(raw)
+    if "content-length" in fields:
+        return len(body) >= int(fields["content-length"])
+    return fields.get("transfer-encoding") == "chunked" and body.endswith(b"\r\n0\r\n\r\n")
+
+
+async def cut_off(via: Bridge, request: bytes, owner: Bridge, under_way: Any) -> tuple[bytes, bool]:
+    """The raw bytes a client gets through `via` for `request` when `owner` is SIGKILLed once
+    what has come satisfies `under_way`, read up to the connection's end or the answer's; and
+    whether the connection ended. The client reads little (a small receive buffer), so the
+    owner is mid-answer when it dies."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", via.port))
+    reader, writer = await asyncio.open_connection(sock=sock, limit=4096)
+    received = bytearray()
+    try:
+        writer.write(request)
+        async with asyncio.timeout(15):
+            while not under_way(bytes(received)):
+                chunk = await reader.read(4096)
+                assert chunk, f"the connection ended before the answer was under way: {bytes(received[:300])!r}"
+                received += chunk
+        await kill(owner)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(10):
+                while not complete(bytes(received)):
+                    if not (chunk := await reader.read(1 << 16)):
+                        return bytes(received), True
+                    received += chunk
+        return bytes(received), False
+    finally:
+        writer.close()
+
+
+async def test_an_owner_dying_mid_answer_ends_the_clients_answer_as_broken(tmp_path: Path) -> None:
+    """SIGKILL the owner while a forwarded answer is under way: the client through another
+    replica sees it cut short, as HTTP says an answer is broken (the connection closes before
+    its end), never as a complete one. A JSON body stops short of its Content-Length; an SSE
+    stream (chunked) has no last chunk."""
+    config = {"servers": {"f": faulty(), "demo": demo()}, "limits": {"max_message_bytes": "32MiB"}}
+    big = 16 << 20  # more than the kernel's buffers between owner and client hold: the owner dies mid-write
+    async with replicas(tmp_path, n=3, config=config, killed=(0, 1)) as (a, c, b):
+        for owner, server, body, accept, under_way in (
+            (a, "f", tool_call("big", {"bytes": big}, 1), JSON_ONLY, lambda raw: len(raw.partition(b"\r\n\r\n")[2]) > 0),
+            (c, "demo", tool_call("countdown", {"steps": 50, "interval_ms": 100}, 2, token="t"), "text/event-stream", lambda raw: raw.count(b"progress") >= 2),
+        ):
+            async with RawStreamable(owner.url(server, "mcp")) as client:
+                await client.initialize()
+            fields = (f"{SESSION}: {client.session_id}", f"MCP-Protocol-Version: {client.protocol_version}", f"Accept: {accept}")
+            request = raw_post(b, json.dumps(body).encode(), *fields, server=server)
+            raw, closed = await cut_off(b, request, owner, under_way)
+            status, fields_got, rest = head_of(raw)
+            assert status == 200, raw[:300]
+            assert not complete(raw), f"the answer cut by its owner's death reads as complete ({accept}): {raw[-100:]!r}"
+            assert closed, f"the answer cut by its owner's death neither ended nor closed ({accept}, {len(raw)} bytes)"
+            if accept == JSON_ONLY:
+                length = int(fields_got["content-length"])
+                assert length > big and 0 < len(rest) < length, (length, len(rest))
+            else:
+                assert fields_got.get("transfer-encoding") == "chunked" and b"progress" in rest, raw[:300]
+        assert await forwarded_count(b, "broken") == 2 and await forwarded_count(b, "forwarded") == 0
+        assert len(b.named("forward_broken")) == 2
 
 
 # ------------------------------------------------------- 2026-07-28 and MRTR
@@ -553,6 +636,31 @@ async def test_mrtr_tampered_state_refused_with_no_connection(tmp_path: Path) ->
         assert (await modern.post(mcp(b), again, modern.headers_for(again))).final()["result"]["content"][0]["text"] == "intact"
 
 
+async def test_an_mrtr_retry_already_forwarded_is_never_forwarded_again(tmp_path: Path) -> None:
+    """A retry whose requestState names another replica, arriving with a peer's forwarding mark,
+    was sent here by a peer that took this replica for the holder: it is refused (400, -32602)
+    with no connection anywhere, on both HTTP paths, rather than forwarded a second time; the
+    same retry from a client is forwarded (here to a decoy that hangs up: the holder is gone)."""
+    async with replicas(tmp_path, n=1) as (b,), Decoy() as decoy:
+        holder = Cluster(f"127.0.0.1:{decoy.port}", KEY)  # a valid state (the peer key) naming the decoy
+        state = StateKeys(holder.derived("requestState"), Owner(holder.advertise, holder.epoch)).seal(
+            State("parked-elsewhere", None, "tools/call", "digest", "demo"), 60
+        )
+        call = sample_call("held elsewhere?")
+        again = modern.retry(call, {"inputRequests": {"k": {}}, "requestState": state})
+        marked = {**modern.headers_for(again), FORWARDED_HEADER: "127.0.0.1:9"}
+        for path in ("fast", "aiohttp"):
+            answer = await modern.post(mcp(b), again, marked, path)
+            assert answer.status == 400, answer.body
+            assert modern.error_of(answer) == {
+                "code": -32602, "message": "requestState names a call that cannot go on: forwarded to a replica that does not own it; start the call anew"
+            }  # fmt: skip
+        assert decoy.connections == 0 and await forwarded_count(b, "second_hop") == 2
+        answer = await modern.post(mcp(b), again, modern.headers_for(again))
+        assert answer.status == 400 and "the replica that held it is gone" in modern.error_of(answer)["message"], answer.body
+        assert decoy.connections == 1 and await forwarded_count(b, "owner_gone") == 1
+
+
 # ---------------------------------------------------------------- operations
 
 
@@ -564,8 +672,8 @@ async def test_mrtr_tampered_state_refused_with_no_connection(tmp_path: Path) ->
 HOP_BY_HOP_FIELDS = ("X-Secret: s", "Keep-Alive: timeout=5", "TE: trailers", "Proxy-Authorization: Basic eDp5", "Upgrade: h2c", "Proxy-Connection: keep-alive")
 
 
-def raw_post(b: Bridge, body: bytes, *fields: str) -> bytes:
-    head = ["POST /servers/demo/mcp HTTP/1.1", f"Host: 127.0.0.1:{b.port}", f"Content-Length: {len(body)}", *fields]
+def raw_post(b: Bridge, body: bytes, *fields: str, server: str = "demo") -> bytes:
+    head = [f"POST /servers/{server}/mcp HTTP/1.1", f"Host: 127.0.0.1:{b.port}", f"Content-Length: {len(body)}", *fields]
     return ("\r\n".join(head) + "\r\n\r\n").encode() + body
 
 

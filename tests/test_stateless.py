@@ -63,6 +63,26 @@ def test_mcp_param_headers_must_mirror_the_arguments() -> None:
         assert refused.value.code == stateless.HEADER_MISMATCH and refused.value.status == 400
 
 
+def test_an_encoded_header_is_taken_only_in_its_canonical_base64() -> None:
+    """`=?base64?...?=` has one spelling per value: one whose last character carries bits the
+    value does not have (Z3JlZXR= also decodes to "greet"), or that is cut short of its
+    padding, is refused as not mirroring the body, on Mcp-Name and Mcp-Param-* alike: a
+    proxy or policy that reads the header must see what the server gets."""
+    assert stateless.decode_header("=?base64?Z3JlZXQ=?=") == "greet"
+    for odd in ("=?base64?Z3JlZXR=?=", "=?base64?Z3JlZXQ?=", "=?base64?Z3Jl ZXQ=?="):
+        assert stateless.decode_header(odd) is None, odd
+    check(call(name="greet"), headers(name="=?base64?Z3JlZXQ=?="))
+    check(call(region="greet"), headers(Region="=?base64?Z3JlZXQ=?="))
+    for msg, sent in (
+        (call(name="greet"), headers(name="=?base64?Z3JlZXR=?=")),
+        (call(region="greet"), headers(Region="=?base64?Z3JlZXR=?=")),
+    ):
+        with pytest.raises(ModernError) as refused:
+            check(msg, sent)
+        assert (refused.value.code, refused.value.status) == (stateless.HEADER_MISMATCH, 400)
+        assert refused.value.message.startswith("header mismatch: Mcp-"), refused.value.message
+
+
 def answered(message: dict[str, Any], method: str, server: stateless.Server) -> tuple[dict[str, Any], int]:
     status = stateless.complete(message, method, server)
     retried = jsonrpc.decode(stateless.with_id(jsonrpc.encode(message), "retry-7"))

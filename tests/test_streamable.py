@@ -1005,3 +1005,22 @@ async def test_a_request_id_in_flight_or_repeated_in_a_batch_is_refused_whole(br
         # Nothing of the refused batch was taken: id 5 is free.
         reply = await c.post(tool_call("echo", {"text": "d"}, 5), accept=JSON_ONLY)
         assert reply.status == 200 and text_of(reply.json) == "d", reply.text
+
+
+async def test_a_session_whose_client_holds_a_stream_open_is_never_reaped_as_idle(bridge: Any) -> None:
+    """limits.session_idle_timeout ends sessions nobody uses, counted from their client's last
+    request: not one whose client holds a stream open (a Streamable GET stream, an HTTP+SSE
+    session's stream), however long since it last sent anything."""
+    async with bridge({"servers": {"demo": demo()}, "limits": {"session_idle_timeout": "1s"}}) as b:
+        async with RawStreamable(b.url("demo", "mcp")) as streaming, RawSse(b.url("demo")) as sse, RawStreamable(b.url("demo", "mcp")) as idle:
+            await streaming.initialize()
+            get = await streaming.get()
+            assert get.status == 200 and get.stream is not None
+            await sse.initialize()
+            await idle.initialize()  # last: the other two have been quiet longer
+            await b.wait_for("session_closed", where=lambda e: e["session"] == idle.session_id and e["reason"] == "idle")
+            reaped = [e["session"] for e in b.named("session_closed")]
+            assert reaped == [idle.session_id], reaped
+            response, _ = await streaming.request("tools/call", {"name": "echo", "arguments": {"text": "still here"}})
+            assert text_of(response) == "still here"
+            assert (await sse.request("tools/call", sse_call("echo", {"text": "here too"})))["result"]["content"][0]["text"] == "here too"
