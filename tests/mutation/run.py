@@ -147,15 +147,15 @@ FURTHER = [
     Fault("mux-least-verbose-level", MUX, "return min(levels) if levels else None", "return max(levels) if levels else None"),
     Fault("mux-level-kept-on-close", MUX, "        if peer.level is not None:\n            out += self._sync_level()\n", ""),
     Fault("mux-failed-becomes-down", MUX, "        if self.state is not _FAILED:\n            self.state = State.DOWN", "        self.state = State.DOWN"),
-    Fault("mux-backlog-not-marked-sent", MUX, "                call.sent = True\n                call.sent_at = self._clock()\n        return [ToServer(m) for m in backlog]", "                call.sent_at = self._clock()\n        return [ToServer(m) for m in backlog]"),
-    Fault("mux-least-recent-session", MUX, "return max(able, key=lambda p: p.last_active), None", "return min(able, key=lambda p: p.last_active), None"),
+    Fault("mux-backlog-not-marked-sent", MUX, "                call.sent = True\n                call.sent_at = self._clock()\n        out: list[Action] = [ToServer(m) for m in backlog]", "                call.sent_at = self._clock()\n        out: list[Action] = [ToServer(m) for m in backlog]"),
+    Fault("mux-least-recent-session", MUX, "return max(candidates, key=lambda p: p.last_active), None", "return min(candidates, key=lambda p: p.last_active), None"),
     Fault("mux-sampling-tools-ignored", MUX, 'if ("tools" in params or "toolChoice" in params) and "tools" not in cap:', "if False:"),
     Fault("mux-sampling-context-ignored", MUX, 'return params.get("includeContext", "none") == "none" or "context" in cap', 'return params.get("includeContext", "none") == "none"'),
     Fault("mux-url-elicitation-anywhere", MUX, 'if wanted == "elicitation" and params.get("mode") == "url":', "if False:"),
     Fault("mux-progress-after-cancel-noisy", MUX, ' if token not in self._cancelled else []', ""),
     Fault("mux-server-id-reuse", MUX, "        if server_id in self._server_request_ids:\n", "        if False:\n"),
     Fault("mux-server-cancel-kept", MUX, "        req = self._server_requests[downstream_id]\n        self._forget_server_request(req)\n", "        req = self._server_requests[downstream_id]\n"),
-    Fault("mux-any-session-can-answer", MUX, "peer.can_answer = not _ASKABLE.isdisjoint(peer.capabilities)", "peer.can_answer = True"),
+    Fault("mux-any-session-can-answer", MUX, "self._can_answer(peer, not _ASKABLE.isdisjoint(peer.capabilities))", "self._can_answer(peer, True)"),
     Fault("mux-roots-prompt-with-own-roots", MUX, 'if self.roots is None and "roots" in peer.capabilities:', 'if "roots" in peer.capabilities:'),
     Fault("mux-down-unsubscribe-sent", MUX, "        del self._subscribers[uri]\n        if self.state is not _READY:\n            return self._unsubscribe_queued(uri)\n", "        del self._subscribers[uri]\n"),
     Fault("mux-task-list-unfiltered", MUX, 'result["tasks"] = [t for t in result["tasks"] if t.__class__ is dict and t.get("taskId") in peer.tasks]', "pass"),
@@ -171,8 +171,8 @@ FURTHER = [
 # Faults in what was added since: principals, filters and views, turns, bounds, secret files, OAuth.
 SINCE = [
     # mux.py: held calls take turns by principal (rule 4)
-    Fault("mux-turns-first-come", MUX, "principal = min(self._queues, key=lambda p: self._served.get(p, -1))", "principal = next(iter(self._queues))"),
-    Fault("mux-turns-most-recent", MUX, "principal = min(self._queues, key=lambda p: self._served.get(p, -1))", "principal = max(self._queues, key=lambda p: self._served.get(p, -1))"),
+    Fault("mux-turns-first-come", MUX, "return min(self._queues, key=lambda p: self._served.get(p, -1))", "return next(iter(self._queues))"),
+    Fault("mux-turns-most-recent", MUX, "return min(self._queues, key=lambda p: self._served.get(p, -1))", "return max(self._queues, key=lambda p: self._served.get(p, -1))"),
     Fault("mux-turns-never-served", MUX, "        self._held.served(self._peers[_caller(call)[0]].principal)\n", ""),
     Fault("mux-turns-lifo", MUX, "msg = queue.popleft()", "msg = queue.pop()"),
     Fault("mux-turns-remove-miscounts", MUX, "                    del queue[i]\n                    self.waiting -= 1\n", "                    del queue[i]\n"),
@@ -183,7 +183,7 @@ SINCE = [
     Fault("mux-unowned-across-principals", MUX, "        if len(busy) > 1:\n            return [Discard(", "        if False:\n            return [Discard("),
     Fault("mux-unowned-ignores-busy", MUX, "if p.initialized and (not busy or p.principal in busy) and", "if p.initialized and"),
     Fault("mux-unowned-to-uninitialized", MUX, "            if p.initialized and (not busy or p.principal in busy)", "            if (not busy or p.principal in busy)"),
-    Fault("mux-no-call-across-principals", MUX, "        if len({p.principal for p in able}) != 1:", "        if not able:"),
+    Fault("mux-no-call-across-principals", MUX, "        if len({p.principal for p in candidates}) != 1:", "        if not candidates:"),
     Fault("mux-no-call-ignores-capability", MUX, "if p.initialized and not p.stateless and (wanted is None or _can_handle(p.capabilities, wanted, msg))", "if p.initialized and not p.stateless"),
     # mux.py: filters and views
     Fault("mux-hidden-probe-keeps-params", MUX, 'msg["method"], msg["params"] = probe.method, jsonrpc.decode(probe.params)', 'msg["method"], msg["params"] = probe.method, {**msg["params"], **jsonrpc.decode(probe.params)}'),
@@ -204,7 +204,7 @@ SINCE = [
     Fault("mux-unsubscribe-while-down-queued", MUX, '        if self.state is not _READY:\n            return [*self._unsubscribe_queued(uri), self._reply(peer, msg["id"], {})]\n', ""),
     Fault("mux-subscriptions-limit-plus-one", MUX, "len(peer.subscriptions) >= self.max_subscriptions", "len(peer.subscriptions) > self.max_subscriptions"),
     Fault("mux-resubscribe-counts", MUX, "if self.max_subscriptions and uri not in peer.subscriptions and", "if self.max_subscriptions and"),
-    Fault("mux-backlog-limit-plus-one", MUX, "len(self._backlog) >= self.max_backlog", "len(self._backlog) > self.max_backlog"),
+    Fault("mux-backlog-limit-plus-one", MUX, "len(self._backlog) + self._for_slot.waiting >= self.max_backlog", "len(self._backlog) + self._for_slot.waiting > self.max_backlog"),
     Fault("mux-backlog-notifications-unbounded", MUX, "        if self._backlog_full():\n            return [Discard(", "        if False:\n            return [Discard("),
     Fault("mux-failed-notifications-queued", MUX, "        if self.state is _FAILED:\n            return []\n        if self._backlog_full():", "        if self._backlog_full():"),
     # mux.py: not_written, early task notes, calls in flight by principal
