@@ -53,13 +53,16 @@ class Client:
 
 class MuxMachine(RuleBasedStateMachine):
     shared = True
+    warm = False
     max_sessions = 4
 
     def __init__(self) -> None:
         super().__init__()
         self.now = 0.0
         self.in_flight: Counter[str | None] = Counter()
-        self.mux = Mux(shared=self.shared, clock=lambda: self.now, max_inflight=50, attribution_window=1.0, in_flight=self.in_flight)
+        self.mux = Mux(
+            shared=self.shared, warm=self.warm, clock=lambda: self.now, max_inflight=50, attribution_window=1.0, in_flight=self.in_flight
+        )
         self.clients: dict[str, Client] = {}
         self.closed: set[str] = set()
         self.server_pending: dict[int, dict[str, Any]] = {}  # upstream id -> tools/call message
@@ -417,12 +420,22 @@ class PerSessionMuxMachine(MuxMachine):
     max_sessions = 1
 
 
+class WarmPerSessionMuxMachine(PerSessionMuxMachine):
+    """Per-session mode on a process started ahead of its session (the warm pool): probed
+    with a ping until the session opens, then as above, the session's own initialize
+    included (and replayed after a restart)."""
+
+    warm = True
+
+
 MuxMachine.TestCase.settings = settings(
     max_examples=300, stateful_step_count=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 PerSessionMuxMachine.TestCase.settings = MuxMachine.TestCase.settings
 TestMux = MuxMachine.TestCase
 TestPerSessionMux = PerSessionMuxMachine.TestCase
+WarmPerSessionMuxMachine.TestCase.settings = MuxMachine.TestCase.settings
+TestWarmPerSessionMux = WarmPerSessionMuxMachine.TestCase
 
 
 class _Picks:
