@@ -1,17 +1,24 @@
 """Session setup time in per-session mode: cold starts against a warm pool.
 
-For each mode (cold: `mode: per-session`; warm: the same with `pool: {warm: W}`)
-and each pattern (50 sessions one after another; 50 at once), a fresh daemon
-serves `@modelcontextprotocol/server-everything` over stdio (run with the
-machine's `node`). Each session is one Streamable HTTP client: it POSTs
-`initialize` (the time measured: from sending it to having its answer), then
-`notifications/initialized`, `tools/list`, and DELETEs the session. With a
-warm pool, measuring starts once the pool holds W ready processes. Prints p50
-and p99 per case (median of the runs), and how many sessions got a warm
-process (`mcp_bridge_pool_sessions_total`).
+For each server (`@modelcontextprotocol/server-everything` over stdio, run with the
+machine's `node`; `mcp-server-time`, `python -m mcp_server_time`), each protocol
+version a session asks for, each mode (cold: `mode: per-session`; warm: the same
+with `pool: {warm: W}`) and each pattern (sessions one after another; all at once;
+`--gap S`: one every S seconds), a fresh daemon serves the server. A 2025 session
+is one Streamable HTTP client: it POSTs `initialize` with its version (the time
+measured: from sending it to having its answer), then `notifications/initialized`,
+`tools/list`, and DELETEs the session. A 2026-07-28 client has no handshake: its
+first request, `server/discover`, is what is timed (in per-session mode every such
+request is a session with a process of its own, so that is all it sends). With a
+warm pool, measuring starts once the pool holds W ready processes. Prints p50 and
+p99 per case (median of the runs), how many sessions got a warm process
+(`mcp_bridge_pool_sessions_total`), and the p50 and p99 of those (2025 sessions: by
+their `session_opened` event; 2026-07-28 requests log none, so theirs are given only
+when every one got a warm process).
 
     python bench/setup_time.py                      # 3 runs of each case, 50 sessions, warm: 4
-    python bench/setup_time.py --runs 1 --sessions 20 --warm 2
+    python bench/setup_time.py --runs 1 --sessions 20 --warm 4 --gap 1 --patterns paced
+    python bench/setup_time.py --servers time --versions 2025-06-18
 """
 
 from __future__ import annotations
@@ -33,7 +40,12 @@ import yaml
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 EVERYTHING = os.path.join(ROOT, "tests", "node", "node_modules", "@modelcontextprotocol", "server-everything", "dist", "index.js")
-VERSION = "2025-11-25"  # what the bridge's own initialize asks for: a warm process answers it
+SERVERS: dict[str, dict[str, Any]] = {
+    "everything": {"command": "node", "args": [EVERYTHING, "stdio"], "shutdown_timeout": "1s"},  # it ignores its stdin closing
+    "time": {"command": sys.executable, "args": ["-m", "mcp_server_time", "--local-timezone", "UTC"]},
+}
+VERSIONS = ("2025-06-18", "2025-11-25", "2026-07-28")
+MODERN = "2026-07-28"
 JSON_ONLY = {"Accept": "application/json", "Content-Type": "application/json"}
 
 
@@ -43,13 +55,14 @@ def percentile(values: list[float], q: float) -> float:
 
 
 class Daemon:
-    def __init__(self, warm: int, workdir: str) -> None:
-        server: dict[str, Any] = {"command": "node", "args": [EVERYTHING, "stdio"], "mode": "per-session"}
+    def __init__(self, name: str, warm: int, workdir: str) -> None:
+        server: dict[str, Any] = {**SERVERS[name], "mode": "per-session"}
         if warm:
             server["pool"] = {"warm": warm}
         self.config = os.path.join(workdir, "setup.yaml")
         with open(self.config, "w") as f:
-            yaml.safe_dump({"listen": {"host": "127.0.0.1", "port": 0}, "servers": {"everything": server}}, f)
+            yaml.safe_dump({"listen": {"host": "127.0.0.1", "port": 0}, "servers": {name: server}}, f)
+        self.name = name
         self.warm = warm
         self.sources: dict[str, str] = {}  # session id -> warm or cold (its session_opened event)
         self.proc: asyncio.subprocess.Process | None = None
@@ -85,14 +98,14 @@ class Daemon:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/servers/everything/mcp"
+        return f"http://127.0.0.1:{self.port}/servers/{self.name}/mcp"
 
     async def pool_ready(self, http: aiohttp.ClientSession, timeout: float = 60.0) -> None:
         """Wait (polling /status every 50 ms, at most `timeout`) until the pool holds its warm processes."""
         async with asyncio.timeout(timeout):
             while True:
                 async with http.get(f"http://127.0.0.1:{self.port}/status") as resp:
-                    pool = (await resp.json())["servers"]["everything"]["pool"]
+                    pool = (await resp.json())["servers"][self.name]["pool"]
                 if pool["warm"] >= self.warm:
                     return
                 await asyncio.sleep(0.05)
@@ -100,23 +113,27 @@ class Daemon:
     async def warm_sessions(self, http: aiohttp.ClientSession) -> int:
         async with http.get(f"http://127.0.0.1:{self.port}/metrics") as resp:
             text = await resp.text()
-        found = re.search(r'^mcp_bridge_pool_sessions_total\{server="everything",source="warm"\} (\S+)$', text, re.M)
+        found = re.search(rf'^mcp_bridge_pool_sessions_total\{{server="{self.name}",source="warm"\}} (\S+)$', text, re.M)
         return int(float(found.group(1))) if found else 0
 
 
-async def session(http: aiohttp.ClientSession, url: str, n: int) -> tuple[str, float]:
-    """One session: its id, and the seconds from sending initialize to having its answer."""
+async def session(http: aiohttp.ClientSession, url: str, n: int, version: str) -> tuple[str | None, float]:
+    """One session: its id (None for a 2026-07-28 request), and the seconds from sending
+    initialize (server/discover) to having its answer."""
+    if version == MODERN:
+        return None, await discover(http, url, n)
     init = {
         "jsonrpc": "2.0",
         "id": 1,
         "method": "initialize",
-        "params": {"protocolVersion": VERSION, "capabilities": {}, "clientInfo": {"name": f"setup-{n}", "version": "0"}},
+        "params": {"protocolVersion": version, "capabilities": {}, "clientInfo": {"name": f"setup-{n}", "version": "0"}},
     }
     started = time.perf_counter()
     async with http.post(url, json=init, headers=JSON_ONLY) as resp:
         body = await resp.json()
         took = time.perf_counter() - started
         assert resp.status == 200 and "result" in body, (resp.status, body)
+        assert body["result"]["protocolVersion"] == version, body
         sid = resp.headers["Mcp-Session-Id"]
     headers = {**JSON_ONLY, "Mcp-Session-Id": sid, "MCP-Protocol-Version": body["result"]["protocolVersion"]}
     async with http.post(url, json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=headers) as resp:
@@ -128,26 +145,46 @@ async def session(http: aiohttp.ClientSession, url: str, n: int) -> tuple[str, f
     return sid, took
 
 
-async def paced(http: aiohttp.ClientSession, url: str, n: int, gap: float) -> tuple[str, float]:
+async def discover(http: aiohttp.ClientSession, url: str, n: int) -> float:
+    """A 2026-07-28 client's first request: the seconds to its answer."""
+    meta = {
+        "io.modelcontextprotocol/protocolVersion": MODERN,
+        "io.modelcontextprotocol/clientCapabilities": {},
+        "io.modelcontextprotocol/clientInfo": {"name": f"setup-{n}", "version": "0"},
+    }
+    body = {"jsonrpc": "2.0", "id": 1, "method": "server/discover", "params": {"_meta": meta}}
+    headers = {**JSON_ONLY, "MCP-Protocol-Version": MODERN, "Mcp-Method": "server/discover"}
+    started = time.perf_counter()
+    async with http.post(url, json=body, headers=headers) as resp:
+        answer = await resp.json()
+        took = time.perf_counter() - started
+    assert resp.status == 200 and MODERN in answer["result"]["supportedVersions"], (resp.status, answer)
+    return took
+
+
+async def paced(http: aiohttp.ClientSession, url: str, n: int, version: str, gap: float) -> tuple[str | None, float]:
     await asyncio.sleep(n * gap)  # the arrival schedule being measured, not a wait for something to settle
-    return await session(http, url, n)
+    return await session(http, url, n, version)
 
 
-async def one_case(warm: int, pattern: str, sessions: int, gap: float) -> dict[str, Any]:
+async def one_case(name: str, version: str, warm: int, pattern: str, sessions: int, gap: float) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as workdir:
-        async with Daemon(warm, workdir) as daemon, aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+        async with Daemon(name, warm, workdir) as daemon, aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
             if warm:
                 await daemon.pool_ready(http)
             if pattern == "sequential":
-                timed = [await session(http, daemon.url, n) for n in range(sessions)]
+                timed = [await session(http, daemon.url, n, version) for n in range(sessions)]
             elif pattern == "paced":
-                timed = list(await asyncio.gather(*(paced(http, daemon.url, n, gap) for n in range(sessions))))
+                timed = list(await asyncio.gather(*(paced(http, daemon.url, n, version, gap) for n in range(sessions))))
             else:
-                timed = list(await asyncio.gather(*(session(http, daemon.url, n) for n in range(sessions))))
+                timed = list(await asyncio.gather(*(session(http, daemon.url, n, version) for n in range(sessions))))
             hits = await daemon.warm_sessions(http)
             sources = dict(daemon.sources)
     times = [t for _, t in timed]
-    from_pool = [t for sid, t in timed if sources.get(sid) == "warm"]
+    if version == MODERN:
+        from_pool = times if hits == sessions else []  # requests log no session_opened
+    else:
+        from_pool = [t for sid, t in timed if sid is not None and sources.get(sid) == "warm"]
     result = {"p50_ms": percentile(times, 0.5) * 1000, "p99_ms": percentile(times, 0.99) * 1000, "warm_hits": hits}
     if from_pool:
         result |= {"warm_p50_ms": percentile(from_pool, 0.5) * 1000, "warm_p99_ms": percentile(from_pool, 0.99) * 1000}
@@ -160,24 +197,32 @@ async def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sessions", type=int, default=50)
     parser.add_argument("--warm", type=int, default=4)
     parser.add_argument("--gap", type=float, default=0.0, help="also run sessions started every GAP seconds (paced)")
+    parser.add_argument("--patterns", default=None, help="comma-separated: sequential, concurrent, paced (default: the first two, and paced with --gap)")
+    parser.add_argument("--servers", default=",".join(SERVERS), help=f"comma-separated, of: {', '.join(SERVERS)}")
+    parser.add_argument("--versions", default=",".join(VERSIONS), help="comma-separated protocol versions the sessions ask for")
     args = parser.parse_args(argv)
-    patterns = ("sequential", "concurrent") + (("paced",) if args.gap else ())
-    if not os.path.exists(EVERYTHING):
+    patterns = tuple(args.patterns.split(",")) if args.patterns else ("sequential", "concurrent") + (("paced",) if args.gap else ())
+    if "paced" in patterns and not args.gap:
+        parser.error("paced needs --gap")
+    servers, versions = args.servers.split(","), args.versions.split(",")
+    if "everything" in servers and not os.path.exists(EVERYTHING):
         print(f"server-everything not found at {EVERYTHING} (see tests/node)", file=sys.stderr)
         return 2
-    results: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    results: dict[tuple[str, str, str, str], list[dict[str, Any]]] = {}
     for run in range(args.runs):
-        for pattern in patterns:
-            for warm in (0, args.warm):
-                result = await one_case(warm, pattern, args.sessions, args.gap)
-                mode = f"warm: {warm}" if warm else "cold"
-                results.setdefault((pattern, mode), []).append(result)
-                rounded = {k: round(v, 1) for k, v in result.items()}
-                print(f"run {run + 1} {pattern:10} {mode:8} {json.dumps(rounded)}", flush=True)
-    print(f"\n{args.sessions} sessions, medians of {args.runs} runs (time from initialize sent to its answer)\n")
-    print("| sessions | processes | p50 | p99 | given a warm process | their p50 | their p99 |")
-    print("|---|---|---|---|---|---|---|")
-    for (pattern, mode), rows in results.items():
+        for name in servers:
+            for version in versions:
+                for pattern in patterns:
+                    for warm in (0, args.warm):
+                        result = await one_case(name, version, warm, pattern, args.sessions, args.gap)
+                        mode = f"warm: {warm}" if warm else "cold"
+                        results.setdefault((name, version, pattern, mode), []).append(result)
+                        rounded = {k: round(v, 1) for k, v in result.items()}
+                        print(f"run {run + 1} {name:10} {version} {pattern:10} {mode:8} {json.dumps(rounded)}", flush=True)
+    print(f"\n{args.sessions} sessions, medians of {args.runs} runs (time from initialize, or 2026-07-28's server/discover, sent to its answer)\n")
+    print("| server | version | sessions | processes | p50 | p99 | given a warm process | their p50 | their p99 |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for (name, version, pattern, mode), rows in results.items():
         p50, p99, hits = (statistics.median(r[key] for r in rows) for key in ("p50_ms", "p99_ms", "warm_hits"))
         warm = [r for r in rows if "warm_p99_ms" in r]
         their = (
@@ -186,7 +231,7 @@ async def main(argv: list[str] | None = None) -> int:
             else "- | -"
         )
         what = {"sequential": "one after another", "concurrent": "all at once", "paced": f"one every {args.gap:g} s"}[pattern]
-        print(f"| {args.sessions} {what} | {mode} | {p50:.1f} ms | {p99:.1f} ms | {hits:g} of {args.sessions} | {their} |")
+        print(f"| {name} | {version} | {args.sessions} {what} | {mode} | {p50:.1f} ms | {p99:.1f} ms | {hits:g} of {args.sessions} | {their} |")
     return 0
 
 

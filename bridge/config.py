@@ -232,7 +232,7 @@ class Rlimits(Struct, frozen=True):
 class Pool(Struct, frozen=True):
     """Per-session and per-principal servers: processes started ahead, and a ceiling."""
 
-    warm: Annotated[int, msgspec.Meta(ge=0)] = 0  # started and initialized before a session asks
+    warm: Annotated[int, msgspec.Meta(ge=0)] = 0  # started before a session asks (per-principal: and initialized)
     max: PositiveInt | None = None  # this server's processes, warm ones included; None: only limits.max_processes
     wait: Duration = Duration(10)  # how long a new session waits for a slot before it is refused
 

@@ -66,16 +66,17 @@ class Upstream:
         cfg = gateway.server
         limits = gateway.limits
         per_session = cfg.mode == "per-session"
-        # Started warm (ahead of its session), a process is initialized by the bridge as a shared
-        # one is, and its session's initialize is answered from that. Per session there is one
-        # session to a process: nothing to attribute, so no call is held back.
+        # Started warm (ahead of its session or principal). Per session it is left uninitialized
+        # for its session's own initialize (see the mux's `warm`); per principal it is initialized
+        # by the bridge as any per-principal process is. Per session there is one session to a
+        # process: nothing to attribute, so no call is held back.
         self.warm = warm
-        self.unchecked = False  # per-session, warm: its session's initialize not seen yet
         self.holds_slot = True  # one of the pool's slots, until it has stopped for good
         self._announce = False  # in the pool and not ready yet: tell the pool once it is
         self._attribution_window = 0.0 if per_session else cfg.attribution_window
         self.mux = Mux(
-            shared=not per_session or warm,
+            shared=not per_session,
+            warm=warm and per_session,
             roots=cfg.roots,
             max_inflight=limits.max_inflight,
             max_backlog=limits.server_backlog,
@@ -457,7 +458,6 @@ class Gateway:
         else:
             # The id's end: a cluster's ids share their start.
             upstream = await self._acquire(session, f"{self.name}[{session.id[-8:]}]")
-            upstream.unchecked = upstream.warm
         self._register(session, upstream)
 
     def open_at_once(self, session: Session) -> bool:
@@ -651,33 +651,6 @@ class Gateway:
         self.log.info("server_retired", principal=principal, idle_s=self.server.principal_idle_timeout)
         self._stop_later(upstream)
 
-    def _check_version(self, session: Session, upstream: Upstream, initialize: Message) -> Upstream:
-        """Per-session mode: a session on a warm process is answered from the bridge's own
-        initialize only when it asks for the version the process settled on. Else, since a
-        process cannot be initialized twice, it gets a process of its own, in the same slot,
-        started once the warm one has stopped, and its initialize goes there."""
-        upstream.unchecked = False
-        warm = (upstream.mux.init_result or {}).get("protocolVersion")
-        params = initialize.get("params")
-        wanted = params.get("protocolVersion") if params.__class__ is dict else None
-        if wanted == warm:
-            return upstream
-        fresh = Upstream(self, f"{self.name}[{session.id[:8]}]")
-        upstream.holds_slot = False  # the slot goes with the session
-        self._upstreams[session.id] = fresh
-        self.apply(upstream, upstream.mux.close_session(session.id))
-        fresh.mux.open_session(session.id, session.owner, self.view(session.owner))
-        self.pool.replaced()
-        self.log.info("session_process_replaced", session=session.id, requested=wanted, warm=warm, pid=upstream._pid())
-
-        async def swap() -> None:
-            await upstream.stop()
-            if self.accepting and self._upstreams.get(session.id) is fresh:
-                fresh.start()
-
-        self._track(asyncio.get_running_loop().create_task(swap()))
-        return fresh
-
     def _stop_later(self, upstream: Upstream) -> None:
         self._track(asyncio.get_running_loop().create_task(upstream.stop()))
 
@@ -718,8 +691,6 @@ class Gateway:
         Throttled, with nothing of it taken, when it carries calls over its principal's limits."""
         session.last_seen = self.last_request = time.monotonic()
         upstream = self._upstreams[session.id]
-        if upstream.unchecked and payload.__class__ is dict and payload.get("method") == "initialize":
-            upstream = self._check_version(session, upstream, payload)
         if self.limiter.active and (calls := _calls(payload)):
             try:
                 self.limiter.admit(session.owner, calls)

@@ -298,7 +298,7 @@ class _Collector(Collector):
         starts = CounterMetricFamily(
             f"{PREFIX}_pool_sessions",
             "Per-session and per-principal processes given to sessions, by source: warm (from the pool), cold "
-            "(started for it), replaced (a warm one replaced for a protocol version it did not speak).",
+            "(started for it).",
             labels=["server", "source"],
         )
         cpu = CounterMetricFamily(

@@ -109,10 +109,13 @@ naming a session that is not open is a `KeyError`, opening one twice a
 `ValueError`. In per-session mode the same code runs with one session and
 passes `initialize` and `ping` through; subscriptions and the log level are
 tracked as in shared mode, for routing and for the replay after a restart.
-A per-session process started ahead of its session (the warm pool) was
-initialized by the bridge, so its mux runs in shared mode with that one
-session and no attribution window; the gateway gives a session that asks
-for another protocol version a process (and a per-session mux) of its own.
+A per-session process started ahead of its session (the warm pool: `warm`)
+is not initialized, since only its session knows the version and
+capabilities to initialize it with: until a session opens, a new process
+gets a `ping` instead (the spec allows one before `initialize`) and is READY
+once anything answers it. From then on its mux is that of a process started
+for its session: the session's own `initialize` passes through, or a
+stateless session's is sent from its request (`adopt`).
 """
 
 from __future__ import annotations
@@ -143,6 +146,9 @@ _CANCELLED_MEMORY = 4096
 _EARLY_NOTES = 256
 # Client requests that never wait for a slot (rule 9).
 _UNCAPPED = frozenset({"initialize", "ping", "resources/subscribe", "resources/unsubscribe", "logging/setLevel"})
+# The bridge's own requests that bring a process up (a ping: the probe of a warm one, see
+# `server_started`): unanswered within limits.initialize_timeout, the process is restarted.
+_HANDSHAKE = frozenset({"initialize", "ping"})
 # Requests that cannot make the server ask the client anything: never held back.
 _INERT = frozenset(
     {"ping", "tools/list", "prompts/list", "resources/list", "resources/templates/list", "logging/setLevel",
@@ -395,6 +401,7 @@ class Mux:
         clock: Callable[[], float] = time.monotonic,
         in_flight: Counter[str | None] | None = None,
         slot_waited: Callable[[float], None] | None = None,
+        warm: bool = False,
     ) -> None:
         self.shared = shared
         self.roots = None if roots is None else tuple(roots)
@@ -442,6 +449,9 @@ class Mux:
         self._client_init: dict[str, Any] | None = None
         # Per-session mode for a stateless request: the bridge initializes the process itself.
         self._own_init = False
+        # Per-session mode, a process started ahead of its session (the warm pool): probed,
+        # not initialized, until its session opens (see `server_started`).
+        self.warm = warm
         self._failure = "server unavailable"
         # How the server answers a request for a tool, prompt or resource it does not have,
         # learned by asking (see `_hidden`): probe -> the answer, with the probe's name in it.
@@ -479,14 +489,17 @@ class Mux:
         peer.protocol_version = version
         peer.initialized = peer.stateless = True
         peer.notices = notices
+        out: list[Action] = []
         if not self.shared and self._client_init is None:
             info = client_info if client_info.__class__ is dict else {"name": "mcp-bridge-client", "version": "0"}
             self._client_init = {"protocolVersion": LATEST_PROTOCOL_VERSION, "capabilities": capabilities, "clientInfo": info}
             self._own_init = True
+            if self.state is _READY:  # its process is up and not initialized (a warm one): now
+                out = self._send_initialize(self._client_init)
         if level is None:
-            return []
+            return out
         peer.level = _LEVEL_INDEX[level]
-        return self._sync_level()
+        return out + self._sync_level()
 
     def set_view(self, session: str, view: View | None) -> None:
         """A reload changed what the session's principal may see: from its next message on."""
@@ -1130,6 +1143,8 @@ class Mux:
         return []
 
     def _internal_response(self, call: Call, msg: Message) -> list[Action]:
+        if call.method == "ping":
+            return self._probed()
         if call.method != "initialize":
             if "error" in msg:
                 return [Discard(f"server refused the bridge's {call.method}", {"error": msg["error"]})]
@@ -1382,25 +1397,45 @@ class Mux:
     # ----------------------------------------------------------- process events
 
     def server_started(self) -> list[Action]:
-        """A new process is running: initialize it (shared, or a per-session replay)."""
+        """A new process is running: initialize it (shared, or a per-session replay), or
+        probe it (per-session, started ahead of its session)."""
         self._cancelled.clear()
         if self.shared:
-            params = bridge_initialize_params(*self._client_info)
-        elif self._client_init is not None and (self.init_result is not None or self._own_init):
+            return self._send_initialize(bridge_initialize_params(*self._client_info))
+        if self._client_init is not None and (self.init_result is not None or self._own_init):
             # Only an initialize the last process answered is replayed: one still
             # queued for this process reaches it by itself, and must be the only one.
-            params = self._client_init
-        else:
-            # Nothing to replay an initialize from (none was ever answered): the new process
-            # knows of no subscription or level but what is still queued for it, so the mux
-            # must not believe it does.
-            self._forget_upstream_state()
-            self.state = State.READY
-            return self._flush_backlog()
+            return self._send_initialize(self._client_init)
+        # Nothing to replay an initialize from (none was ever answered): the new process
+        # knows of no subscription or level but what is still queued for it, so the mux
+        # must not believe it does.
+        self._forget_upstream_state()
+        if self.warm and not self._peers:
+            # Started ahead of its session: only that session knows the version and
+            # capabilities to initialize it with. Until it is shown to read its input it is
+            # not READY (the pool hands out only ready ones): a ping, which the spec allows
+            # before initialize, and any answer to it, an error too, shows that.
+            self.state = State.STARTING
+            call = Call(None, None, next(self._ids), "ping", self._clock(), sent=True)
+            self._calls[call.upstream_id] = call
+            return [ToServer(jsonrpc.request(call.upstream_id, "ping"))]
+        self.state = State.READY
+        return self._flush_backlog()
+
+    def _send_initialize(self, params: dict[str, Any]) -> list[Action]:
         self.state = State.STARTING
         call = Call(None, None, next(self._ids), "initialize", self._clock(), sent=True)
         self._calls[call.upstream_id] = call
         return [ToServer(jsonrpc.request(call.upstream_id, "initialize", params))]
+
+    def _probed(self) -> list[Action]:
+        """The process started ahead answered the probe: READY, uninitialized, for its
+        session's own initialize; or, for a stateless session adopted meanwhile, initialized
+        now with that session's capabilities (see `adopt`)."""
+        if self._own_init and self._client_init is not None:
+            return self._send_initialize(self._client_init)
+        self.state = State.READY
+        return self._flush_backlog()
 
     def server_exited(self, reason: str = "server process exited") -> list[Action]:
         """The process is gone: everything sent to it fails now; the backlog waits."""
@@ -1458,9 +1493,9 @@ class Mux:
         out: list[Action] = []
         for call in list(self._calls.values()):
             if call.session is None:
-                if call.method == "initialize" and call.started < init_deadline:
+                if call.method in _HANDSHAKE and call.started < init_deadline:
                     self._forget_call(call)
-                    out.append(RestartServer(f"no answer to initialize within {now - call.started:.0f}s"))
+                    out.append(RestartServer(f"no answer to {call.method} within {now - call.started:.0f}s"))
                 elif call.started < deadline:
                     self._forget_call(call)
                 continue

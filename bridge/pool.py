@@ -6,12 +6,15 @@ server (`servers.NAME.pool.max`) and for the whole daemon
 (`limits.max_processes`); warm processes hold slots like any other.
 
 A session that needs a process takes, in this order: a warm process of its
-server that is ready (initialized), or a new process in a free slot. When
-there is neither it waits, first come first served, up to the server's
-`pool.wait`, for whichever comes first: a slot freed (a process exited) or a
-warm process that became ready; then it is refused (`Full`), never left
-hanging. While the daemon-wide cap is what it waits for, one idle warm
-process of another server is stopped to make room for it.
+server that is ready, or a new process in a free slot. Ready is the gateway's
+word: per session, started and shown to read its input but not initialized
+(its session's own initialize does that, whatever version it asks for); per
+principal, initialized by the bridge. When there is neither it waits, first
+come first served, up to the server's `pool.wait`, for whichever comes
+first: a slot freed (a process exited) or a warm process that became ready;
+then it is refused (`Full`), never left hanging. While the daemon-wide cap
+is what it waits for, one idle warm process of another server is stopped to
+make room for it.
 
 Pools are refilled in the background: after a warm process is taken, and
 whenever a slot frees, but never while a session waits for a slot (sessions
@@ -122,7 +125,7 @@ class Pool(Generic[M]):
         self._make = make  # (label, warm) -> a new process, not started yet
         self._retire = retire  # stop a process for good (its slot frees once it has exited)
         self._waits = waits  # by outcome: ok, timeout, gone (the metric's counts)
-        self._starts = starts  # sessions' processes by where they came from: warm, cold, replaced
+        self._starts = starts  # sessions' processes by where they came from: warm, cold
         self._names = itertools.count(1)
         self._log = logs.get(server=server)
         self._waiting: set[asyncio.Future[M]] = set()  # sessions waiting for one of this server's processes
@@ -232,10 +235,6 @@ class Pool(Generic[M]):
                 self.slots.waiters.remove(waiter)
         self._waits["ok"] += 1
         return member
-
-    def replaced(self) -> None:
-        """A session's warm process was replaced by one of its own (a version it did not speak)."""
-        self._starts["replaced"] += 1
 
     def _expire(self, future: asyncio.Future[M]) -> None:
         if future.done():

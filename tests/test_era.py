@@ -140,22 +140,29 @@ async def test_tool_list_changes_reach_every_session(bridge, streamable):
 
 
 @pytest.mark.parametrize(
-    ("mode", "refusal"),
+    ("mode", "warm", "refusal"),
     [
         # The server sees the bridge's capabilities, asks, and the session cannot answer.
-        ("shared", "could not give the input"),
-        # The server sees the client's own capabilities, and says what is missing (-32021).
-        ("per-session", "elicitation"),
+        ("shared", 0, "could not give the input"),
+        # The server sees the client's own capabilities, and says what is missing (-32021);
+        # on a process from the warm pool too (issue 30: it saw the bridge's).
+        ("per-session", 0, "elicitation"),
+        ("per-session", 1, "elicitation"),
     ],
 )
-async def test_a_client_unable_to_answer_gets_an_error(bridge, mode, refusal):
-    async with bridge(config(mode)) as b, connect(b.url("m")) as c:
-        with pytest.raises(MCPError, match=refusal) as raised:
-            await c.session.call_tool("greet", {})
-        if mode == "per-session":
-            assert raised.value.error.code == -32021
-            assert not c.wire.server_requests()
-        assert text_of(await c.session.call_tool("echo", {"text": "still here"})) == "still here"
+async def test_a_client_unable_to_answer_gets_an_error(bridge, mode, warm, refusal):
+    async with bridge(config(mode, pool={"warm": warm})) as b:
+        if warm:
+            await b.wait_for("server_warm")
+        async with connect(b.url("m")) as c:
+            with pytest.raises(MCPError, match=refusal) as raised:
+                await c.session.call_tool("greet", {})
+            if mode == "per-session":
+                assert raised.value.error.code == -32021
+                assert not c.wire.server_requests()
+            assert text_of(await c.session.call_tool("echo", {"text": "still here"})) == "still here"
+        if warm:
+            assert [e["process"] for e in b.named("session_opened")] == ["warm"]
 
 
 @pytest.mark.parametrize("streamable", TRANSPORTS)

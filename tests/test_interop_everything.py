@@ -21,9 +21,11 @@ import asyncio
 import json
 import shutil
 
+import aiohttp
 import mcp_types as types
 import pytest
 from conftest import ROOT
+from rawstreamable import RawStreamable
 from sdk import Client, connect, gather_sessions, own_progress_token, prompt_text, text_of
 
 NODE_DIR = ROOT / "tests" / "node"
@@ -416,3 +418,29 @@ async def test_cancel_during_sampling(bridge):
             assert _sampled_answer(result) == "B answers: Resource trigger-sampling-request context: B asks"
             a.wire.check_own_traffic()
             other.wire.check_own_traffic()
+
+
+async def test_a_warm_per_session_process_offers_what_its_own_session_declared(bridge):
+    """Issue 30: a warm per-session process is initialized by its session's own initialize, so
+    a server that reads the capabilities (server-everything offers trigger-sampling-request
+    only to a client that declared sampling) sees the session's, whatever version it asks."""
+    cfg = config()
+    cfg["servers"]["everything"].update({"mode": "per-session", "pool": {"warm": 1}})
+    cases = [("2025-06-18", {}, False), ("2025-06-18", {"sampling": {}}, True), ("2025-11-25", {}, False), ("2025-03-26", {"sampling": {}}, True)]
+    async with bridge(cfg) as b, aiohttp.ClientSession() as http:
+        for version, capabilities, offered in cases:
+            async with asyncio.timeout(20):  # the pool refills as fast as the server starts
+                while True:
+                    async with http.get(f"{b.base}/status") as resp:
+                        if (await resp.json())["servers"]["everything"]["pool"]["warm"] == 1:
+                            break
+                    await asyncio.sleep(0.05)
+            async with RawStreamable(b.url("everything", "mcp")) as s:
+                init = await s.initialize(version, capabilities)
+                assert init["result"]["protocolVersion"] == version
+                listed, _ = await s.request("tools/list")
+                names = {t["name"] for t in listed["result"]["tools"]}
+                assert "echo" in names
+                assert ("trigger-sampling-request" in names) == offered, (version, capabilities, sorted(names))
+                assert (await s.delete()).status == 204
+        assert [e["process"] for e in b.named("session_opened")] == ["warm"] * len(cases)

@@ -1182,6 +1182,82 @@ def test_per_session_mode_initializes_a_stateless_sessions_process_itself() -> N
     assert answer["id"] == "d" and answer["result"] == INIT_RESULT
 
 
+# A per-session process started ahead of its session (the warm pool, issue 30).
+
+
+def warm_mux() -> tuple[Mux, Clock]:
+    """A warm per-session mux whose process answered its probe: ready, and not initialized."""
+    clock = Clock()
+    mux = Mux(shared=False, warm=True, clock=clock)
+    (probe,) = to_server(mux.server_started())
+    assert probe["method"] == "ping" and "params" not in probe
+    assert mux.state is State.STARTING  # not to be handed out yet
+    assert mux.from_server(jsonrpc.error(probe["id"], -32601, "Method not found")) == []  # an error shows it is up too
+    assert mux.state is State.READY
+    return mux, clock
+
+
+@pytest.mark.parametrize("version", ["2025-03-26", "2025-06-18", "2025-11-25"])
+def test_a_warm_process_is_probed_not_initialized_and_takes_its_sessions_own_initialize(version: str) -> None:
+    mux, _ = warm_mux()
+    mux.open_session("a")
+    params = {"protocolVersion": version, "capabilities": {"sampling": {}}, "clientInfo": {"name": "c"}}
+    (fwd,) = to_server(mux.from_client("a", req(1, "initialize", **params)))
+    assert fwd["params"] == params  # the session's own, as sent
+    (reply,) = to_session(mux.from_server(jsonrpc.result(fwd["id"], {**INIT_RESULT, "protocolVersion": version})), "a")
+    assert reply["result"]["protocolVersion"] == version
+    assert mux.peer("a").protocol_version == version
+    # After a restart, the session's own initialize is replayed (no probe: it has its session).
+    mux.server_exited()
+    (replayed,) = to_server(mux.server_started())
+    assert replayed["method"] == "initialize" and replayed["params"] == params
+
+
+def test_a_warm_process_that_restarts_before_it_is_taken_is_probed_again() -> None:
+    mux, _ = warm_mux()
+    mux.server_exited()
+    (probe,) = to_server(mux.server_started())
+    assert probe["method"] == "ping" and mux.state is State.STARTING
+    # Taken while its probe is out: the session's initialize waits for the answer.
+    mux.open_session("a")
+    assert to_server(mux.from_client("a", req(1, "initialize", protocolVersion="2025-06-18", capabilities={}, clientInfo={}))) == []
+    (init,) = to_server(mux.from_server(jsonrpc.result(probe["id"], {})))
+    assert init["method"] == "initialize" and init["params"]["protocolVersion"] == "2025-06-18"
+    assert mux.table_sizes()["calls"] == 1  # the initialize: the probe is done with
+
+
+def test_a_warm_process_that_never_answers_its_probe_is_restarted() -> None:
+    clock = Clock()
+    mux = Mux(shared=False, warm=True, clock=clock)
+    mux.server_started()
+    clock.now += 31
+    (restart,) = [a for a in mux.expire(60, 30) if isinstance(a, RestartServer)]
+    assert restart.reason == "no answer to ping within 31s"
+
+
+def test_a_stateless_request_on_a_warm_process_initializes_it_with_its_own_capabilities() -> None:
+    mux, _ = warm_mux()
+    mux.open_session("modern")
+    out = mux.adopt("modern", {"elicitation": {}}, "2026-07-28", {"name": "c", "version": "1"}, "error")
+    (init,) = to_server(out)  # now: its process is up (the level goes once it is initialized)
+    assert init["method"] == "initialize" and init["params"]["capabilities"] == {"elicitation": {}}
+    assert to_server(mux.from_client("modern", req("t", "tools/call", name="x"))) == []  # waits for the initialize
+    out = mux.from_server(jsonrpc.result(init["id"], INIT_RESULT))
+    assert [m["method"] for m in to_server(out)] == ["notifications/initialized", "logging/setLevel", "tools/call"]
+
+
+def test_a_stateless_request_taking_a_warm_process_still_probing_initializes_it_after_the_probe() -> None:
+    mux = Mux(shared=False, warm=True)
+    (probe,) = to_server(mux.server_started())
+    mux.open_session("modern")
+    assert mux.adopt("modern", {"roots": {}}, "2026-07-28", {"name": "c", "version": "1"}, None) == []
+    mux.from_client("modern", req("d", "server/discover"))
+    (init,) = to_server(mux.from_server(jsonrpc.result(probe["id"], {})))
+    assert init["method"] == "initialize" and init["params"]["capabilities"] == {"roots": {}}
+    (answer,) = to_session(mux.from_server(jsonrpc.result(init["id"], INIT_RESULT)), "modern")
+    assert answer["id"] == "d" and answer["result"] == INIT_RESULT
+
+
 @pytest.mark.parametrize("failure", [jsonrpc.error(0, -32603, "elicitation failed"), jsonrpc.result(0, {"content": [], "isError": True})])
 def test_a_stateless_call_whose_server_fails_for_want_of_an_undeclared_capability_ends_with_32021(failure: dict[str, Any]) -> None:
     """The server is refused the question at once; whether the call needs it is the server's

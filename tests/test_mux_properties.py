@@ -59,6 +59,7 @@ class Client:
 
 class MuxMachine(RuleBasedStateMachine):
     shared = True
+    warm = False
     max_sessions = 4
     max_calls = 0  # no cap
     max_backlog = 0  # no bound
@@ -68,7 +69,7 @@ class MuxMachine(RuleBasedStateMachine):
         self.now = 0.0
         self.in_flight: Counter[str | None] = Counter()
         self.mux = Mux(
-            shared=self.shared, clock=lambda: self.now, max_inflight=50, attribution_window=1.0, in_flight=self.in_flight,
+            shared=self.shared, warm=self.warm, clock=lambda: self.now, max_inflight=50, attribution_window=1.0, in_flight=self.in_flight,
             max_calls=self.max_calls, max_backlog=self.max_backlog,
         )  # fmt: skip
         self.clients: dict[str, Client] = {}
@@ -481,6 +482,14 @@ class CappedPerSessionMuxMachine(PerSessionMuxMachine):
     max_backlog = 3
 
 
+class WarmPerSessionMuxMachine(PerSessionMuxMachine):
+    """Per-session mode on a process started ahead of its session (the warm pool): probed
+    with a ping until the session opens, then as above, the session's own initialize
+    included (and replayed after a restart)."""
+
+    warm = True
+
+
 MuxMachine.TestCase.settings = settings(
     max_examples=300, stateful_step_count=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
@@ -490,6 +499,8 @@ TestMux = MuxMachine.TestCase
 TestPerSessionMux = PerSessionMuxMachine.TestCase
 TestCappedMux = CappedMuxMachine.TestCase
 TestCappedPerSessionMux = CappedPerSessionMuxMachine.TestCase
+WarmPerSessionMuxMachine.TestCase.settings = MuxMachine.TestCase.settings
+TestWarmPerSessionMux = WarmPerSessionMuxMachine.TestCase
 
 
 class _Picks:

@@ -7,7 +7,7 @@ replies and slow replies. Stdlib-only and self-contained so it runs from any cwd
 Everything the bridge sends that a test may need to observe is also noted on
 stderr (which the bridge logs as `server_stderr` events), one line each:
   faulty: notification <method> <params as JSON>   every notification received
-  faulty: initialize <{"client", "requested", "answered"} as JSON>
+  faulty: initialize <{"client", "requested", "answered", "capabilities"} as JSON>
   faulty: hang <id> / faulty: slow <id>            the upstream id of such a call
   faulty: ping <id>                                a ping that reached the process
   faulty: response <message as JSON>               an answer to a request it sent (see `emit`)
@@ -19,6 +19,7 @@ killing the process; only `crash` exits.
 Environment switches:
   FAULTY_CRASH_ON_START=1  exit with code 4 before reading anything (crash loops)
   FAULTY_NO_INIT=1         never answer initialize (init timeouts)
+  FAULTY_INIT_ERROR=1      answer initialize with error -32602 (a version it refuses)
   FAULTY_SILENT_DISCOVER=1 never answer server/discover (a legacy server the era probe must wait out)
 """
 
@@ -284,10 +285,15 @@ def handle(message: JSON) -> None:
         requested = params.get("protocolVersion")
         answered = requested if requested in SUPPORTED_VERSIONS else SUPPORTED_VERSIONS[-1]
         client = (params.get("clientInfo") or {}).get("name")
+        seen = {"client": client, "requested": requested, "capabilities": params.get("capabilities")}
         if os.environ.get("FAULTY_NO_INIT") == "1":
-            note(f"initialize {json.dumps({'client': client, 'requested': requested, 'answered': None})}")
+            note(f"initialize {json.dumps({**seen, 'answered': None})}")
             return
-        note(f"initialize {json.dumps({'client': client, 'requested': requested, 'answered': answered})}")
+        if os.environ.get("FAULTY_INIT_ERROR") == "1":
+            note(f"initialize {json.dumps({**seen, 'answered': None})}")
+            reply_error(request_id, -32602, f"Unsupported protocol version: {requested}")
+            return
+        note(f"initialize {json.dumps({**seen, 'answered': answered})}")
         reply(
             request_id,
             {
