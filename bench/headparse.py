@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import httptools  # noqa: E402
 
-from bridge.transports.fastpath import _HAND_OFF_FIELDS, MAX_FIELDS, Head, message_head, parse_head  # noqa: E402
+from bridge.http.fastpath import _HAND_OFF_FIELDS, MAX_FIELDS, Head, message_head, parse_head  # noqa: E402
 
 SID = "0123456789abcdef0123456789abcdef"
 HEADS = {

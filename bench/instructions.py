@@ -16,7 +16,7 @@ not counted here.
     python bench/instructions.py                               # sse, streamable, stateless; 1,000 calls each
     python bench/instructions.py --transport streamable --calls 2000
     python bench/instructions.py --sessions 50 --calls 2000    # 50 clients at once (workload c's shape)
-    python bench/instructions.py --transport streamable --region bridge.transports.fastpath:parse_head
+    python bench/instructions.py --transport streamable --region bridge.http.fastpath:parse_head
 
 `--region MODULE:ATTR` counts only what runs inside that function (a module's
 function or a class's method, and all it calls), to say what one part of the
@@ -123,7 +123,7 @@ def main() -> int:
     parser.add_argument("--transport", default="sse,streamable,stateless", help="comma-separated: sse, streamable, stateless")
     parser.add_argument("--calls", type=int, default=1000)
     parser.add_argument("--sessions", type=int, default=1, help="clients at once, sharing the calls (workload c's shape: 50)")
-    parser.add_argument("--region", help="MODULE:ATTR (bridge.gateway:Gateway._audit): count only inside that function")
+    parser.add_argument("--region", help="MODULE:ATTR (bridge.gateway.gateway:Gateway._audit): count only inside that function")
     args = parser.parse_args()
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         print("needs valgrind (Debian package valgrind)", file=sys.stderr)
@@ -133,7 +133,7 @@ def main() -> int:
     if unknown:
         parser.error(f"unknown transport {', '.join(unknown)} (known: {', '.join(bench.TRANSPORTS)})")
     if args.region is not None and not re.fullmatch(r"[\w.]+:[\w.]+", args.region):
-        parser.error(f"--region {args.region!r}: expected MODULE:ATTR, as bridge.transports.fastpath:parse_head")
+        parser.error(f"--region {args.region!r}: expected MODULE:ATTR, as bridge.http.fastpath:parse_head")
     counts = {t: measure(t, args.calls, args.sessions, args.region) for t in transports}
     base = counts.get("sse")
     each = args.calls // args.sessions

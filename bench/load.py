@@ -69,7 +69,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SERVER = os.path.join(HERE, "server.py")
 DEFAULT_SERVER_CMD = [sys.executable, "-S", SERVER]
 PROTOCOL_VERSION = "2025-11-25"
-MODERN_VERSION = "2026-07-28"
+STATELESS_VERSION = "2026-07-28"
 ID_SPACE = 10_000_000  # direct mode: session i uses ids i*ID_SPACE + 0..K
 perf = time.perf_counter
 
@@ -838,7 +838,7 @@ class StreamableSession(Session):
 def modern_meta() -> dict[str, Any]:
     """The `_meta` members every 2026-07-28 request carries (clientInfo is a SHOULD)."""
     return {
-        "io.modelcontextprotocol/protocolVersion": MODERN_VERSION,
+        "io.modelcontextprotocol/protocolVersion": STATELESS_VERSION,
         "io.modelcontextprotocol/clientCapabilities": {},
         "io.modelcontextprotocol/clientInfo": {"name": "mcp-bridge-bench", "version": "1"},
     }
@@ -852,7 +852,7 @@ class StatelessSession(StreamableSession):
 
     def __init__(self, run: Run, idx: int, host: str, port: int, path: str) -> None:
         super().__init__(run, idx, host, port, path)
-        self.protocol_version = MODERN_VERSION
+        self.protocol_version = STATELESS_VERSION
         self.discover_head = self._modern_head("server/discover", None)
         self.head = self._modern_head("tools/call", run.tool)
 
@@ -860,7 +860,7 @@ class StatelessSession(StreamableSession):
         extra = [
             ("Content-Type", "application/json"),
             ("Accept", "application/json, text/event-stream"),
-            ("MCP-Protocol-Version", MODERN_VERSION),
+            ("MCP-Protocol-Version", STATELESS_VERSION),
             ("Mcp-Method", method),
         ]
         if name is not None:
@@ -878,8 +878,8 @@ class StatelessSession(StreamableSession):
     def on_initialized(self, msg: dict[str, Any]) -> None:
         result = msg.get("result")
         versions = result.get("supportedVersions") if result.__class__ is dict else None
-        if versions.__class__ is not list or MODERN_VERSION not in versions:
-            self.fail_all(f"server/discover does not offer {MODERN_VERSION}: {str(msg)[:200]}")
+        if versions.__class__ is not list or STATELESS_VERSION not in versions:
+            self.fail_all(f"server/discover does not offer {STATELESS_VERSION}: {str(msg)[:200]}")
             return
         super().on_initialized(msg)
 

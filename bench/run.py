@@ -22,12 +22,12 @@ namespace can be made, supergateway is skipped with a message.
 from __future__ import annotations
 
 import argparse
-import shlex
 import contextlib
 import datetime as dt
 import http.client
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket

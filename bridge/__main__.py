@@ -1,3 +1,3 @@
-from .cli import main
+from bridge.cli import main
 
 raise SystemExit(main())

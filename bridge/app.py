@@ -9,16 +9,20 @@ import msgspec
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from . import admin, confine, logs, policy, procstat, security, statuspage
-from .cluster import Cluster
-from .config import Config
-from .gateway import DRAIN_QUIET_S, Gateway, Upstream
-from .metrics import Forwarding, Metrics
-from .pool import Slots
-from .principals import OAuthVerifier
-from .security import WELL_KNOWN, Guard
-from .transports import common, forward, http, modern, sse, streamable
-from .transports.common import GATEWAYS, LIVE, METRICS, Live
+from bridge import logs
+from bridge.access import policy
+from bridge.access.guard import WELL_KNOWN, Guard
+from bridge.access.oauth import OAuthVerifier
+from bridge.config.schema import Config
+from bridge.core.cluster import Cluster
+from bridge.gateway.gateway import DRAIN_QUIET_S, Gateway, Upstream
+from bridge.http import access, errors, forward, state
+from bridge.http.endpoints import sse_2024, stateless_2026, streamable_2025
+from bridge.http.state import GATEWAYS, LIVE, METRICS, Live
+from bridge.metrics import Forwarding, Metrics
+from bridge.ops import admin, statuspage
+from bridge.process import confine, procstat
+from bridge.process.pool import Slots
 
 DRAIN_POLL_S = 0.05
 
@@ -30,17 +34,17 @@ def create_app(config: Config) -> web.Application:
     live = Live(config, Guard(config, oauth), oauth=oauth, processes=Slots(config.limits.max_processes))
     metrics.oauth = lambda: live.oauth
     # Bodies are read, limited (limits.max_message_bytes, reloadable) and decompressed by the
-    # transports (common.read_message), never by aiohttp.
+    # transports (body.read_message), never by aiohttp.
     app = web.Application(
-        middlewares=[http.middleware(lambda: live.guard, metrics.rejected, common.refused)], handler_args={"auto_decompress": False}
+        middlewares=[access.middleware(lambda: live.guard, metrics.rejected, state.refused)], handler_args={"auto_decompress": False}
     )
-    app.on_response_prepare.append(http.cors_hook(lambda: live.guard))
+    app.on_response_prepare.append(access.cors_hook(lambda: live.guard))
     app[LIVE] = live
     app[METRICS] = metrics
     app[GATEWAYS] = gateways
     forwarder = _add_cluster(app, config) if config.cluster is not None else None
-    app[modern.PARKING] = modern.Parking.of(forwarder)  # in a cluster, requestStates name their replica
-    app[streamable.HOLDS] = streamable.Holds()
+    app[stateless_2026.PARKING] = stateless_2026.Parking.of(forwarder)  # in a cluster, requestStates name their replica
+    app[streamable_2025.HOLDS] = streamable_2025.Holds()
     limiter = policy.RateLimiter.of(config, live.in_flight, metrics.rate_limited)
     for name, server in config.servers.items():
         gateways[name] = Gateway(
@@ -48,11 +52,11 @@ def create_app(config: Config) -> web.Application:
         )
         _apply_policy(gateways[name], config, limiter)
         _mint_cluster_ids(app, gateways[name])
-    app.router.add_get(common.SSE_ROUTE, sse.stream, allow_head=False)  # a HEAD must not open a session
-    app.router.add_post(common.MESSAGES_ROUTE, sse.post_message, expect_handler=http.expect_continue)
-    app.router.add_post(common.MCP_ROUTE, streamable.post, expect_handler=http.expect_continue)
-    app.router.add_get(common.MCP_ROUTE, streamable.get, allow_head=False)
-    app.router.add_delete(common.MCP_ROUTE, streamable.delete)
+    app.router.add_get(state.SSE_ROUTE, sse_2024.stream, allow_head=False)  # a HEAD must not open a session
+    app.router.add_post(state.MESSAGES_ROUTE, sse_2024.post_message, expect_handler=access.expect_continue)
+    app.router.add_post(state.MCP_ROUTE, streamable_2025.post, expect_handler=access.expect_continue)
+    app.router.add_get(state.MCP_ROUTE, streamable_2025.get, allow_head=False)
+    app.router.add_delete(state.MCP_ROUTE, streamable_2025.delete)
     app.router.add_get(WELL_KNOWN, protected_resource)
     app.router.add_get(WELL_KNOWN + "/servers/{name}/{transport:mcp|sse}", protected_resource)
     app.router.add_get("/healthz", healthz)
@@ -229,8 +233,8 @@ async def protected_resource(request: web.Request) -> web.Response:
     guard, oauth = live.guard, live.oauth
     name = request.match_info.get("name")
     if oauth is None or (name is not None and name not in request.app[GATEWAYS]):
-        raise http.HttpError(404, "no protected resource here")
-    base = guard.resource_for(request.remote, http.forwarded(request))
+        raise errors.HttpError(404, "no protected resource here")
+    base = guard.resource_for(request.remote, access.forwarded(request))
     resource = base + (f"/servers/{name}/{request.match_info['transport']}" if name is not None else "")
     scopes = oauth.scopes_for(name) if name is not None else sorted(oauth.config.scopes)
     return web.json_response(
@@ -248,7 +252,7 @@ async def status(request: web.Request) -> web.Response:
     """All of it for an admin, and where no authentication is configured; a token without the
     admin role sees only the servers it may use, and of each only its own part (`principal_status`)."""
     gateways = request.app[GATEWAYS]
-    caller = request.get(http.CALLER)
+    caller = request.get(access.CALLER)
     if caller is not None and not caller.admin:
         return web.json_response({"servers": {name: principal_status(g, caller.name) for name, g in gateways.items() if caller.may_use(name)}})
     slots = request.app[LIVE].processes

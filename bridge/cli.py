@@ -20,11 +20,14 @@ import msgspec
 import yaml
 from aiohttp import web
 
-from . import __version__, admin, confine, logs, mcpservers, runtime
-from .app import apply_config, create_app, drain, listening
-from .config import Config, ConfigError, Mode, build, cluster_problems, listen_problems, load
-from .transports import fastpath
-from .transports.common import GATEWAYS, LIVE
+from bridge import __version__, logs, runtime
+from bridge.app import apply_config, create_app, drain, listening
+from bridge.config import mcpservers
+from bridge.config.schema import Config, ConfigError, Mode, build, cluster_problems, listen_problems, load
+from bridge.http import fastpath
+from bridge.http.state import GATEWAYS, LIVE
+from bridge.ops import admin
+from bridge.process import confine
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 # Many clients connect at once (each session holds a connection); the kernel caps this at somaxconn.
@@ -80,7 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] == ["config"]:
         return convert_main(argv[1:])
     if argv[:1] == ["ctl"]:
-        from . import ctl  # the client side: none of it is loaded by the daemon
+        from bridge import ctl  # the client side: none of it is loaded by the daemon
 
         return ctl.main(argv[1:])
     args = parse_args(argv)

@@ -22,9 +22,10 @@ from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTO
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from .principals import OAuthVerifier
-
-from . import __version__, jsonrpc, procstat
+from bridge import __version__
+from bridge.access.oauth import OAuthVerifier
+from bridge.process import procstat
+from bridge.protocol import jsonrpc
 
 PREFIX = "mcp_bridge"
 KNOWN_METHODS = frozenset(

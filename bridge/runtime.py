@@ -13,7 +13,7 @@ import os
 import resource
 from collections.abc import Callable
 
-from . import logs
+from bridge import logs
 
 # A collection walks every object it tracks: with 10,000 open sessions a full one
 # pauses the daemon for hundreds of ms. So every second the collector looks only at

@@ -37,6 +37,7 @@ from typing import Any, Self
 from urllib.parse import parse_qs, urljoin, urlsplit
 
 import aiohttp
+import httpx2
 import jwt
 import pytest
 from conftest import ROOT
@@ -44,7 +45,6 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from jwt.algorithms import ECAlgorithm, HMACAlgorithm, RSAAlgorithm
 from jwt.utils import base64url_decode, base64url_encode
-import httpx2
 from mcp import ClientSession
 from mcp.client.auth import AuthorizationCodeResult, OAuthClientProvider, PKCEParameters
 from mcp.client.sse import sse_client

@@ -12,12 +12,12 @@ from typing import Any
 
 import yaml
 from aiohttp.test_utils import TestClient
-
-from bridge import config as cfg
-from bridge.app import apply_config, create_app
-from bridge.transports.common import GATEWAYS, LIVE
 from conftest import demo
 from rawclient import RawSse
+
+from bridge.app import apply_config, create_app
+from bridge.config import schema as cfg
+from bridge.http.state import GATEWAYS, LIVE
 
 TOKEN = "ops-token-0123456789"
 

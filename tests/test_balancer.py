@@ -21,8 +21,8 @@ import mcp_types as types
 import pytest
 from balancer import MISSING, NGINX, nginx_in_front
 from conftest import PY, Bridge, pid_alive
-from rawstreamable import RawStreamable
 from mcp import Client as McpClient
+from rawstreamable import RawStreamable
 from sdk import Client, connect, prompt_text, text_of
 from test_modern import answer_sampling
 from test_replicas import forwarded_count, kill, replicas

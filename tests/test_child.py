@@ -1,4 +1,4 @@
-"""One stdio process (bridge.child.Child) on its own: when its owner hears its output, and how it ends."""
+"""One stdio process (bridge.process.child.Child) on its own: when its owner hears its output, and how it ends."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import traceback
 
 from conftest import PY
 
-from bridge.child import Child
+from bridge.process.child import Child
 
 # Echoes each line of stdin to stdout; says goodbye when stdin closes.
 ECHO = "import sys\nfor line in sys.stdin:\n    print(line, end='', flush=True)\nprint('bye', flush=True)\n"

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-
 from conftest import Bridge, demo
 
 CYCLES = 10_000

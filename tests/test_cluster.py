@@ -1,4 +1,4 @@
-"""Owner-addressed session ids (bridge/cluster.py), the `cluster` config block, and what a
+"""Owner-addressed session ids (bridge/core/cluster.py), the `cluster` config block, and what a
 forward sends (transports/forward.py): pure, no IO."""
 
 from __future__ import annotations
@@ -14,13 +14,14 @@ import yaml
 from aiohttp.test_utils import make_mocked_request
 from multidict import CIMultiDict
 
-from bridge import cli, jsonrpc
-from bridge.cluster import DEAD_EPOCHS, FORWARDED_HEADER, Cluster, Forward, Gone, Local, Owner
-from bridge.config import Cluster as ClusterConfig
-from bridge.config import ConfigError, load
+from bridge import cli
+from bridge.config.schema import Cluster as ClusterConfig
+from bridge.config.schema import ConfigError, load
+from bridge.core.cluster import DEAD_EPOCHS, FORWARDED_HEADER, Cluster, Forward, Gone, Local, Owner
+from bridge.http.errors import HttpError
+from bridge.http.forward import Forwarder
 from bridge.metrics import Forwarding
-from bridge.transports.forward import Forwarder
-from bridge.transports.http import HttpError
+from bridge.protocol import jsonrpc
 
 KEY = "k" * 40
 OTHER_KEY = "o" * 40
@@ -72,7 +73,7 @@ def test_malformed_ids_are_nobodys(sid: str) -> None:
 def test_the_mac_is_compared_in_constant_time(monkeypatch: pytest.MonkeyPatch) -> None:
     """An id's MAC is checked with hmac.compare_digest, against the MAC under each peer key:
     never with `==`, whose time says how many leading characters matched."""
-    from bridge import cluster
+    from bridge.core import cluster
 
     a, b = Cluster(A, KEY), Cluster(B, KEY, previous_key=OTHER_KEY)
     compared: list[tuple[str, str]] = []

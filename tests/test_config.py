@@ -9,7 +9,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from bridge.config import Config, ConfigError, Duration, Size, is_loopback, load, parse
+from bridge.config.schema import Config, ConfigError, Duration, Size, is_loopback, load, parse
 
 MINIMAL = "servers: {time: {command: uvx, args: [mcp-server-time]}}\n"
 

@@ -29,9 +29,9 @@ from rawclient import RawSse
 from test_operations import scrape
 from test_supervision import FAST_RESTART, get_json, text_of, tool
 
-from bridge import cgroups, confine
-from bridge.child import Child
-from bridge.config import Rlimits, Sandbox, Server
+from bridge.config.schema import Rlimits, Sandbox, Server
+from bridge.process import cgroups, confine
+from bridge.process.child import Child
 
 MiB = 1024 * 1024
 IS_ROOT = os.geteuid() == 0
@@ -328,7 +328,7 @@ async def test_a_limit_the_child_cannot_take_on_fails_its_start_saying_which(bri
 
 
 def test_users_and_groups_are_checked_against_this_host(monkeypatch: pytest.MonkeyPatch) -> None:
-    from bridge.config import build
+    from bridge.config.schema import build
 
     def problems(**server: Any) -> list[str]:
         return confine.host_problems(build({"servers": {"s": {"command": "x", **server}}}, "t"))
@@ -351,7 +351,7 @@ def test_users_and_groups_are_checked_against_this_host(monkeypatch: pytest.Monk
 
 
 def test_a_server_run_as_another_user_gets_that_users_environment_not_the_daemons() -> None:
-    from bridge.gateway import child_env
+    from bridge.gateway.gateway import child_env
 
     who = confine.Identity(65534, 65534, (65534,), "nobody", "/nonexistent")
     daemon = {"PATH": "/usr/bin", "HOME": "/root", "USER": "root", "XDG_CACHE_HOME": "/root/.cache", "XDG_RUNTIME_DIR": "/run/user/0"}
@@ -531,7 +531,7 @@ async def test_a_sandboxed_server_run_as_nobody(bridge: Any, unhidden: tuple[str
 
 
 def test_sandbox_and_user_keys_are_validated() -> None:
-    from bridge.config import ConfigError, build
+    from bridge.config.schema import ConfigError, build
 
     with pytest.raises(ConfigError) as caught:
         build({"servers": {"s": {"command": "x", "user": -1, "sandbox": {"writable": ["rel/dir"], "net": True}}}}, "t")

@@ -2,7 +2,7 @@
 
 Dockerfile, .dockerignore, config/docker.yaml and everything under deploy/ are
 parsed and held against each other and against the daemon itself: the config
-model (`bridge.config`), its defaults, the open probe paths, and a real
+model (`bridge.config.schema`), its defaults, the open probe paths, and a real
 daemon's /metrics after real traffic (for every metric the alerts and the
 dashboard name). Nothing here builds an image or talks to a cluster.
 """
@@ -25,10 +25,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from rawclient import RawSse, call
 
 from bridge import cli
-from bridge import config as bridge_config
-from bridge.transports.streamable import SESSION_HEADER
-from bridge.gateway import child_env
-from bridge.security import OPEN_PATHS
+from bridge.access.guard import OPEN_PATHS
+from bridge.config import schema as bridge_config
+from bridge.gateway.gateway import child_env
+from bridge.http.endpoints.streamable_2025 import SESSION_HEADER
 
 DEPLOY = ROOT / "deploy"
 K8S = DEPLOY / "kubernetes"

@@ -12,7 +12,6 @@ its input is stopped within `shutdown_timeout`, and nothing is left running.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import signal
 import sys
@@ -25,10 +24,10 @@ import pytest
 from conftest import PY, Bridge, demo, pid_alive
 from mcp import Client as McpClient
 from sdk import connect, text_of
-from test_replicas import KEY, free_port
 from test_operations import INIT, INITIALIZED, raw_answer, raw_request, raw_stream_head, raw_stream_rest
+from test_replicas import KEY, free_port
 
-from bridge.child import Child
+from bridge.process.child import Child
 
 pytestmark = [pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning")]
 

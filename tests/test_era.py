@@ -1,6 +1,6 @@
 """Protocol eras on the server side: a stdio server that speaks only 2026-07-28, served to
 today's clients (the official `mcp` SDK over HTTP+SSE and 2025 Streamable HTTP) through the
-bridge's era translator (bridge/era.py), in shared and per-session mode; and legacy servers,
+bridge's era translator (bridge/core/translator.py), in shared and per-session mode; and legacy servers,
 still found legacy."""
 
 from __future__ import annotations

@@ -6,22 +6,10 @@ from typing import Any
 
 import pytest
 
-from bridge import jsonrpc
-from bridge.era import (
-    MAX_HELD,
-    MAX_INPUTS,
-    MAX_PARKED,
-    MAX_ROUNDS,
-    Ask,
-    Decided,
-    Deliver,
-    Era,
-    Translator,
-    Wake,
-    Write,
-)
-from bridge.mux import Mux, ToServer, ToSession
-from bridge.stateless import CAPABILITIES_KEY, LOG_LEVEL_KEY, SUBSCRIPTION_KEY, VERSION_KEY
+from bridge.core.mux import Mux, ToServer, ToSession
+from bridge.core.translator import MAX_HELD, MAX_INPUTS, MAX_PARKED, MAX_ROUNDS, Ask, Decided, Deliver, Era, Translator, Wake, Write
+from bridge.protocol import jsonrpc
+from bridge.protocol.mcp import CAPABILITIES_KEY, LOG_LEVEL_KEY, SUBSCRIPTION_KEY, VERSION_KEY
 
 CAPS = {"sampling": {}, "elicitation": {}}
 DISCOVERED = {

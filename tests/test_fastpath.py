@@ -1,4 +1,4 @@
-"""The message-POST fast path (bridge/transports/fastpath.py).
+"""The message-POST fast path (bridge/http/fastpath.py).
 
 Two halves. The head parser is pure, so it is checked against aiohttp's own
 request parser: whatever head the fast path accepts, aiohttp must accept too
@@ -32,9 +32,12 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from rawclient import RawSse, call
 
-from bridge.transports import common, fastpath, streamable
-from bridge.transports.fastpath import parse_head
-from bridge.transports.http import HttpError, quality
+from bridge.http import fastpath
+from bridge.http.body import read_message
+from bridge.http.endpoints import streamable_2025
+from bridge.http.errors import HttpError
+from bridge.http.fastpath import parse_head
+from bridge.protocol.media import quality
 
 SID = "0123456789abcdef0123456789abcdef"
 GOOD_HEAD = (
@@ -175,7 +178,7 @@ def test_what_the_fast_path_takes_aiohttp_reads_the_same(
     assert msg.should_close == head.close
     for name, ours in (("Host", head.host), ("Origin", head.origin), ("Authorization", head.authorization)):
         assert msg.headers.get(name) == ours, name
-    assert fastpath._mirrored(head) == streamable._mirrored(msg.headers)  # what a 2026-07-28 request's headers mirror
+    assert fastpath._mirrored(head) == streamable_2025._mirrored(msg.headers)  # what a 2026-07-28 request's headers mirror
 
 
 # ------------------------------------------------------------------ on the wire
@@ -818,7 +821,7 @@ async def test_a_compressed_bomb_is_refused_having_decompressed_no_more_than_the
     tracemalloc.start()
     try:
         with pytest.raises(HttpError) as refused:
-            await common.read_message(request, gateway)
+            await read_message(request, gateway)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bridge import jsonrpc
-from bridge.child import LineFramer
-from bridge.jsonrpc import Kind, ProtocolError
+from bridge.process.child import LineFramer
+from bridge.protocol import jsonrpc
+from bridge.protocol.jsonrpc import Kind, ProtocolError
 
 
 class Sink:

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bridge import jsonrpc
-from bridge.jsonrpc import Kind, ProtocolError
+from bridge.protocol import jsonrpc
+from bridge.protocol.jsonrpc import Kind, ProtocolError
 
 
 def test_the_bridges_own_error_objects_have_exactly_code_and_message() -> None:

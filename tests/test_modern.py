@@ -432,8 +432,8 @@ async def test_a_request_during_the_drain_is_served_and_the_drain_waits_for_it(b
 
 
 def test_a_kept_session_takes_nothing_said_while_it_waits() -> None:
-    from bridge.sessions import Spares
-    from bridge.transports.modern import StatelessSession
+    from bridge.gateway.sessions import Spares
+    from bridge.http.endpoints.stateless_2026 import StatelessSession
 
     class Gateway:
         def quiet(self, session: StatelessSession) -> bool:
@@ -454,7 +454,7 @@ def test_a_kept_session_takes_nothing_said_while_it_waits() -> None:
 
 
 def test_spares_are_bounded_taken_last_kept_first_and_give_way_oldest_first() -> None:
-    from bridge.sessions import Session, Spares
+    from bridge.gateway.sessions import Session, Spares
 
     spares = Spares(3)
     a, b, c, d = (Session("s", None, sid) for sid in "abcd")
@@ -1154,7 +1154,7 @@ async def test_inspector_cli_with_the_modern_era(bridge):
 
 
 def test_a_requests_queue_is_bounded_by_count_and_bytes() -> None:
-    from bridge.transports.modern import StatelessSession
+    from bridge.http.endpoints.stateless_2026 import StatelessSession
 
     session = StatelessSession("s", None, 3, 100)
     assert session.deliver(b"a" * 60, None, False)
@@ -1170,7 +1170,7 @@ def test_a_requests_queue_is_bounded_by_count_and_bytes() -> None:
 def test_a_bug_in_a_step_ends_its_request_with_a_500_not_the_flush_that_ran_it() -> None:
     """A Driver runs inside the gateway's flush of a server's output: what it raises must
     end its own request (500, its session closed) and reach no further."""
-    from bridge.transports.modern import Driver, StatelessSession
+    from bridge.http.endpoints.stateless_2026 import Driver, StatelessSession
 
     closed: list[str] = []
     answers: list[int] = []
@@ -1240,7 +1240,7 @@ def test_a_calls_answer_with_nothing_before_it_goes_at_its_delivery_else_in_turn
     """The common call: its final response, delivered with nothing queued before it, is
     the answer at that delivery (no queue, no flush); one that came after a progress
     notification is sent in turn at the flush, after it, on a stream."""
-    from bridge.transports.modern import Exchange, StatelessSession
+    from bridge.http.endpoints.stateless_2026 import Exchange, StatelessSession
 
     class Gateway:
         name = "s"

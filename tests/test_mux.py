@@ -8,11 +8,12 @@ from typing import Any
 
 import pytest
 
-from bridge import jsonrpc
-from bridge.config import Filter
-from bridge.jsonrpc import ProtocolError
-from bridge.mux import _CANCELLED_MEMORY, _EARLY_NOTES, LOG_LEVELS, Abandoned, Broadcast, Discard, Mux, RestartServer, State, Timer, ToServer, ToSession
-from bridge.policy import Rule, View
+from bridge.access.policy import Rule, View
+from bridge.config.schema import Filter
+from bridge.core.mux import _CANCELLED_MEMORY, _EARLY_NOTES, Abandoned, Broadcast, Discard, Mux, RestartServer, State, Timer, ToServer, ToSession
+from bridge.protocol import jsonrpc
+from bridge.protocol.jsonrpc import ProtocolError
+from bridge.protocol.mcp import LOG_LEVELS
 
 INIT_RESULT = {"protocolVersion": "2025-06-18", "capabilities": {"tools": {}}, "serverInfo": {"name": "s", "version": "1"}}
 

@@ -33,7 +33,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from bridge.mux import LOG_LEVELS, Abandoned, Action, Broadcast, Discard, Mux, RestartServer, State, Timer, ToServer, ToSession
+from bridge.core.mux import Abandoned, Action, Broadcast, Discard, Mux, RestartServer, State, Timer, ToServer, ToSession
+from bridge.protocol.mcp import LOG_LEVELS
 
 URIS = ("res://a", "res://b", "res://b/child")
 PRINCIPALS = ("alice", "bob")  # sessions alternate between two principals

@@ -1,4 +1,4 @@
-"""OAuth access tokens checked by bridge/principals.py and bridge/security.py, without IO:
+"""OAuth access tokens checked by bridge/access/oauth.py and bridge/access/guard.py, without IO:
 the issuer's keys are put in place by the test (the real provider is in tests/test_oauth.py)."""
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
-from bridge.config import parse
-from bridge.principals import NeedsFetch, OAuthVerifier, TokenRefused, Unavailable
-from bridge.security import Guard, Principal, Refusal, admit
+from bridge.access.guard import Guard, Principal, Refusal, admit
+from bridge.access.oauth import NeedsFetch, OAuthVerifier, TokenRefused, Unavailable
+from bridge.config.schema import parse
 
 ISSUER = "http://127.0.0.1:9999/realms/ops"
 BASE = "http://127.0.0.1:8080"
@@ -303,7 +303,7 @@ def test_the_resource_url_comes_from_config_or_a_trusted_proxy_only() -> None:
 
 
 def test_without_a_resource_url_the_bridge_is_where_it_listens() -> None:
-    from bridge.config import ConfigError
+    from bridge.config.schema import ConfigError
 
     with pytest.raises(ConfigError) as raised:
         parse(CONFIG.replace("host: 127.0.0.1, port: 8080", "host: 0.0.0.0, port: 8080"), environ={})

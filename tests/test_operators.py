@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import browser
 import pytest
 import yaml
-import browser
 from browser import CHROMIUM, Page
 from conftest import PY, ROOT, SERVERS
 from sdk import Client, connect, text_of
@@ -418,8 +418,8 @@ async def test_admin_sessions_are_filtered_by_server_and_idle_is_since_the_last_
 
 
 def test_idle_s_is_the_time_since_the_clients_last_request_not_the_sessions_age() -> None:
-    from bridge.admin import describe
-    from bridge.sessions import Session
+    from bridge.gateway.sessions import Session
+    from bridge.ops.admin import describe
 
     class Listed(Session):
         transport = "streamable"
@@ -512,9 +512,10 @@ async def test_admin_reload(bridge):
 
 
 async def test_admin_api_without_tokens_is_loopback_only(bridge):
-    from bridge.config import parse
-    from bridge.security import Guard
-    from bridge.transports.http import HttpError, check_access
+    from bridge.access.guard import Guard
+    from bridge.config.schema import parse
+    from bridge.http.access import check_access
+    from bridge.http.errors import HttpError
 
     async with bridge({"servers": {"demo": {"command": PY, "args": ["-m", "bridge.demo_server"]}}}) as b:
         status, body = await api("GET", b.base + "/admin/servers", token=None)
@@ -599,8 +600,8 @@ async def test_ctl_every_action(bridge, tmp_path: Path):
 def test_ending_a_session_by_prefix_needs_exactly_one_match() -> None:
     from types import SimpleNamespace
 
-    from bridge.admin import _session
-    from bridge.transports.http import HttpError
+    from bridge.http.errors import HttpError
+    from bridge.ops.admin import _session
 
     a, b = SimpleNamespace(sessions={"4f0c1a": "s1", "4f0c9b": "s2"}), SimpleNamespace(sessions={"77e2": "s3", "4f": "s4"})
     gateways: Any = {"a": a, "b": b}

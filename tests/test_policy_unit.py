@@ -1,4 +1,4 @@
-"""Filters and views (bridge/policy.py), and the mux applying them, with no IO."""
+"""Filters and views (bridge/access/policy.py), and the mux applying them, with no IO."""
 
 from __future__ import annotations
 
@@ -6,12 +6,12 @@ from collections import Counter
 from typing import Any
 
 import pytest
-
-from bridge import jsonrpc
-from bridge.config import Filter, RateLimit, parse
-from bridge.mux import Discard, ToServer, ToSession
-from bridge.policy import RateLimiter, Rule, Throttled, View, views
 from test_mux import note, ready_mux, req, to_server, to_session
+
+from bridge.access.policy import RateLimiter, Rule, Throttled, View, views
+from bridge.config.schema import Filter, RateLimit, parse
+from bridge.core.mux import Discard, ToServer, ToSession
+from bridge.protocol import jsonrpc
 
 
 def test_a_rule_matches_exact_names_and_globs_and_deny_wins() -> None:
@@ -74,7 +74,8 @@ def test_a_name_that_is_not_a_string_is_left_to_the_server() -> None:
 
 def test_config_rejects_a_filter_for_an_unknown_server() -> None:
     import pytest
-    from bridge.config import ConfigError
+
+    from bridge.config.schema import ConfigError
 
     with pytest.raises(ConfigError) as raised:
         parse("servers: {s: {command: x}}\nsecurity: {tokens: [{name: a, token: aaaaaaaaaaaaaaaa, prompts: {nope: {deny: [x]}}}]}")

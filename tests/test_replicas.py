@@ -25,15 +25,15 @@ from typing import Any
 
 import aiohttp
 import jwt
-from multidict import CIMultiDict
 import test_modern as modern
 from conftest import Bridge, demo, faulty, pid_alive, run_bridge
+from multidict import CIMultiDict
 from rawclient import RawSse
 from rawstreamable import JSON_ONLY, SESSION, RawStreamable, text_of, tool_call
 
-from bridge.cluster import EPOCH_HEADER, FORWARDED_HEADER, Cluster, Owner
-from bridge.stateless import State, StateKeys
-from bridge.transports.forward import OWNER_GONE
+from bridge.core.cluster import EPOCH_HEADER, FORWARDED_HEADER, Cluster, Owner
+from bridge.core.request_state import State, StateKeys
+from bridge.http.forward import OWNER_GONE
 
 KEY = "replicas-test-peer-key-0123456789abcdef"
 DEMO = {"servers": {"demo": demo()}}

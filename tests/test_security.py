@@ -24,9 +24,9 @@ import yaml
 from conftest import PY, ROOT, Bridge, faulty
 from rawclient import RawSse, call
 
-from bridge import security
-from bridge.config import parse
-from bridge.security import Guard
+from bridge.access import guard
+from bridge.access.guard import Guard
+from bridge.config.schema import parse
 
 # Tokens are long, distinct and easy to spot in a log line.
 ALICE = "alice-tok-3f9c2b7e1d8a4c6f0b5e2d91"
@@ -196,13 +196,13 @@ def test_guard_compares_every_token(monkeypatch: pytest.MonkeyPatch, which: str)
     """Constant time: every configured digest is compared, wherever (or whether) the match is."""
     g = make_guard(TOKENS, environ=ENV)
     compared: list[tuple[bytes, bytes]] = []
-    real = security.hmac.compare_digest
+    real = guard.hmac.compare_digest
 
     def spy(a: Any, b: Any) -> bool:
         compared.append((a, b))
         return real(a, b)
 
-    monkeypatch.setattr(security.hmac, "compare_digest", spy)
+    monkeypatch.setattr(guard.hmac, "compare_digest", spy)
     token = {"first": ALICE, "middle": BOB, "last": "dave-tok-77777777777777777777", "none": WRONG}[which]
     principal = g.authenticate(f"Bearer {token}")
     expected = {"first": "alice", "middle": "bob", "last": "dave", "none": None}[which]
@@ -314,39 +314,39 @@ def test_guard_origin() -> None:
 def test_guard_host_cache_is_bounded_and_answers_right_when_full() -> None:
     g = make_guard(hosts=["bridge.example.com"])
     for round_ in range(2):  # the second round asks again what the first filled the cache with
-        for i in range(3 * security.HOST_CACHE):
+        for i in range(3 * guard.HOST_CACHE):
             assert g.host_allowed(f"localhost:{i}"), (round_, i)
             assert not g.host_allowed(f"evil{i}.example.com"), (round_, i)
             assert g.host_allowed("bridge.example.com") and not g.host_allowed("evil.example.com"), (round_, i)
-            assert len(g._hosts) <= security.HOST_CACHE
+            assert len(g._hosts) <= guard.HOST_CACHE
 
 
 def test_admit_checks_host_then_origin_then_token_then_server() -> None:
     g = make_guard(TOKENS, origins=[ORIGIN], environ=ENV)
     alice = f"Bearer {ALICE}"
-    refusal = security.admit(g, "evil.example.com", EVIL_ORIGIN, None, "g")
-    assert isinstance(refusal, security.Refusal) and (refusal.status, refusal.kind) == (403, "host")
-    refusal = security.admit(g, "localhost", EVIL_ORIGIN, None, "g")
-    assert isinstance(refusal, security.Refusal) and (refusal.status, refusal.kind) == (403, "origin")
+    refusal = guard.admit(g, "evil.example.com", EVIL_ORIGIN, None, "g")
+    assert isinstance(refusal, guard.Refusal) and (refusal.status, refusal.kind) == (403, "host")
+    refusal = guard.admit(g, "localhost", EVIL_ORIGIN, None, "g")
+    assert isinstance(refusal, guard.Refusal) and (refusal.status, refusal.kind) == (403, "origin")
     for header, kind in ((None, "missing_token"), (f"Bearer {WRONG}", "invalid_token")):
-        refusal = security.admit(g, "localhost", ORIGIN, header, "g")
-        assert isinstance(refusal, security.Refusal) and (refusal.status, refusal.kind) == (401, kind)
-        assert refusal.headers == {"WWW-Authenticate": security.WWW_AUTHENTICATE}
-    refusal = security.admit(g, "localhost", ORIGIN, alice, "g")
-    assert isinstance(refusal, security.Refusal) and (refusal.status, refusal.kind) == (403, "forbidden_server")
+        refusal = guard.admit(g, "localhost", ORIGIN, header, "g")
+        assert isinstance(refusal, guard.Refusal) and (refusal.status, refusal.kind) == (401, kind)
+        assert refusal.headers == {"WWW-Authenticate": guard.WWW_AUTHENTICATE}
+    refusal = guard.admit(g, "localhost", ORIGIN, alice, "g")
+    assert isinstance(refusal, guard.Refusal) and (refusal.status, refusal.kind) == (403, "forbidden_server")
     assert refusal.detail == {"token": "alice"}
     for server in ("f", None):  # None: a path that names no server (/status, /metrics)
-        principal = security.admit(g, "localhost", None, alice, server)
-        assert isinstance(principal, security.Principal) and principal.name == "alice"
-    assert security.admit(make_guard(), "localhost", None, None, "f") is None  # no tokens: no auth
+        principal = guard.admit(g, "localhost", None, alice, server)
+        assert isinstance(principal, guard.Principal) and principal.name == "alice"
+    assert guard.admit(make_guard(), "localhost", None, None, "f") is None  # no tokens: no auth
 
 
 def test_admit_preflight_needs_no_token_but_the_same_host_and_origin() -> None:
     g = make_guard(TOKENS, origins=[ORIGIN], environ=ENV)
-    assert security.admit(g, "localhost:8080", ORIGIN, None, "g", preflight=True) is None
+    assert guard.admit(g, "localhost:8080", ORIGIN, None, "g", preflight=True) is None
     for host, origin, kind in (("evil.example.com", ORIGIN, "host"), ("localhost", EVIL_ORIGIN, "origin")):
-        refusal = security.admit(g, host, origin, None, "f", preflight=True)
-        assert isinstance(refusal, security.Refusal) and (refusal.status, refusal.kind) == (403, kind), (host, origin)
+        refusal = guard.admit(g, host, origin, None, "f", preflight=True)
+        assert isinstance(refusal, guard.Refusal) and (refusal.status, refusal.kind) == (403, kind), (host, origin)
 
 
 # =================================================================== tokens end to end

@@ -15,7 +15,7 @@ import pytest
 from conftest import Bridge, faulty
 from rawclient import RawSse, call
 
-from bridge.transports.sse import SseSession
+from bridge.http.endpoints.sse_2024 import SseSession
 
 SESSION_ID = re.compile(r"^[0-9a-f]{32,}$")
 

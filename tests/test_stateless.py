@@ -6,11 +6,13 @@ from typing import Any
 
 import pytest
 
-from bridge import jsonrpc, stateless
-from bridge.cluster import Cluster
-from bridge.stateless import Headers, ModernError, State, StateKeys
+from bridge.core import request_state
+from bridge.core.cluster import Cluster
+from bridge.core.request_state import State, StateKeys
+from bridge.protocol import jsonrpc, mcp, stateless
+from bridge.protocol.stateless import Headers, StatelessError
 
-META = {stateless.VERSION_KEY: "2026-07-28", stateless.CAPABILITIES_KEY: {}}
+META = {mcp.VERSION_KEY: "2026-07-28", mcp.CAPABILITIES_KEY: {}}
 
 
 def call(name: str = "sql", **arguments: Any) -> dict[str, Any]:
@@ -58,9 +60,9 @@ def test_mcp_param_headers_must_mirror_the_arguments() -> None:
         (call(region="x"), headers(Region="=?base64?not base64?=")),
         (call(name="=?base64?Z3JlZXQ=?="), headers(name="=?base64?Z3JlZXQ=?=")),  # the header means "greet": not the body's name
     ):
-        with pytest.raises(ModernError) as refused:
+        with pytest.raises(StatelessError) as refused:
             check(msg, sent)
-        assert refused.value.code == stateless.HEADER_MISMATCH and refused.value.status == 400
+        assert refused.value.code == mcp.HEADER_MISMATCH and refused.value.status == 400
 
 
 def test_an_encoded_header_is_taken_only_in_its_canonical_base64() -> None:
@@ -77,9 +79,9 @@ def test_an_encoded_header_is_taken_only_in_its_canonical_base64() -> None:
         (call(name="greet"), headers(name="=?base64?Z3JlZXR=?=")),
         (call(region="greet"), headers(Region="=?base64?Z3JlZXR=?=")),
     ):
-        with pytest.raises(ModernError) as refused:
+        with pytest.raises(StatelessError) as refused:
             check(msg, sent)
-        assert (refused.value.code, refused.value.status) == (stateless.HEADER_MISMATCH, 400)
+        assert (refused.value.code, refused.value.status) == (mcp.HEADER_MISMATCH, 400)
         assert refused.value.message.startswith("header mismatch: Mcp-"), refused.value.message
 
 
@@ -95,11 +97,11 @@ def test_results_are_decorated_and_old_codes_mapped() -> None:
     listed, status = answered({"jsonrpc": "2.0", "id": 1, "result": {"tools": [{"name": "t"}]}}, "tools/list", server)
     assert status == 200 and listed["id"] == "retry-7"
     assert listed["result"] == {
-        "tools": [{"name": "t"}], "resultType": "complete", "_meta": {stateless.SERVER_INFO_KEY: server.info}, "ttlMs": 0, "cacheScope": "private",
+        "tools": [{"name": "t"}], "resultType": "complete", "_meta": {mcp.SERVER_INFO_KEY: server.info}, "ttlMs": 0, "cacheScope": "private",
     }  # fmt: skip
     kept = {"_meta": {"progress": 1}, "content": [], "resultType": "complete"}
     called, _ = answered({"jsonrpc": "2.0", "id": 1, "result": kept}, "tools/call", server)
-    assert "ttlMs" not in called["result"] and called["result"]["_meta"] == {"progress": 1, stateless.SERVER_INFO_KEY: server.info}
+    assert "ttlMs" not in called["result"] and called["result"]["_meta"] == {"progress": 1, mcp.SERVER_INFO_KEY: server.info}
     missing, status = answered({"jsonrpc": "2.0", "id": 1, "error": {"code": -32002, "message": "no"}}, "resources/read", server)
     assert missing["error"]["code"] == -32602 and status == 400
     unknown, status = answered({"jsonrpc": "2.0", "id": 1, "error": {"code": -32601, "message": "no"}}, "x/y", server)
@@ -110,18 +112,18 @@ def test_results_are_decorated_and_old_codes_mapped() -> None:
 
 def test_request_state_is_sealed_bound_and_expires() -> None:
     keys = StateKeys()
-    state = State("park", "alice", "tools/call", stateless.digest({"name": "t", "_meta": {"x": 1}}), "demo")
+    state = State("park", "alice", "tools/call", request_state.digest({"name": "t", "_meta": {"x": 1}}), "demo")
     token = keys.seal(state, 60)
     assert keys.open(token, 1) == state
-    assert stateless.digest({"name": "t", "requestState": token, "inputResponses": {}}) == state.digest
+    assert request_state.digest({"name": "t", "requestState": token, "inputResponses": {}}) == state.digest
     assert StateKeys.peek(token) == "park"
-    with pytest.raises(ModernError, match="not valid"):
+    with pytest.raises(StatelessError, match="not valid"):
         keys.open(token[:-2] + ("AA" if not token.endswith("AA") else "BB"), 1)
-    with pytest.raises(ModernError, match="not valid"):
+    with pytest.raises(StatelessError, match="not valid"):
         StateKeys().open(token, 1)  # another daemon's key
-    with pytest.raises(ModernError, match="expired"):
+    with pytest.raises(StatelessError, match="expired"):
         keys.open(keys.seal(state, -5), 1)
-    with pytest.raises(ModernError, match="must be a string"):
+    with pytest.raises(StatelessError, match="must be a string"):
         keys.open(None, 1)
 
 
@@ -136,7 +138,7 @@ def test_in_a_cluster_a_state_names_its_owner_and_any_replica_opens_it() -> None
     assert StateKeys(Cluster("10.0.0.8:8080", old).derived("requestState")).open(token, 1) == state
     assert StateKeys(Cluster("10.0.0.8:8080", new, old).derived("requestState")).open(token, 1) == state
     assert a.derived("requestState") != a.derived("session ids")
-    with pytest.raises(ModernError, match="not valid"):
+    with pytest.raises(StatelessError, match="not valid"):
         StateKeys(Cluster("10.0.0.8:8080", new).derived("requestState")).open(token, 1)
     alone = StateKeys()
     assert alone.open(alone.seal(state, 60), 1).owner is None  # without a cluster no owner is named
@@ -144,11 +146,11 @@ def test_in_a_cluster_a_state_names_its_owner_and_any_replica_opens_it() -> None
 
 def test_a_request_without_its_envelope_is_refused_with_its_id() -> None:
     """What streamable.answer_post takes for a 2026-07-28 request may have no params or _meta at all."""
-    for rid, params in ((101, None), (102, {}), (103, {"_meta": "not an object"}), (104, {"_meta": {stateless.CAPABILITIES_KEY: {}}})):
+    for rid, params in ((101, None), (102, {}), (103, {"_meta": "not an object"}), (104, {"_meta": {mcp.CAPABILITIES_KEY: {}}})):
         msg: dict[str, Any] = {"jsonrpc": "2.0", "id": rid, "method": "server/discover"}
         if params is not None:
             msg["params"] = params
-        with pytest.raises(ModernError) as refused:
+        with pytest.raises(StatelessError) as refused:
             stateless.envelope(msg)
         assert (refused.value.code, refused.value.status, refused.value.request_id) == (-32602, 400, rid)
-        assert stateless.VERSION_KEY in refused.value.message and "initialize" in refused.value.message
+        assert mcp.VERSION_KEY in refused.value.message and "initialize" in refused.value.message

@@ -36,7 +36,7 @@ from rawstreamable import (
 from sdk import TIME_SERVER, Client, Wire, _RecordingReader, _RecordingWriter, prompt_text
 from sdk import text_of as sdk_text
 
-from bridge.transports.streamable import HOLD_S, STANDALONE, Form, Holds, StreamableSession
+from bridge.http.endpoints.streamable_2025 import HOLD_S, STANDALONE, Form, Holds, StreamableSession
 
 pytestmark = [
     # The SDK marks 2025-era features (logging, subscriptions) deprecated for 2026-07-28.

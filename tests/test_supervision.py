@@ -21,7 +21,7 @@ import yaml
 from conftest import PY, ROOT, Bridge, faulty, pid_alive
 from rawclient import RawSse, call
 
-from bridge import child
+from bridge.process import child
 
 # Levels an operator sees at the default logging.level (info); the tests run the daemon at debug.
 LOGGED = ("info", "warning", "error", "critical")

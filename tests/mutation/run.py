@@ -33,15 +33,15 @@ ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 600.0  # per fault: a fault that hangs the tests counts as killed, and says so
 
 TESTS = {
-    "bridge/security.py": ("tests/test_security.py",),
-    "bridge/config.py": ("tests/test_config.py", "tests/test_policy_unit.py"),
-    "bridge/jsonrpc.py": ("tests/test_jsonrpc.py", "tests/test_mux.py", "tests/test_mux_properties.py"),
-    "bridge/mux.py": ("tests/test_mux.py", "tests/test_mux_properties.py", "tests/test_policy_unit.py"),
-    "bridge/transports/http.py": ("tests/test_security.py", "tests/test_app.py"),
-    "bridge/policy.py": ("tests/test_policy_unit.py", "tests/test_principals.py"),
-    "bridge/principals.py": ("tests/test_oauth_unit.py",),
-    "bridge/transports/forward.py": ("tests/test_cluster.py", "tests/test_replicas.py"),
-    "bridge/transports/common.py": ("tests/test_fastpath.py",),
+    "bridge/access/guard.py": ("tests/test_security.py",),
+    "bridge/config/schema.py": ("tests/test_config.py", "tests/test_policy_unit.py"),
+    "bridge/protocol/jsonrpc.py": ("tests/test_jsonrpc.py", "tests/test_mux.py", "tests/test_mux_properties.py"),
+    "bridge/core/mux.py": ("tests/test_mux.py", "tests/test_mux_properties.py", "tests/test_policy_unit.py"),
+    "bridge/http/access.py": ("tests/test_security.py", "tests/test_app.py"),
+    "bridge/access/policy.py": ("tests/test_policy_unit.py", "tests/test_principals.py"),
+    "bridge/access/oauth.py": ("tests/test_oauth_unit.py",),
+    "bridge/http/forward.py": ("tests/test_cluster.py", "tests/test_replicas.py"),
+    "bridge/http/body.py": ("tests/test_fastpath.py",),
 }
 
 
@@ -54,9 +54,9 @@ class Fault:
     equivalent: str = ""  # why no observable behaviour changes, when judged so
 
 
-SEC, CFG, RPC, MUX = "bridge/security.py", "bridge/config.py", "bridge/jsonrpc.py", "bridge/mux.py"
-HTTP, POL = "bridge/transports/http.py", "bridge/policy.py"
-PRI, FWD, BODY = "bridge/principals.py", "bridge/transports/forward.py", "bridge/transports/common.py"
+SEC, CFG, RPC, MUX = "bridge/access/guard.py", "bridge/config/schema.py", "bridge/protocol/jsonrpc.py", "bridge/core/mux.py"
+HTTP, POL = "bridge/http/access.py", "bridge/access/policy.py"
+PRI, FWD, BODY = "bridge/access/oauth.py", "bridge/http/forward.py", "bridge/http/body.py"
 
 # The fifteen that survived the first mutation run (issue 11).
 ISSUE_11 = [
@@ -93,7 +93,7 @@ FURTHER = [
     Fault("sec-preflight-needs-token", SEC, "if preflight or not guard.authenticating:", "if not guard.authenticating:"),
     Fault("sec-no-server-checked", SEC, "if server is not None and not principal.may_use(server):", "if not principal.may_use(server):"),
     Fault("sec-token-kinds-swapped", SEC, '"invalid_token" if authorization is not None else "missing_token"', '"missing_token" if authorization is not None else "invalid_token"'),
-    # The HTTP side of the access rules (since moved to transports/http.py): the preflight
+    # The HTTP side of the access rules (http/access.py): the preflight
     # answer given before the Host is looked at (only the daemon tests see it), an OPTIONS
     # without Origin taken for a preflight, the probes guarded.
     Fault("sec-preflight-before-checks", HTTP, "    result = admit(", "    if preflight and guard.origin_allowed(origin):\n        return Access(None, True)\n    result = admit("),

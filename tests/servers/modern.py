@@ -20,11 +20,10 @@ server slower to start than the bridge's discover timeout).
 
 from __future__ import annotations
 
-from typing import Annotated
-
 import os
 import time
 import warnings
+from typing import Annotated
 
 import anyio
 from mcp.server.mcpserver import Context, Elicit, ListRoots, MCPServer, Resolve, Sample

@@ -1,0 +1,125 @@
+"""Client sessions: id, owner, idle tracking; transports say how messages reach the client.
+
+A transport subclasses `Session` to say how messages reach its client. The
+gateway only calls `deliver` (which must never block: a full queue returns
+False and the gateway drops the session as too slow), `flush` (once what one
+batch of input produced is delivered), `reshape` when it has one, and `end`.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Callable, Hashable
+
+from bridge.protocol.jsonrpc import Message, RequestId
+
+
+def new_session_id() -> str:
+    return secrets.token_hex(16)  # 128 bits from the OS CSPRNG
+
+
+class Session:
+    transport = "none"
+    logged = True  # its opening and closing are logged (not a stateless request's: one per call)
+    # Its id is the client's handle on it: unguessable, and in a cluster it names the replica.
+    # A stateless request's session is never named by a client, so it takes a cheap id.
+    addressed = True
+    era = "legacy"  # the protocol era it speaks: "legacy" (2024-11-05 to 2025-11-25) or "2026-07-28"
+    # What a final response to this session's call passes through before it is encoded: the
+    # 2026-07-28 path makes a legacy server's answer a modern one there, in place, so a
+    # result is decoded once, where the server's line was read. None: sent as it came.
+    reshape: Callable[[Message], None] | None = None
+    # Set while the gateway ends it from outside (the admin API): a transport that closes it on
+    # the errors this delivers (a 2026-07-28 call, answered by one) closes it for this reason.
+    ending: str | None = None
+
+    def __init__(self, server: str, owner: str | None, session_id: str | None = None) -> None:
+        self.id = session_id or new_session_id()
+        self.server = server
+        self.owner = owner
+        self.created = time.monotonic()
+        self.last_seen = self.created  # the client's last request: idle reaping
+        self.last_pinged = self.created
+        self.ended = False
+        self.end_reason: str | None = None
+
+    def deliver(self, data: bytes, related: RequestId | None, final: bool) -> bool:
+        raise NotImplementedError
+
+    def flush(self) -> None:
+        """Write what `deliver` queued, if this transport holds messages back for one write."""
+
+    def attached(self) -> bool:
+        """Whether a client connection is waiting on this session right now."""
+        raise NotImplementedError
+
+    def reached(self) -> bool:
+        """Whether what it is given now reaches its client before it closes: a connection
+        reads it now (a parked 2026-07-28 call's session is attached, and read by none)."""
+        return self.attached()
+
+    def keepalive(self) -> None:
+        """Write a comment on every open stream, so proxies and clients see it is alive."""
+        raise NotImplementedError
+
+    def end(self, reason: str) -> None:
+        self.ended = True
+        self.end_reason = reason
+
+
+class Spares:
+    """Open sessions a transport keeps, idle, for its next requests of the same kind (a
+    2026-07-28 call's: see transports/modern.py), at most `limit` of them; each is in its
+    gateway's sessions too. The one kept last is taken first; the one kept first gives way."""
+
+    __slots__ = ("_by_kind", "count", "limit")
+
+    def __init__(self, limit: int) -> None:
+        self._by_kind: dict[Hashable, list[Session]] = {}
+        self.count = 0
+        self.limit = limit
+
+    def __bool__(self) -> bool:
+        return self.count > 0
+
+    def keep(self, kind: Hashable, session: Session) -> bool:
+        """Keep `session` for a request of `kind`, if there is room; whether it was."""
+        if self.count >= self.limit:
+            return False
+        kept = self._by_kind.get(kind)
+        if kept is None:
+            self._by_kind[kind] = [session]
+        else:
+            kept.append(session)
+        self.count += 1
+        return True
+
+    def take(self, kind: Hashable) -> Session | None:
+        """A kept session of `kind` (no longer kept), if there is one."""
+        kept = self._by_kind.get(kind)
+        if kept is None:
+            return None
+        session = kept.pop()
+        if not kept:
+            del self._by_kind[kind]
+        self.count -= 1
+        return session
+
+    def drop(self, kind: Hashable, session: Session) -> None:
+        """A kept session closed."""
+        kept = self._by_kind.get(kind)
+        if kept is not None and session in kept:
+            kept.remove(session)
+            if not kept:
+                del self._by_kind[kind]
+            self.count -= 1
+
+    def oldest(self) -> Session | None:
+        """The session kept longest ago, near enough (the first of the kind kept first)."""
+        for kept in self._by_kind.values():
+            return kept[0]
+        return None
+
+    def all(self) -> list[Session]:
+        return [session for kept in self._by_kind.values() for session in kept]

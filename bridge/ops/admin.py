@@ -1,0 +1,136 @@
+"""The admin API under /admin: JSON for operators and `mcp-bridge ctl`.
+
+Who may use it is decided with every other access rule (`transports/http.py`,
+`Guard.admin_allowed`): a token with `roles: [admin]`, or anyone on a
+loopback bind when no authentication is configured. Every action that
+changes something is an `audit` event naming the admin.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from bridge import logs
+from bridge.gateway.gateway import Gateway
+from bridge.gateway.sessions import Session
+from bridge.http.errors import HttpError
+from bridge.http.state import GATEWAYS, LIVE, principal
+
+# The daemon's reload (what SIGHUP does): the problems that kept the config from loading.
+Reload = Callable[[], Awaitable[list[str]]]
+RELOAD: web.AppKey[Reload] = web.AppKey("admin_reload")
+StatusOf = Callable[[Gateway], dict[str, object]]
+ENDED_MESSAGE = "session ended by an administrator"
+LOOPBACK_ADMIN = "(loopback, no tokens)"
+_RESTARTS: set[asyncio.Task[int]] = set()  # restarts under way, held until done  # who the audit names when no authentication is configured
+
+
+def add_routes(app: web.Application, status_of: StatusOf) -> None:
+    """The admin routes; `status_of` is what /status says of one server."""
+
+    async def servers(request: web.Request) -> web.Response:
+        gateways = request.app[GATEWAYS]
+        return web.json_response(
+            {"servers": [{"name": name, "command": g.server.command, "args": list(g.server.args), **status_of(g)} for name, g in gateways.items()]}
+        )
+
+    app.router.add_get("/admin/servers", servers)
+    app.router.add_get("/admin/sessions", sessions)
+    app.router.add_delete("/admin/sessions/{id}", end_session)
+    app.router.add_post("/admin/servers/{name}/restart", restart)
+    app.router.add_post("/admin/reload", reload)
+
+
+async def sessions(request: web.Request) -> web.Response:
+    """Every session, or those of `?server=` and `?principal=`."""
+    server = request.query.get("server")
+    owner = request.query.get("principal")
+    now = time.monotonic()
+    found = [
+        describe(g, s, now)
+        for name, g in request.app[GATEWAYS].items()
+        if server is None or name == server
+        for s in list(g.sessions.values())
+        if owner is None or s.owner == owner
+    ]
+    return web.json_response({"sessions": found})
+
+
+def describe(gateway: Gateway, session: Session, now: float) -> dict[str, Any]:
+    return {
+        "id": session.id,
+        "server": gateway.name,
+        "principal": session.owner,
+        "transport": session.transport,
+        "protocol_version": gateway.negotiated_version(session),
+        "age_s": round(now - session.created, 3),
+        "in_flight": gateway.session_inflight(session),
+        "idle_s": round(now - session.last_seen, 3),  # since its client's last request
+        "attached": session.attached(),
+    }
+
+
+async def end_session(request: web.Request) -> web.Response:
+    gateway, session = _session(request.app[GATEWAYS], request.match_info["id"])
+    failed = gateway.end_session(session, ENDED_MESSAGE)
+    _audit(request, "end_session", server=gateway.name, session=session.id, principal_of_session=session.owner, calls_failed=failed)
+    return web.json_response({"ended": session.id, "server": gateway.name, "calls_failed": failed})
+
+
+def _session(gateways: dict[str, Gateway], asked: str) -> tuple[Gateway, Session]:
+    """The session with this id, else the one session whose id starts with it (what a person
+    copies off a table); a prefix of several is refused, naming how many."""
+    for gateway in gateways.values():
+        if (session := gateway.sessions.get(asked)) is not None:
+            return gateway, session
+    found = [(g, s) for g in gateways.values() for sid, s in list(g.sessions.items()) if sid.startswith(asked)]
+    if not found:
+        raise HttpError(404, f"no session {asked!r}")
+    if len(found) > 1:
+        raise HttpError(409, f"{len(found)} sessions have ids that start with {asked!r}: give more of the id")
+    return found[0]
+
+
+async def restart(request: web.Request) -> web.Response:
+    name = request.match_info["name"]
+    gateway = request.app[GATEWAYS].get(name)
+    if gateway is None:
+        raise HttpError(404, f"no server named {name!r}")
+    if gateway.restarting:
+        raise HttpError(409, f"server {name!r} is already restarting")
+    _audit(request, "restart_server", server=name)
+    drain = request.app[LIVE].config.limits.drain_timeout
+    # Shielded: an admin who hangs up mid-way must not leave the server stopped.
+    task = asyncio.get_running_loop().create_task(gateway.restart(f"restarted by {_admin(request)}", drain))
+    _RESTARTS.add(task)
+    task.add_done_callback(_RESTARTS.discard)
+    count = await asyncio.shield(task)
+    return web.json_response({"restarted": name, "processes": count})
+
+
+async def reload(request: web.Request) -> web.Response:
+    reload_config = request.app.get(RELOAD)
+    if reload_config is None:
+        raise HttpError(503, "this daemon has no config to reload")
+    problems = await reload_config()
+    _audit(request, "reload", outcome="rejected" if problems else "done")
+    if problems:
+        return web.json_response({"reloaded": False, "problems": problems}, status=422)
+    gateways = request.app[GATEWAYS]
+    return web.json_response({"reloaded": True, "servers": list(gateways)})
+
+
+def _admin(request: web.Request) -> str:
+    name = principal(request)
+    return name if name is not None else LOOPBACK_ADMIN
+
+
+def _audit(request: web.Request, action: str, **detail: Any) -> None:
+    logs.get().bind(logger="mcp_bridge.audit").info(
+        "audit", principal=_admin(request), method=f"admin/{action}", remote=request.remote, **detail
+    )

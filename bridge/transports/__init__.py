@@ -1,1 +1,0 @@
-"""HTTP shells over the gateway: they move bytes and map faults to statuses."""
