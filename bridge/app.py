@@ -17,7 +17,8 @@ from bridge.config.schema import Config
 from bridge.core.cluster import Cluster
 from bridge.gateway.gateway import DRAIN_QUIET_S, Gateway, Upstream
 from bridge.http import access, errors, forward, state
-from bridge.http.endpoints import sse_2024, stateless_2026, streamable_2025
+from bridge.http.endpoints import sse_2024, streamable_2025
+from bridge.http.endpoints.post import POSTS, Posts, post_mcp
 from bridge.http.state import GATEWAYS, LIVE, METRICS, Live
 from bridge.metrics import Forwarding, Metrics
 from bridge.ops import admin, statuspage
@@ -43,8 +44,7 @@ def create_app(config: Config) -> web.Application:
     app[METRICS] = metrics
     app[GATEWAYS] = gateways
     forwarder = _add_cluster(app, config) if config.cluster is not None else None
-    app[stateless_2026.PARKING] = stateless_2026.Parking.of(forwarder)  # in a cluster, requestStates name their replica
-    app[streamable_2025.HOLDS] = streamable_2025.Holds()
+    app[POSTS] = Posts(forwarder)
     limiter = policy.RateLimiter.of(config, live.in_flight, metrics.rate_limited)
     for name, server in config.servers.items():
         gateways[name] = Gateway(
@@ -54,7 +54,7 @@ def create_app(config: Config) -> web.Application:
         _mint_cluster_ids(app, gateways[name])
     app.router.add_get(state.SSE_ROUTE, sse_2024.stream, allow_head=False)  # a HEAD must not open a session
     app.router.add_post(state.MESSAGES_ROUTE, sse_2024.post_message, expect_handler=access.expect_continue)
-    app.router.add_post(state.MCP_ROUTE, streamable_2025.post, expect_handler=access.expect_continue)
+    app.router.add_post(state.MCP_ROUTE, post_mcp, expect_handler=access.expect_continue)
     app.router.add_get(state.MCP_ROUTE, streamable_2025.get, allow_head=False)
     app.router.add_delete(state.MCP_ROUTE, streamable_2025.delete)
     app.router.add_get(WELL_KNOWN, protected_resource)

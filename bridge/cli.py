@@ -25,6 +25,7 @@ from bridge.app import apply_config, create_app, drain, listening
 from bridge.config import mcpservers
 from bridge.config.schema import Config, ConfigError, Mode, build, cluster_problems, listen_problems, load
 from bridge.http import fastpath
+from bridge.http.endpoints.post import POSTS
 from bridge.http.state import GATEWAYS, LIVE
 from bridge.ops import admin
 from bridge.process import confine
@@ -315,6 +316,7 @@ async def serve(config: Config, reload_config: Callable[[], Config]) -> None:
     )
     await runner.setup()
     connections = fastpath.Connections()
+    posts = app[POSTS]
     gateways = app[GATEWAYS]
     collector = loop.create_task(
         runtime.keep_collections_short(
@@ -325,7 +327,7 @@ async def serve(config: Config, reload_config: Callable[[], Config]) -> None:
     server: asyncio.Server | None = None
     try:
         server = await loop.create_server(
-            lambda: fastpath.Connection(app, runner.server, connections, idle),  # type: ignore[arg-type]
+            lambda: fastpath.Connection(app, posts, runner.server, connections, idle),  # type: ignore[arg-type]
             config.listen.host,
             config.listen.port,
             ssl=_tls(config),

@@ -32,9 +32,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from rawclient import RawSse, call
 
-from bridge.http import fastpath
+from bridge.http import aiohttp_reply
 from bridge.http.body import read_message
-from bridge.http.endpoints import streamable_2025
 from bridge.http.errors import HttpError
 from bridge.http.fastpath import parse_head
 from bridge.protocol.media import quality
@@ -178,7 +177,7 @@ def test_what_the_fast_path_takes_aiohttp_reads_the_same(
     assert msg.should_close == head.close
     for name, ours in (("Host", head.host), ("Origin", head.origin), ("Authorization", head.authorization)):
         assert msg.headers.get(name) == ours, name
-    assert fastpath._mirrored(head) == streamable_2025._mirrored(msg.headers)  # what a 2026-07-28 request's headers mirror
+    assert head.mirrored() == aiohttp_reply.mirrored(msg.headers)  # what a 2026-07-28 request's headers mirror
 
 
 # ------------------------------------------------------------------ on the wire

@@ -131,3 +131,15 @@ def test_decode_failures_are_parse_errors_on_one_line() -> None:
 )
 def test_sniff_id_finds_only_a_top_level_id(head: bytes, tail: bytes, request_id: Any) -> None:
     assert jsonrpc.sniff_id(head, tail) == request_id
+
+
+def test_too_deep_counts_brackets_outside_strings_only() -> None:
+    """A client's message nested past MAX_DEPTH is refused before it is decoded; brackets in
+    strings do not count, and a shallow long message is not scanned at all."""
+    deep = jsonrpc.MAX_DEPTH + 1
+    assert jsonrpc.too_deep(b"[" * deep + b"]" * deep)
+    assert jsonrpc.too_deep(b'{"a":' * deep + b"1" + b"}" * deep)
+    assert not jsonrpc.too_deep(b"[" * jsonrpc.MAX_DEPTH + b"]" * jsonrpc.MAX_DEPTH)
+    assert not jsonrpc.too_deep(b'["' + b"[{" * 2000 + b'"]')
+    assert not jsonrpc.too_deep(b'["\\"' + b"[" * 2000 + b'"]')  # an escaped quote does not end the string
+    assert not jsonrpc.too_deep(b"[" + b"[]," * 2000 + b"[]]")  # many brackets, never deep

@@ -1284,12 +1284,12 @@ def test_a_calls_answer_with_nothing_before_it_goes_at_its_delivery_else_in_turn
         return json.dumps(message, separators=(",", ":")).encode()
 
     quick, quick_reply = StatelessSession("s", None, 10, 1000), Reply()
-    Exchange(Head(), quick, 7, "tools/call", 7, quick_reply, "", {}).start()  # type: ignore[arg-type]
+    Exchange(Head(), None, quick, 7, "tools/call", 7, quick_reply, "", {}).start()  # type: ignore[arg-type]
     assert quick.deliver(answer(quick), 7, True)
     assert not quick.queue and quick.ended and json.loads(quick_reply.whole_body or b"")["result"]["resultType"] == "complete"
 
     slow, slow_reply = StatelessSession("s", None, 10, 1000), Reply()
-    Exchange(Head(), slow, 7, "tools/call", 7, slow_reply, "", {}).start()  # type: ignore[arg-type]
+    Exchange(Head(), None, slow, 7, "tools/call", 7, slow_reply, "", {}).start()  # type: ignore[arg-type]
     progress = b'{"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":1,"progress":1}}'
     assert slow.deliver(progress, 7, False) and slow.deliver(answer(slow), 7, True)
     assert len(slow.queue) == 2 and not slow.ended and slow_reply.events == []

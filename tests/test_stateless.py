@@ -145,7 +145,7 @@ def test_in_a_cluster_a_state_names_its_owner_and_any_replica_opens_it() -> None
 
 
 def test_a_request_without_its_envelope_is_refused_with_its_id() -> None:
-    """What streamable.answer_post takes for a 2026-07-28 request may have no params or _meta at all."""
+    """What the dispatcher takes for a 2026-07-28 request may have no params or _meta at all."""
     for rid, params in ((101, None), (102, {}), (103, {"_meta": "not an object"}), (104, {"_meta": {mcp.CAPABILITIES_KEY: {}}})):
         msg: dict[str, Any] = {"jsonrpc": "2.0", "id": rid, "method": "server/discover"}
         if params is not None:

@@ -1,20 +1,9 @@
-"""The HTTP layer both paths share: aiohttp's handlers and the fast path (fastpath.py).
+"""The access rules of `access.guard` applied to one HTTP request, for both paths.
 
-Three things, each defined once, so that the two paths cannot drift apart:
-
-- `HttpError`, the one way a handler or helper refuses a request: status,
-  JSON-RPC code, a one-line message and any extra headers. Each path renders
-  it in one place (`middleware` here for aiohttp; the fast path's error
-  writer) into the same response: a JSON-RPC error object as the body.
-- `check_access`, the access rules of `security` applied to one request:
-  refusals counted and logged once, the caller's principal, and whether it
-  is a CORS preflight (whose answer, `PREFLIGHT_HEADERS`, is defined here).
-- `Reply` and `EventSink`, how a Streamable HTTP request is answered: a
-  whole body or a stream of events, written at once (never waited on) by
-  the exchange its session's deliveries drive. `streamable._AiohttpReply`
-  adapts aiohttp's response; the fast path's `_Reply` is the other.
-
-Also the reading of `Accept` (media ranges with their q values).
+`check_access` is the one place a request is admitted: refusals counted and logged once,
+the caller's principal, and whether it is a CORS preflight (whose answer,
+`PREFLIGHT_HEADERS`, is defined here). aiohttp's path runs it in `middleware`; the fast
+path calls it with what it parsed. Also `Expect: 100-continue` and the CORS hook.
 """
 
 from __future__ import annotations

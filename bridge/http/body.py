@@ -24,6 +24,8 @@ def check_length(content_length: int | None, gateway: Gateway) -> None:
 def decode_body(body: bytes, gateway: Gateway) -> Any:
     """The decoded JSON body, or 400 with a one-line reason."""
     gateway.metrics.bytes_in += len(body)
+    if len(body) > 2 * jsonrpc.MAX_DEPTH and jsonrpc.too_deep(body):
+        raise HttpError(400, f"parse error: JSON nested deeper than {jsonrpc.MAX_DEPTH}", jsonrpc.PARSE_ERROR)
     try:
         return jsonrpc.decode(body)
     except ProtocolError as exc:

@@ -7,10 +7,9 @@ routing the message itself takes about 10 µs. This is the protocol every
 connection starts with: it serves the plain message POST of both transports
 itself (`POST .../messages` of HTTP+SSE, `POST .../mcp` of Streamable HTTP),
 with the same HTTP layer as aiohttp's handlers (`access.check_access`, errors
-as `errors.HttpError`, Streamable events to an `reply.EventSink`), the same
-handler code (`sse_2024.posted_session` and `sse_2024.take`; `streamable_2025.answer_post`, which
-hands 2026-07-28 requests to `stateless_2026.answer`),
-and writes the response itself. A Streamable POST holds the connection
+as `errors.HttpError`, Streamable events to an `reply.EventSink`), hands the
+decoded body to the `Dispatcher` it is given (endpoints/post.py's `Posts`, as
+aiohttp's handler does; it imports no endpoint), and writes the response itself. A Streamable POST holds the connection
 until its answer has ended (no task waits for it: the session's deliveries
 write it, through `_Reply`); requests that come meanwhile wait their turn.
 
@@ -25,8 +24,8 @@ In a cluster, a request naming a session that is not this replica's is
 handed over the same way: forwarding lives on aiohttp's path (forward.py).
 A 2026-07-28 request (by its `MCP-Protocol-Version`) is served here whatever
 `Mcp-Session-Id` it carries, and its MRTR retry for a call another replica
-holds is forwarded from `stateless_2026.py` through `forward.Forwarder.retry`, with
-the headers this path read.
+holds is forwarded by its endpoint through `forward.Forwarder.retry`, with the
+headers this path read (`Head.fields`).
 """
 
 from __future__ import annotations
@@ -51,9 +50,10 @@ from bridge.gateway.sessions import Session
 from bridge.http import forward, reply, state, streams
 from bridge.http.access import check_access
 from bridge.http.body import check_length, decode_body
-from bridge.http.endpoints import sse_2024, stateless_2026, streamable_2025
+from bridge.http.endpoints.base import Dispatcher, Post
 from bridge.http.errors import INTERNAL_ERROR, HttpError
 from bridge.protocol import mcp, stateless
+from bridge.protocol.mcp import SESSION_HEADER
 
 MAX_HEAD = 8190  # aiohttp's limit on one line; a longer head (of any shape) is aiohttp's to judge
 MAX_FIELDS = 100  # under aiohttp's limit of 128 headers: more are aiohttp's to judge
@@ -113,8 +113,15 @@ class Head(msgspec.Struct, eq=False):
     forwarded: Forwarded = NOT_FORWARDED
     content_length: int = 0
     close: bool = False
-    fields: dict[bytes, bytes] = msgspec.field(default_factory=dict)  # by lower-case name (of a repeat not read here, the last)
+    found: dict[bytes, bytes] = msgspec.field(default_factory=dict)  # by lower-case name (of a repeat not read here, the last)
     raw: bytes = b""  # the head as read: Mcp-Param-* and a forwarded MRTR retry's headers come from it
+
+    # A `RequestHead` (endpoints/base.py): what a 2026-07-28 endpoint reads later, from `raw`.
+    def fields(self) -> CIMultiDict[str]:
+        return CIMultiDict((name.decode("latin-1"), _text(value)) for name, value in _FIELD.findall(self.raw))
+
+    def mirrored(self) -> stateless.Headers:
+        return _mirrored(self)
 
 
 def read_head(head: bytes) -> tuple[re.Match[bytes], dict[bytes, bytes]] | None:
@@ -167,7 +174,7 @@ def _message_head(line: re.Match[bytes], found: dict[bytes, bytes], raw: bytes) 
     host = found.get(b"host")
     if host is None:
         return None  # HTTP/1.1 requires it (RFC 9112, 3.2)
-    out = Head(name.decode("ascii", "surrogateescape"), endpoint == _MCP, host=_text(host), fields=found, raw=raw)
+    out = Head(name.decode("ascii", "surrogateescape"), endpoint == _MCP, host=_text(host), found=found, raw=raw)
     if (length := found.get(b"content-length")) is not None:
         if not length.isdigit() or len(length) > 18:
             return None  # aiohttp answers what is not a plain length
@@ -211,7 +218,7 @@ def _session_id(query: bytes) -> str | None:
 
 def _mirrored(head: Head) -> stateless.Headers:
     """What a 2026-07-28 request's headers mirror of its body (read only for one of those)."""
-    found = head.fields
+    found = head.found
     method, name = found.get(b"mcp-method"), found.get(b"mcp-name")
     pairs = _PARAM_FIELD.findall(head.raw)
     params = {_text(k.lower()): _text(v) for k, v in pairs} if pairs else _NO_PARAMS
@@ -312,15 +319,14 @@ class Connection(asyncio.Protocol):
     """One client connection, until it sends a request this path leaves to aiohttp."""
 
     def __init__(
-        self, app: web.Application, fallback: Callable[[], asyncio.Protocol], registry: Connections, idle_timeout: float
+        self, app: web.Application, posts: Dispatcher, fallback: Callable[[], asyncio.Protocol], registry: Connections, idle_timeout: float
     ) -> None:
+        self._posts = posts  # what a decoded POST is handed to: this path picks no endpoint
         # What every request reads of the app: each lives as long as the app (a reload changes
         # what is inside `_live` and `_gateways`, never the objects).
         self._live = app[state.LIVE]
         self._gateways = app[state.GATEWAYS]
         self._rejected = app[state.METRICS].rejected
-        self._parking = app[stateless_2026.PARKING]
-        self._holds = app[streamable_2025.HOLDS]
         self._cluster = app.get(forward.CLUSTER)  # with one, only sessions of this replica are served here
         self._idle_timeout = idle_timeout  # limits.keepalive_timeout, as aiohttp's keepalive_timeout
         self._fallback = fallback
@@ -475,7 +481,7 @@ class Connection(asyncio.Protocol):
             ).principal
             head.gateway = state.gateway_named(self._gateways, head.server)
             if not head.mcp:  # Streamable looks its session up after reading the body, as aiohttp does
-                head.session = sse_2024.posted_session(head.gateway, head.session_id, head.principal)
+                head.session = self._posts.message_session(head.gateway, head.session_id, head.principal)
             check_length(head.content_length, head.gateway)
         except HttpError as exc:
             head.refusal = exc
@@ -495,7 +501,7 @@ class Connection(asyncio.Protocol):
         gateway, session = head.gateway, head.session
         assert gateway is not None and session is not None
         try:
-            sse_2024.take(gateway, session, decode_body(body, gateway))
+            self._posts.message(gateway, session, decode_body(body, gateway))
         except HttpError as exc:
             self._reply_error(head, exc)
         except Exception:
@@ -512,19 +518,12 @@ class Connection(asyncio.Protocol):
         except HttpError as exc:
             self._reply_error(head, exc)
             return
-        post = streamable_2025.PostHead(
-            gateway,
-            head.principal,
-            head.session_id,
-            head.mcp_version,
-            head.accept,
-            self._live.config.streamable.resume_buffer,
-            self._parking,
-            self._holds,
+        post = Post(
+            gateway, head.principal, head.session_id, head.mcp_version, head.accept, self._live.config.streamable.resume_buffer, head
         )
         reply = self._busy = _Reply(self, head)
         try:
-            streamable_2025.answer_post(post, payload, reply)
+            self._posts.mcp(post, payload, reply)
         except HttpError as exc:
             reply.error(exc)
         except Exception:
@@ -692,7 +691,7 @@ class _Reply:
     def whole(self, status: int, body: bytes, session_id: str | None = None) -> None:
         if self._ended:
             return
-        headers = {streamable_2025.SESSION_HEADER: session_id} if session_id else None
+        headers = {SESSION_HEADER: session_id} if session_id else None
         self._connection._reply(self._head, status, body, _JSON if body else _TEXT, headers)
         self._done()
 
@@ -706,7 +705,7 @@ class _Reply:
         self._done()
 
     def open_stream(self, session_id: str | None, first: bytes = b"") -> _Reply:
-        self._connection.open_stream(self._head, {streamable_2025.SESSION_HEADER: session_id} if session_id else {}, first)
+        self._connection.open_stream(self._head, {SESSION_HEADER: session_id} if session_id else {}, first)
         self.streaming = True
         return self
 
@@ -744,12 +743,6 @@ class _Reply:
     @property
     def gone(self) -> bool:
         return self._connection.gone
-
-    def request_headers(self) -> CIMultiDict[str]:
-        return CIMultiDict((name.decode("latin-1"), _text(value)) for name, value in _FIELD.findall(self._head.raw))
-
-    def mirrored(self) -> stateless.Headers:
-        return _mirrored(self._head)
 
     def _done(self) -> None:
         self._ended = True

@@ -9,11 +9,8 @@ import asyncio
 from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
-from multidict import MultiMapping
-
 from bridge import logs
 from bridge.http.errors import INTERNAL_ERROR, HttpError
-from bridge.protocol import stateless
 
 
 class EventSink(Protocol):
@@ -64,11 +61,6 @@ class Reply(Protocol):
     def watch(self, left: Callable[[], object]) -> None:
         """Call `left` if the client goes before the answer has ended (one watcher: the latest)."""
 
-    def request_headers(self) -> MultiMapping[str]:
-        """The request's fields, each repeat in its order: what a forwarded retry carries."""
-
-    def mirrored(self) -> stateless.Headers:
-        """What a 2026-07-28 request's headers mirror of its body (read only for one of those)."""
 
 
 def later(reply: Reply, step: Coroutine[Any, Any, None], where: str) -> asyncio.Task[None]:

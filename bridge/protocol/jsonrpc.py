@@ -59,6 +59,29 @@ class ProtocolError(Exception):
         return error(self.request_id, self.code, self.message)
 
 
+# How deep a client's message may nest. msgspec decodes deeper documents than the rest of the
+# path can take (the encode of a 976-deep request raised RecursionError after the mux had taken
+# the call: a 500); no MCP message comes near this. A document nests at most half its length
+# deep, so only a longer one is looked at, and only one with that many brackets is scanned.
+MAX_DEPTH: Final = 512
+_STRING_OR_BRACKET = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+
+
+def too_deep(data: bytes) -> bool:
+    """Whether `data` nests arrays and objects deeper than MAX_DEPTH (brackets in strings aside)."""
+    if len(data) <= 2 * MAX_DEPTH or data.count(b"[") + data.count(b"{") <= MAX_DEPTH:
+        return False
+    depth = 0
+    for token in _STRING_OR_BRACKET.findall(data):
+        if token in b"[{":
+            depth += 1
+            if depth > MAX_DEPTH:
+                return True
+        elif token in b"]}":
+            depth -= 1
+    return False
+
+
 def decode(data: bytes | str) -> Any:
     """Parse one JSON document; any failure is a PARSE_ERROR with a one-line reason."""
     try:

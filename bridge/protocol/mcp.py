@@ -64,3 +64,10 @@ CACHEABLE: Final = frozenset(
 
 # Requests a server may answer `input_required` (MRTR): the only ones a server request may come from.
 MRTR_METHODS: Final = frozenset({"tools/call", "prompts/get", "resources/read"})
+
+# HTTP header names of the Streamable HTTP transport (2025) and of 2026-07-28.
+SESSION_HEADER: Final = "Mcp-Session-Id"
+VERSION_HEADER: Final = "MCP-Protocol-Version"
+METHOD_HEADER: Final = "Mcp-Method"
+NAME_HEADER: Final = "Mcp-Name"
+LISTEN: Final = "subscriptions/listen"  # 2026-07-28: the one request that opens a stream of notifications

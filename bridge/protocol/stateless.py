@@ -126,8 +126,8 @@ def envelope(msg: Message) -> Envelope:
 
 def _refuse_envelope(rid: RequestId | None, meta: Any) -> Envelope:
     """`envelope` for what its common case did not take: -32602 saying what is wrong."""
-    # No _meta at all, or no version in it: a session-less request that streamable.answer_post
-    # took for a 2026-07-28 one. A legacy client that sent it gets a 400 without a modern
+    # No _meta at all, or no version in it: a session-less request that the dispatcher
+    # (http/endpoints/post.py) took for a 2026-07-28 one. A legacy client that sent it gets a 400 without a modern
     # error code (so a dual-era client falls back) that says how its sessions begin.
     meta = meta if meta.__class__ is dict else {}
     if VERSION_KEY not in meta or CAPABILITIES_KEY not in meta:

@@ -46,9 +46,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Hashable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
-
-from aiohttp import web
+from typing import Any
 
 from bridge import logs
 from bridge.core import request_state
@@ -57,16 +55,13 @@ from bridge.core.request_state import State, StateKeys
 from bridge.gateway.gateway import Gateway
 from bridge.gateway.sessions import Session, Spares
 from bridge.http import errors, forward, state, streams
+from bridge.http.endpoints.base import Post
 from bridge.http.errors import HttpError
 from bridge.http.reply import EventSink, Reply, later
 from bridge.protocol import jsonrpc, mcp, media, stateless
 from bridge.protocol.jsonrpc import Message, RequestId
 from bridge.protocol.stateless import Envelope, StatelessError
 
-if TYPE_CHECKING:
-    from bridge.http.endpoints.streamable_2025 import PostHead
-
-_LISTEN = "subscriptions/listen"
 _LISTEN_ID = "mcp-bridge-listen"  # ids of the bridge's own requests in a listen session (its own: no clash)
 _TOOL_HEADERS_KEPT = 4096  # tools whose x-mcp-header names are remembered, per server
 _request_numbers = itertools.count(1)
@@ -97,7 +92,8 @@ class StatelessSession(Session):
         self.driver: Driver | None = None  # none while parked: the queue waits for the retry
         # Its call's (a listen stream has none): the request that made it, what it asks, and
         # the HTTP status of its answer once that has been made modern (`reshape`).
-        self.head: PostHead | None = None
+        self.head: Post | None = None
+        self.parking: Parking | None = None
         self.method = ""
         self.status = 200
         # What its principal's next call must share to be served by it once this one is
@@ -118,8 +114,8 @@ class StatelessSession(Session):
         if result.__class__ is dict:
             if method == "server/discover":
                 message["result"] = stateless.discover(result)
-            elif method == "tools/list":
-                head.parking.learn_tools(head.gateway.name, result)
+            elif method == "tools/list" and self.parking is not None:
+                self.parking.learn_tools(head.gateway.name, result)
         self.status = stateless.complete(message, method, _server(head, self))
 
     def deliver(self, data: bytes, related: RequestId | None, final: bool) -> bool:
@@ -168,7 +164,7 @@ class StatelessSession(Session):
         self.queue.clear()
         self._bytes = 0
         self.ping_due = False
-        self.head, self.method, self.status = None, "", 200
+        self.head, self.parking, self.method, self.status = None, None, "", 200
         self.last_seen = time.monotonic()  # idle from now, not from when its call began
         self.kept_in = spares
         return True
@@ -203,7 +199,7 @@ class Driver:
 
     __slots__ = ("_again", "_running", "head", "over", "reply", "session", "sink")
 
-    def __init__(self, head: PostHead, session: StatelessSession, reply: Reply) -> None:
+    def __init__(self, head: Post, session: StatelessSession, reply: Reply) -> None:
         self.head = head
         self.session = session
         self.reply = reply
@@ -336,13 +332,12 @@ class Parking:
                 known[found[0]] = found[1]
 
 
-PARKING = web.AppKey("parking", Parking)
 
 
 # ------------------------------------------------------------------ answers
 
 
-async def _refusing(head: PostHead, payload: Message, reply: Reply, step: Awaitable[None]) -> None:
+async def _refusing(head: Post, payload: Message, reply: Reply, step: Awaitable[None]) -> None:
     """A step run by `reply.later`, whose refusals are answered as `answer` answers them."""
     try:
         await step
@@ -353,7 +348,7 @@ async def _refusing(head: PostHead, payload: Message, reply: Reply, step: Awaita
         raise
 
 
-def _refuse(head: PostHead, reply: Reply, exc: StatelessError) -> None:
+def _refuse(head: Post, reply: Reply, exc: StatelessError) -> None:
     head.gateway.metrics.error_sent({"code": exc.code})
     reply.whole(exc.status, exc.body())
 
@@ -364,7 +359,7 @@ def _name(exc: HttpError, payload: Any) -> None:
         exc.request_id = payload["id"]
 
 
-def answer(head: PostHead, msg: Message, reply: Reply) -> None:
+def answer(head: Post, msg: Message, reply: Reply, parking: Parking) -> None:
     """Answer a modern POST (a decoded body that `stateless.is_stateless`)."""
     try:
         try:
@@ -380,21 +375,21 @@ def answer(head: PostHead, msg: Message, reply: Reply) -> None:
         gateway = head.gateway
         env = stateless.envelope(msg)
         method, params = msg["method"], msg["params"]
-        tools = head.parking.tool_headers.get(gateway.name) if method == "tools/call" else None
+        tools = parking.tool_headers.get(gateway.name) if method == "tools/call" else None
         name = params.get("name")
-        stateless.check_headers(msg, env, reply.mirrored(), tools.get(name) if tools and name.__class__ is str else None)
+        stateless.check_headers(msg, env, head.request.mirrored(), tools.get(name) if tools and name.__class__ is str else None)
         if env.version not in mcp.STATELESS_VERSIONS:
             raise stateless.unsupported(msg, env)
         if method in mcp.REMOVED:
             raise stateless.removed(msg)
-        _check_accept(head.accept, method, msg["id"], listen=method == _LISTEN)
-        if method == _LISTEN:
+        _check_accept(head.accept, method, msg["id"], listen=method == mcp.LISTEN)
+        if method == mcp.LISTEN:
             _listen(head, msg, env, reply)
             return
         offered: dict[str, Any] = {}
         if "requestState" in params or "inputResponses" in params:
             if params.get("requestState") is not None:
-                _resume(head, msg, reply)
+                _resume(head, msg, reply, parking)
                 return
             # No requestState: a fresh call. Its inputResponses (SEP-2322: a client may answer ahead)
             # answer the server's requests whose keys they name; the rest of them is ignored.
@@ -412,9 +407,9 @@ def answer(head: PostHead, msg: Message, reply: Reply) -> None:
             spare_key = (head.principal, alike) if len(alike) <= _SPARE_KIND_BYTES else None
         session = _open(head, env, _NO_NOTICES, spare_key)
         if session.adopted:
-            _call(head, msg, method, params, reply, offered, session)
+            _call(head, parking, msg, method, params, reply, offered, session)
         else:
-            _open_later(head, msg, env, reply, _NO_NOTICES, session, functools.partial(_call, head, msg, method, params, reply, offered))
+            _open_later(head, msg, env, reply, _NO_NOTICES, session, functools.partial(_call, head, parking, msg, method, params, reply, offered))
     except StatelessError as exc:
         _refuse(head, reply, exc)
     except HttpError as exc:
@@ -438,14 +433,14 @@ def _check_accept(accept: str, method: str, rid: RequestId, listen: bool) -> Non
 
 
 def _call(
-    head: PostHead, msg: Message, method: str, params: dict[str, Any], reply: Reply, offered: dict[str, Any], session: StatelessSession
+    head: Post, parking: Parking, msg: Message, method: str, params: dict[str, Any], reply: Reply, offered: dict[str, Any], session: StatelessSession
 ) -> None:  # fmt: skip
     """A fresh call, routed in its session and answered by an `Exchange`."""
     gateway = head.gateway
     rid = msg["id"]  # before routing, which rewrites it in place
     # `params` is digested only if the call is ever parked: of them, routing changes only what
     # is in _meta, which a digest leaves out.
-    exchange = Exchange(head, session, rid, method, rid, reply, params, offered)  # before routing: what it routes may be answered at once
+    exchange = Exchange(head, parking, session, rid, method, rid, reply, params, offered)  # before routing: what it routes may be answered at once
     try:
         state.route(gateway, session, msg)
     except BaseException:
@@ -454,7 +449,7 @@ def _call(
     exchange.start()
 
 
-def _open(head: PostHead, env: Envelope, notices: frozenset[str], spare_key: Hashable | None) -> StatelessSession:
+def _open(head: Post, env: Envelope, notices: frozenset[str], spare_key: Hashable | None) -> StatelessSession:
     """A session for the request: a kept one under `spare_key` if there is one, else a new one
     adopted as its `_meta` says, at once when its process is at hand (the common case); if it
     is not `adopted` yet, `_open_later` waits for its process."""
@@ -473,7 +468,7 @@ def _open(head: PostHead, env: Envelope, notices: frozenset[str], spare_key: Has
 
 
 def _open_later(
-    head: PostHead, msg: Message, env: Envelope, reply: Reply, notices: frozenset[str], session: StatelessSession,
+    head: Post, msg: Message, env: Envelope, reply: Reply, notices: frozenset[str], session: StatelessSession,
     then: Callable[[StatelessSession], None],
 ) -> None:  # fmt: skip
     """`then`, once the session `_open` made has its process and is adopted."""
@@ -499,11 +494,12 @@ class Exchange(Driver):
     the session parked, unless `offered`, the call's inputResponses not spent yet, answers
     it), or the client going (the session closed: the call is cancelled upstream)."""
 
-    __slots__ = ("asked", "call_id", "ids", "method", "offered", "reply_id", "salient")
+    __slots__ = ("asked", "call_id", "ids", "method", "offered", "parking", "reply_id", "salient")
 
     def __init__(
         self,
-        head: PostHead,
+        head: Post,
+        parking: Parking,
         session: StatelessSession,
         call_id: RequestId,
         method: str,
@@ -516,9 +512,10 @@ class Exchange(Driver):
         # What a retry must repeat: the call's params (digested only if it is ever parked), or
         # for a retry, their digest.
         self.call_id, self.method, self.reply_id, self.salient, self.offered = call_id, method, reply_id, salient, offered
+        self.parking = parking
         self.asked: dict[str, Message] = {}  # input key -> the server request, as the client is shown it
         self.ids: dict[str, RequestId] = {}  # input key -> the server request's id at the session
-        session.head, session.method = head, method  # how its answer is made modern (a retry's head as good as the first's)
+        session.head, session.parking, session.method = head, parking, method  # how its answer is made modern (a retry's head as good as the first's)
 
     def takes(self, data: bytes, related: RequestId | None) -> bool:
         # Not while a step runs (what it routes may answer at once): that step takes it in turn.
@@ -594,7 +591,7 @@ class Exchange(Driver):
         self._end(data, self.session.status, events)
 
     def _input_required(self) -> None:
-        head, gateway, parking = self.head, self.head.gateway, self.head.parking
+        head, gateway, parking = self.head, self.head.gateway, self.parking
         session = self.session
         self.over = True
         session.driver = None  # parked: its queue waits for the retry
@@ -616,15 +613,15 @@ def _can_stream(accept: str) -> bool:
     return bool(accept) and media.quality(accept, media.SSE) > 0
 
 
-def _server(head: PostHead, session: StatelessSession) -> stateless.Server:
+def _server(head: Post, session: StatelessSession) -> stateless.Server:
     init = head.gateway.init_result(session)
     return stateless.Server(init.get("serverInfo") if init else None, head.gateway.server.cache_scope)
 
 
-def _resume(head: PostHead, msg: Message, reply: Reply) -> None:
+def _resume(head: Post, msg: Message, reply: Reply, parking: Parking) -> None:
     """A retry: check its requestState, give the parked call the client's answers, and
     carry the call on in this exchange."""
-    gateway, parking = head.gateway, head.parking
+    gateway = head.gateway
     params = msg["params"]
     rid = msg["id"]
     token = params.get("requestState")
@@ -638,7 +635,7 @@ def _resume(head: PostHead, msg: Message, reply: Reply) -> None:
         raise StatelessError(jsonrpc.INVALID_PARAMS, "requestState was issued to another client or server", request_id=rid)
     forwarder = parking.forwarder
     if forwarder is not None and state.owner is not None:
-        headers = reply.request_headers()
+        headers = head.request.fields()
         owner = forwarder.place(state.owner, FORWARDED_HEADER in headers, rid)
         if owner is not None:
             retry = forwarder.retry(owner, gateway.name, headers, jsonrpc.encode(msg), reply, rid, gateway.limits.slow_bytes)
@@ -666,7 +663,7 @@ def _resume(head: PostHead, msg: Message, reply: Reply) -> None:
         gateway.from_client(session, answers)
     # What was asked and not answered is asked again, first thing (in a new input_required).
     session.ask_again([jsonrpc.encode({"jsonrpc": "2.0", "id": parked.ids[k], **request}) for k, request in parked.asked.items()])
-    Exchange(head, session, parked.call_id, parked.method, rid, reply, parked.digest, offered).start()
+    Exchange(head, parking, session, parked.call_id, parked.method, rid, reply, parked.digest, offered).start()
 
 
 def _input_key(gateway: Gateway, session: StatelessSession, downstream: RequestId, taken: dict[str, Message]) -> str:
@@ -689,7 +686,7 @@ def _response(downstream: RequestId, key: str, value: Any) -> Message:
     return jsonrpc.error(downstream, jsonrpc.INVALID_PARAMS, f"inputResponses[{key!r}] is not an object")
 
 
-def _spoil(parking: Parking, key: str | None, head: PostHead, why: str) -> None:
+def _spoil(parking: Parking, key: str | None, head: Post, why: str) -> None:
     """End a parked call whose owner's retry was refused: the server's request gets an error."""
     if key is None:
         return
@@ -704,7 +701,7 @@ def _spoil(parking: Parking, key: str | None, head: PostHead, why: str) -> None:
 # ------------------------------------------------------------------ listen
 
 
-def _listen(head: PostHead, msg: Message, env: Envelope, reply: Reply) -> None:
+def _listen(head: Post, msg: Message, env: Envelope, reply: Reply) -> None:
     rid = msg["id"]
     wanted = msg["params"].get("notifications")
     if wanted is None:
@@ -726,7 +723,7 @@ def _listen(head: PostHead, msg: Message, env: Envelope, reply: Reply) -> None:
         _open_later(head, msg, env, reply, notices, session, listen)
 
 
-def _start_listen(head: PostHead, reply: Reply, rid: RequestId, wanted: dict[str, Any], uris: list[str], session: StatelessSession) -> None:
+def _start_listen(head: Post, reply: Reply, rid: RequestId, wanted: dict[str, Any], uris: list[str], session: StatelessSession) -> None:
     Listen(head, session, reply, rid, wanted, uris).start()
 
 
@@ -738,7 +735,7 @@ class Listen(Driver):
 
     __slots__ = ("answers", "meta", "pending", "rid", "uris", "wanted")
 
-    def __init__(self, head: PostHead, session: StatelessSession, reply: Reply, rid: RequestId, wanted: dict[str, Any], uris: list[str]) -> None:
+    def __init__(self, head: Post, session: StatelessSession, reply: Reply, rid: RequestId, wanted: dict[str, Any], uris: list[str]) -> None:
         super().__init__(head, session, reply)
         self.rid, self.wanted, self.uris = rid, wanted, uris
         self.meta = {mcp.SUBSCRIPTION_KEY: rid}

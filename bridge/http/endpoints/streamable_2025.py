@@ -12,8 +12,8 @@ a second GET takes it over and the first ends. Every event has an id
 `<stream>_<n>`, and a GET with `Last-Event-ID` replays, from a bounded
 per-session buffer, what that stream sent after it, then continues it.
 
-A POST whose body carries the 2026-07-28 `_meta` is no session's: it goes to
-`stateless_2026.answer` before any of this.
+A POST whose body carries the 2026-07-28 `_meta` is no session's: the dispatcher
+(endpoints/post.py) hands it to `stateless_2026` instead.
 """
 
 from __future__ import annotations
@@ -27,20 +27,18 @@ from typing import Any
 
 import msgspec
 from aiohttp import web
-from multidict import CIMultiDictProxy
 
 from bridge.gateway.gateway import Gateway
 from bridge.gateway.sessions import Session
-from bridge.http import body, errors, reply, state, streams
-from bridge.http.endpoints import stateless_2026
+from bridge.http import state, streams
+from bridge.http.aiohttp_reply import AiohttpReply
+from bridge.http.endpoints.base import Post
 from bridge.http.errors import HttpError
 from bridge.http.reply import EventSink, Reply, later
-from bridge.protocol import jsonrpc, media, stateless
+from bridge.protocol import jsonrpc, media
 from bridge.protocol.jsonrpc import RequestId
-from bridge.protocol.mcp import PROTOCOL_VERSIONS
+from bridge.protocol.mcp import PROTOCOL_VERSIONS, SESSION_HEADER, VERSION_HEADER
 
-SESSION_HEADER = "Mcp-Session-Id"
-VERSION_HEADER = "MCP-Protocol-Version"
 DEFAULT_VERSION = "2025-03-26"  # what a request without the header speaks, per the spec
 PRIMING_SINCE = "2025-11-25"  # clients from this version on resume from an empty priming event
 STANDALONE = "g"
@@ -379,180 +377,14 @@ class StreamableSession(Session):
             self._replay_size -= len(self._replay.popleft()[2])
 
 
-HOLDS = web.AppKey("holds", Holds)
 
 
 # ------------------------------------------------------------------ handlers
 
 
-class PostHead(msgspec.Struct, frozen=True):
-    """What a POST's handling reads from its request, besides the body (a Struct: one is
-    made per request, and a frozen dataclass costs ten times as much to make)."""
-
-    gateway: Gateway
-    principal: str | None
-    session_id: str | None
-    version: str | None
-    accept: str
-    resume_buffer: int
-    parking: stateless_2026.Parking
-    holds: Holds
-
-
-class _AiohttpReply:
-    """An `reply.Reply` through aiohttp: the handler waits in `send` for what the exchange
-    decides, then sends it; a stream's events go straight to the socket, as `SseSession`'s do."""
-
-    def __init__(self, request: web.Request) -> None:
-        self._request = request
-        self._response: web.StreamResponse | None = None
-        self._headers: dict[str, str] | None = None  # a stream's, once decided
-        self._early: list[bytes] = []  # events written before the stream's head went out
-        self._out: asyncio.Transport | None = None
-        self._chunked = True
-        self._ended = False
-        self._left: Callable[[], object] | None = None
-        self._waiter: asyncio.Future[None] | None = None
-
-    @property
-    def streaming(self) -> bool:
-        return self._headers is not None
-
-    @property
-    def gone(self) -> bool:
-        transport = self._request.transport
-        return transport is None or transport.is_closing()
-
-    def whole(self, status: int, body: bytes, session_id: str | None = None) -> None:
-        if self._ended:
-            return  # answered already: nothing more is said
-        headers = {SESSION_HEADER: session_id} if session_id else None
-        if body:
-            self._response = web.Response(status=status, body=body, content_type=media.JSON, headers=headers)
-        else:
-            self._response = web.Response(status=status, headers=headers, content_type="text/plain", charset="utf-8")  # as the fast path's
-        self._end()
-
-    def error(self, exc: HttpError) -> None:
-        if self._ended:
-            return
-        if self.streaming:
-            self.abort()
-        else:
-            state.refused(self._request, exc)
-            self._response = errors.render(exc)
-            self._end()
-
-    def open_stream(self, session_id: str | None, first: bytes = b"") -> _AiohttpReply:
-        self._headers = {SESSION_HEADER: session_id} if session_id else {}
-        if first:
-            self._early.append(first)
-        self._wake()
-        return self
-
-    def write(self, data: bytes) -> None:
-        if not self._ended:
-            self._put(data)
-
-    def _put(self, data: bytes) -> None:
-        out = self._out
-        if out is None:
-            self._early.append(data)
-        elif not out.is_closing():
-            out.write(reply.chunk(data) if self._chunked else data)
-
-    def unsent(self) -> int:
-        out = self._out
-        return out.get_write_buffer_size() if out is not None else sum(map(len, self._early))
-
-    def end_stream(self, last: bytes = b"") -> None:
-        if self._ended:
-            return
-        if self._headers is None:
-            self.open_stream(None)  # ended before it began: still a stream, an empty one
-        if last:
-            self.write(last)
-        self._end()  # aiohttp writes the last chunk when the handler returns
-
-    def abort(self) -> None:
-        if self._ended:
-            return
-        if self._request.transport is not None:
-            self._request.transport.close()
-        self._end()
-
-    def watch(self, left: Callable[[], object]) -> None:
-        self._left = left
-
-    def request_headers(self) -> CIMultiDictProxy[str]:
-        return self._request.headers
-
-    def mirrored(self) -> stateless.Headers:
-        return _mirrored(self._request.headers)
-
-    def _end(self) -> None:
-        self._ended = True
-        self._left = None
-        self._wake()
-
-    def _wake(self) -> None:
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
-
-    async def _wait(self) -> None:
-        self._waiter = asyncio.get_running_loop().create_future()
-        await self._waiter
-
-    async def send(self) -> web.StreamResponse:
-        """Wait for the answer and send it: a whole response, or the stream until it ends."""
-        try:
-            while not self._ended and self._headers is None:
-                await self._wait()
-            if self._headers is None:
-                assert self._response is not None
-                return self._response
-            self._response = await streams.open_stream(self._request, self._headers)
-            self._out = self._request.transport
-            self._chunked = self._response.headers.get("Transfer-Encoding") == "chunked"
-            if self._early:
-                early, self._early = b"".join(self._early), []
-                self._put(early)
-            while not self._ended:
-                await self._wait()
-        except (ConnectionResetError, asyncio.CancelledError):
-            # The client went away. Return rather than re-raise, so that no cancelled task
-            # keeps this frame in a cycle.
-            left, self._left = self._left, None
-            if left is not None:
-                left()
-        return self._response or web.StreamResponse()  # aiohttp wants one even when the client went
-
-
-async def post(request: web.Request) -> web.StreamResponse:
-    gateway = state.gateway_for(request)
-    payload = await body.read_message(request, gateway)
-    headers = request.headers
-    head = PostHead(
-        gateway,
-        state.principal(request),
-        headers.get(SESSION_HEADER),
-        headers.get(VERSION_HEADER),
-        headers.get("Accept", ""),
-        request.app[state.LIVE].config.streamable.resume_buffer,
-        request.app[stateless_2026.PARKING],
-        request.app[HOLDS],
-    )
-    reply = _AiohttpReply(request)
-    answer_post(head, payload, reply)
-    return await reply.send()
-
-
-def answer_post(head: PostHead, payload: Any, reply: Reply) -> None:
+def answer(head: Post, payload: Any, reply: Reply, holds: Holds) -> None:
     """Route a decoded POST body; `reply` is answered (202, one JSON body, or a stream of
     events) as the session's deliveries come, or at once with an HttpError raised."""
-    if stateless.is_stateless(payload):
-        stateless_2026.answer(head, payload, reply)
-        return
     messages: list[Any] | tuple[Any]
     if payload.__class__ is list:
         messages = payload
@@ -573,28 +405,24 @@ def answer_post(head: PostHead, payload: Any, reply: Reply) -> None:
         except HttpError as exc:
             exc.request_id = request_ids[0] if len(request_ids) == 1 and payload.__class__ is dict else None
             raise
-        _take(head, session, payload, request_ids, form, reply)
+        _take(head, session, payload, request_ids, form, reply, holds)
     elif any(m.__class__ is dict and m.get("method") == "initialize" for m in messages):
-        later(reply, _initialize(head, payload, request_ids, form, reply), "initialize")
-    elif request_ids and payload.__class__ is dict:
-        # One request with no session that is not initialize: only 2026-07-28 sends
-        # those, so it is one (whose envelope is missing: -32602, as its clients expect).
-        stateless_2026.answer(head, payload, reply)
+        later(reply, _initialize(head, payload, request_ids, form, reply, holds), "initialize")
     else:
         raise HttpError(400, f"missing {SESSION_HEADER} header (only initialize may come without one)")
 
 
-async def _initialize(head: PostHead, payload: Any, request_ids: list[RequestId], form: Form, reply: Reply) -> None:
+async def _initialize(head: Post, payload: Any, request_ids: list[RequestId], form: Form, reply: Reply, holds: Holds) -> None:
     """A new session (which may wait for a process of its own), then its initialize."""
     gateway = head.gateway
     limits = gateway.limits
     session = StreamableSession(gateway.name, head.principal, limits.session_queue, limits.slow_bytes, head.resume_buffer)
     await state.open_session(gateway, session)
-    _take(head, session, payload, request_ids, form, reply, initializing=True)
+    _take(head, session, payload, request_ids, form, reply, holds, initializing=True)
 
 
 def _take(
-    head: PostHead, session: StreamableSession, payload: Any, request_ids: list[RequestId], form: Form, reply: Reply, initializing: bool = False
+    head: Post, session: StreamableSession, payload: Any, request_ids: list[RequestId], form: Form, reply: Reply, holds: Holds, initializing: bool = False
 ) -> None:
     gateway = head.gateway
     if not session.by_request.keys().isdisjoint(request_ids):
@@ -615,7 +443,7 @@ def _take(
         session.forget(stream)
         raise
     prime = primed if form is not _JSON and not initializing and session.protocol_version >= PRIMING_SINCE else None
-    session.answer(stream, reply, form, payload.__class__ is list, prime, head.holds, done)
+    session.answer(stream, reply, form, payload.__class__ is list, prime, holds, done)
 
 
 async def get(request: web.Request) -> web.StreamResponse:
@@ -632,7 +460,7 @@ async def get(request: web.Request) -> web.StreamResponse:
         stream = Stream(key)  # it has ended: replay what it sent after `last`, then end
     elif stream.reader is not None and stream.reader.sink is None:
         raise HttpError(409, "that stream's POST is being answered as one JSON body: there is no stream to resume")
-    reply = _AiohttpReply(request)
+    reply = AiohttpReply(request)
     session.resume(stream, reply, last if resume else None)
     return await reply.send()
 
@@ -653,21 +481,6 @@ def _session_header(request: web.Request) -> str:
     if session_id is None:
         raise HttpError(405, f"{request.method} needs an {SESSION_HEADER} header (2026-07-28 requests are POSTs)", headers={"Allow": "POST"})
     return session_id
-
-
-_MIRRORING = ("MCP-Protocol-Version", "Mcp-Method", "Mcp-Name")
-
-
-def _mirrored(headers: CIMultiDictProxy[str]) -> stateless.Headers:
-    repeated = next((name for name in _MIRRORING if len(headers.getall(name, ())) > 1), None)
-    params: dict[str, str] = {}
-    for name, value in headers.items():
-        lower = name.lower()
-        if lower.startswith("mcp-param-"):
-            if lower[10:] in params:
-                repeated = name
-            params[lower[10:]] = value
-    return stateless.Headers(headers.get(VERSION_HEADER), headers.get("Mcp-Method"), headers.get("Mcp-Name"), params, repeated)
 
 
 def _session(gateway: Gateway, principal: str | None, session_id: str, version: str | None) -> StreamableSession:
