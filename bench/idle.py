@@ -189,7 +189,7 @@ class Idle:
         body = b'{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"echo","arguments":{"text":"%s"}}}' % (rid, text.encode())
         try:
             latency, msg = await asyncio.wait_for(self.request(s, rid, body), self.args.timeout)
-        except (asyncio.TimeoutError, ConnectionError) as exc:
+        except (TimeoutError, ConnectionError) as exc:
             self.waiting.pop((s.idx, rid), None)
             self._error(f"session {s.idx} call {rid}: {exc.__class__.__name__} {exc}")
             return
@@ -219,7 +219,7 @@ async def measure(args: argparse.Namespace, url: str, sampler: bench_run.Sampler
             try:
                 await idle.open(s)
                 return True
-            except (OSError, asyncio.TimeoutError, ConnectionError, load.HttpError) as exc:
+            except (TimeoutError, OSError, ConnectionError, load.HttpError) as exc:
                 if len(failures) < 5:
                     failures.append(f"session {s.idx}: {exc.__class__.__name__}: {exc}")
                 if s.stream is not None:
@@ -228,7 +228,7 @@ async def measure(args: argparse.Namespace, url: str, sampler: bench_run.Sampler
 
     opened_flags = await asyncio.gather(*(open_one(s) for s in idle.sessions))
     open_s = perf() - t_open
-    live = [s for s, ok in zip(idle.sessions, opened_flags) if ok]
+    live = [s for s, ok in zip(idle.sessions, opened_flags, strict=False) if ok]
     report.update(
         sessions_opened=len(live),
         open_failures=len(idle.sessions) - len(live),

@@ -52,8 +52,9 @@ import subprocess
 import sys
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any
 from urllib.parse import urlsplit
 
 try:
@@ -151,7 +152,7 @@ class HttpParser:
                         self.on_end()
                 else:
                     self.state = _EOF
-            elif state == _LENGTH or state == _CHUNK_DATA:
+            elif state in (_LENGTH, _CHUNK_DATA):
                 n = self.remaining
                 if len(buf) <= n:
                     chunk = bytes(buf)
@@ -557,7 +558,7 @@ class Session:
         self.t_connect = perf()
         try:
             await self.connect()
-        except (OSError, HttpError, asyncio.TimeoutError, ValueError) as exc:
+        except (TimeoutError, OSError, HttpError, ValueError) as exc:
             self.fail_all(f"session setup failed: {exc.__class__.__name__}: {exc}")
             return
         self.init_sent = perf()
@@ -594,10 +595,7 @@ class Session:
         self.next = k + 1
         rid = self.id_base + k + 1
         tag = b"%s%d|" % (self.prefix_b, k)
-        if self.run.tool == "echo":
-            body = self._call_fmt % (rid, tag, self.run.pad[len(tag):])
-        else:
-            body = self._call_fmt % (rid, tag, self.run.pad)
+        body = self._call_fmt % (rid, tag, self.run.pad[len(tag):]) if self.run.tool == "echo" else self._call_fmt % (rid, tag, self.run.pad)
         self.inflight[rid] = (perf(), k)
         self.send(body, rid)
 
@@ -1059,7 +1057,7 @@ async def run_load(cfg: LoadConfig) -> dict[str, Any]:
         proc_transport.get_pipe_transport(0).close()  # type: ignore[union-attr]
         try:
             await asyncio.wait_for(pipe.exited, 5)  # type: ignore[union-attr]
-        except asyncio.TimeoutError:
+        except TimeoutError:
             proc_transport.kill()
         proc_transport.close()
     else:

@@ -38,6 +38,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -616,7 +617,7 @@ def render(summary: dict[str, dict[str, dict[str, Any]]], targets: list[str], tr
 def render_goals(summary: dict[str, dict[str, dict[str, Any]]], transport: str) -> str:
     """mcp-bridge against issue 7's targets (anchors are HTTP+SSE figures from the issue)."""
     lines = [f"\nmcp-bridge against issue 7's targets ({TRANSPORTS[transport]}; anchors quoted from the issue, not measured here):"]
-    for wl, (who, rps, p50, rss) in ANCHORS.items():
+    for wl, (who, rps, _p50, _rss) in ANCHORS.items():
         c = summary.get(wl, {}).get("bridge")
         if not c or not c["n"]:
             continue
@@ -829,7 +830,7 @@ def main(argv: list[str] | None = None) -> int:
         "targets": targets,
         "netns": in_netns,
         "cores": os.cpu_count(),
-        "loadavg_at_start": open("/proc/loadavg").read().split()[:3],
+        "loadavg_at_start": Path("/proc/loadavg").read_text().split()[:3],
         "python": sys.version.split()[0],
         "server_cmd": SERVER_CMD,
         "git_rev": _git_rev(),
@@ -853,9 +854,8 @@ def _versions(targets: list[str]) -> dict[str, str | None]:
     versions: dict[str, str | None] = {}
     for name in ("supergateway", "mcp-proxy"):
         if name in targets:
-            with contextlib.suppress(OSError, ValueError):
-                with open(os.path.join(OTHERS, "node_modules", name, "package.json")) as f:
-                    versions[name] = json.load(f).get("version")
+            with contextlib.suppress(OSError, ValueError), open(os.path.join(OTHERS, "node_modules", name, "package.json")) as f:
+                versions[name] = json.load(f).get("version")
     with contextlib.suppress(Exception):
         from importlib.metadata import version
 

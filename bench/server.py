@@ -69,7 +69,7 @@ def main():
                 if len(tag_json) != len(tag):
                     return fail(rid, -32602, "blob tag must not need escaping")
                 return respond(rid, text_result(b'"%s%s"' % (tag_json, pad[len(tag):])))
-            return fail(rid, -32602, "unknown tool %r" % (name,))
+            return fail(rid, -32602, f"unknown tool {name!r}")
         if method == "ping":
             return respond(rid, b"{}")
         if method == "tools/list":
@@ -82,7 +82,7 @@ def main():
                 b'{"protocolVersion":"%s","capabilities":{"tools":{}},"serverInfo":{"name":"bench-server","version":"1.0"}}'
                 % version.encode(),
             )
-        return fail(rid, -32601, "method not found: %s" % (method,))
+        return fail(rid, -32601, f"method not found: {method}")
 
     while True:
         line = readline()
@@ -100,7 +100,7 @@ def main():
                 handle(m, plain)
             except Exception as exc:  # a malformed request must not kill the server
                 if m.__class__ is dict and "id" in m:
-                    fail(m["id"], -32603, "internal error: %s" % (exc.__class__.__name__,))
+                    fail(m["id"], -32603, f"internal error: {exc.__class__.__name__}")
         flush()
 
 

@@ -23,7 +23,8 @@ from aiohttp import web
 from bridge import __version__, logs, runtime
 from bridge.app import apply_config, create_app, drain, listening
 from bridge.config import mcpservers
-from bridge.config.schema import Config, ConfigError, Mode, build, cluster_problems, listen_problems, load
+from bridge.config.load import build, cluster_problems, listen_problems, load
+from bridge.config.schema import Config, ConfigError, Mode
 from bridge.http import fastpath
 from bridge.http.endpoints.post import POSTS
 from bridge.http.state import GATEWAYS, LIVE

@@ -17,7 +17,7 @@ import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import IO, Any, NoReturn, TypeAlias
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -445,7 +445,7 @@ class DemoServer:
     def tool_current_time(self, call: Call, args: JSON) -> JSON:
         name = _arg(args, "timezone", (str,), None)
         try:
-            tz = ZoneInfo(name) if name else timezone.utc
+            tz = ZoneInfo(name) if name else UTC
         except (ZoneInfoNotFoundError, ValueError):
             raise ToolArgError(f"unknown timezone '{name}'") from None
         return _text(datetime.now(tz).isoformat())

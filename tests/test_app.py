@@ -16,18 +16,18 @@ from conftest import demo
 from rawclient import RawSse
 
 from bridge.app import apply_config, create_app
-from bridge.config import schema as cfg
+from bridge.config import load, schema
 from bridge.http.state import GATEWAYS, LIVE
 
 TOKEN = "ops-token-0123456789"
 
 
-def from_dict(data: dict[str, Any]) -> cfg.Config:
-    return cfg.parse(yaml.safe_dump(data), environ={})
+def from_dict(data: dict[str, Any]) -> schema.Config:
+    return load.parse(yaml.safe_dump(data), environ={})
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
-def config(tools: dict[str, Any] | None = None) -> cfg.Config:
+def config(tools: dict[str, Any] | None = None) -> schema.Config:
     server = {**demo(), **({"tools": tools} if tools else {})}
     return from_dict({"servers": {"demo": server}, "security": {"tokens": [{"name": "ops", "token": TOKEN}]}})
 

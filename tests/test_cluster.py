@@ -15,8 +15,9 @@ from aiohttp.test_utils import make_mocked_request
 from multidict import CIMultiDict
 
 from bridge import cli
+from bridge.config.load import load
 from bridge.config.schema import Cluster as ClusterConfig
-from bridge.config.schema import ConfigError, load
+from bridge.config.schema import ConfigError
 from bridge.core.cluster import DEAD_EPOCHS, FORWARDED_HEADER, Cluster, Forward, Gone, Local, Owner
 from bridge.http.errors import HttpError
 from bridge.http.forward import Forwarder

@@ -9,7 +9,8 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from bridge.config.schema import Config, ConfigError, Duration, Size, is_loopback, load, parse
+from bridge.config.load import load, parse
+from bridge.config.schema import Config, ConfigError, Duration, Size, is_loopback
 
 MINIMAL = "servers: {time: {command: uvx, args: [mcp-server-time]}}\n"
 

@@ -328,7 +328,7 @@ async def test_a_limit_the_child_cannot_take_on_fails_its_start_saying_which(bri
 
 
 def test_users_and_groups_are_checked_against_this_host(monkeypatch: pytest.MonkeyPatch) -> None:
-    from bridge.config.schema import build
+    from bridge.config.load import build
 
     def problems(**server: Any) -> list[str]:
         return confine.host_problems(build({"servers": {"s": {"command": "x", **server}}}, "t"))
@@ -531,7 +531,8 @@ async def test_a_sandboxed_server_run_as_nobody(bridge: Any, unhidden: tuple[str
 
 
 def test_sandbox_and_user_keys_are_validated() -> None:
-    from bridge.config.schema import ConfigError, build
+    from bridge.config.load import build
+    from bridge.config.schema import ConfigError
 
     with pytest.raises(ConfigError) as caught:
         build({"servers": {"s": {"command": "x", "user": -1, "sandbox": {"writable": ["rel/dir"], "net": True}}}}, "t")

@@ -26,7 +26,7 @@ from rawclient import RawSse, call
 
 from bridge import cli
 from bridge.access.guard import OPEN_PATHS
-from bridge.config import schema as bridge_config
+from bridge.config import load, schema
 from bridge.gateway.gateway import child_env
 from bridge.http.endpoints.streamable_2025 import SESSION_HEADER
 
@@ -319,7 +319,7 @@ def dockerignore_patterns() -> list[str]:
 
 def assert_servers_get(env: dict[str, str]) -> None:
     """What a deploy file sets for the servers must be what servers get (README "Server environment")."""
-    seen = child_env(bridge_config.Server(command="x"), env)
+    seen = child_env(schema.Server(command="x"), env)
     assert set(env) - DAEMON_ONLY <= set(seen), set(env) - DAEMON_ONLY - set(seen)
 
 
@@ -374,8 +374,8 @@ def test_dockerfile_agrees_with_the_daemon() -> None:
 
     # Port: EXPOSE, the shipped config and the daemon's default all agree.
     expose = one(runtime, "EXPOSE").split()
-    assert expose == [str(bridge_config.Listen().port)], expose
-    shipped = bridge_config.parse(
+    assert expose == [str(schema.Listen().port)], expose
+    shipped = load.parse(
         DOCKER_CONFIG.read_text(), environ={"MCP_BRIDGE_TOKEN": CLIENT_TOKEN, "MCP_BRIDGE_METRICS_TOKEN": METRICS_TOKEN}
     )
     assert shipped.listen.port == int(expose[0])
@@ -453,11 +453,11 @@ def test_shipped_config_validates_and_binds_safely(which: str, tmp_path: Path) -
         assert all(list(source) == ["fieldRef"] for source in sources), "secrets belong in files, not in the environment"
     # Exactly the variables the environment provides are read.
     assert config_vars(text) == set(env), (config_vars(text), set(env))
-    config = bridge_config.parse(text, which, env)
+    config = load.parse(text, which, env)
     assert config.listen.host == "0.0.0.0"
-    assert config.listen.port == bridge_config.Listen().port
+    assert config.listen.port == schema.Listen().port
     assert not config.security.allow_unauthenticated
-    assert config.security.tokens and not bridge_config.listen_problems(config)
+    assert config.security.tokens and not load.listen_problems(config)
     assert not config.security.allowed_hosts, "a Host allow-list off loopback refuses the pod IP Prometheus scrapes"
     # One token may only scrape: no server at all.
     (metrics_only,) = [t for t in config.security.tokens if t.servers == ()]
@@ -472,13 +472,13 @@ def test_shipped_config_validates_and_binds_safely(which: str, tmp_path: Path) -
         missing_text = kube_config_text(tmp_path / "none", {})
         needed = {f"security.tokens[{i}].token_file: cannot read" for i in range(len(tokens))} | {"cluster.peer_key_file: cannot read"}
         short_text, short_env = kube_config_text(tmp_path / "placeholders"), {}
-    with pytest.raises(bridge_config.ConfigError) as missing:
-        bridge_config.parse(missing_text, which, {})
+    with pytest.raises(schema.ConfigError) as missing:
+        load.parse(missing_text, which, {})
     for var in needed:
         assert any(var in problem for problem in missing.value.problems), missing.value.problems
     # ... and with tokens too short to be real ones (the Secret's placeholders) too.
-    with pytest.raises(bridge_config.ConfigError) as short:
-        bridge_config.parse(short_text, which, short_env)
+    with pytest.raises(schema.ConfigError) as short:
+        load.parse(short_text, which, short_env)
     assert any("too short" in problem for problem in short.value.problems), short.value.problems
 
 
@@ -488,8 +488,8 @@ def test_placeholder_secret_fails_closed(tmp_path: Path) -> None:
     placeholders = k8s("Secret")["stringData"]
     for key in placeholders:
         tokens = {**real_tokens(), key: placeholders[key]}
-        with pytest.raises(bridge_config.ConfigError) as refused:
-            bridge_config.parse(kube_config_text(tmp_path, tokens), "configmap", {})
+        with pytest.raises(schema.ConfigError) as refused:
+            load.parse(kube_config_text(tmp_path, tokens), "configmap", {})
         assert any("too short" in problem for problem in refused.value.problems), (key, refused.value.problems)
 
 
@@ -522,7 +522,7 @@ def test_kubernetes_manifests_agree_with_the_daemon_and_the_image() -> None:
     pod = deployment["spec"]["template"]
     spec = pod["spec"]
     c = container()
-    port = bridge_config.Listen().port
+    port = schema.Listen().port
 
     # Port and probes: the config's port, the open (token-free) health paths.
     (http,) = c["ports"]
@@ -593,7 +593,7 @@ def test_kubernetes_manifests_agree_with_the_daemon_and_the_image() -> None:
 def test_kubernetes_replicas_form_a_cluster(tmp_path: Path) -> None:
     """Each pod advertises its pod IP, all share the Secret's peer key, and may reach each other."""
     c = container()
-    port = bridge_config.Listen().port
+    port = schema.Listen().port
     (pod_ip,) = c["env"]
     assert pod_ip["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
     assert c["args"][2:] == ["--advertise", f"$({pod_ip['name']}):{port}"]
@@ -623,7 +623,7 @@ def test_compose_replicas_behind_nginx_and_envoy() -> None:
     """deploy/replicas: each replica advertises its own service name; nginx and the Envoy
     example balance over exactly those; the shared config is a cluster with the peer key."""
     (doc,) = yaml_docs(DEPLOY / "replicas" / "docker-compose.yml")
-    port = bridge_config.Listen().port
+    port = schema.Listen().port
     bridges = {name: svc for name, svc in doc["services"].items() if name.startswith("bridge-")}
     assert len(bridges) == 3
     for name, svc in bridges.items():
@@ -634,7 +634,7 @@ def test_compose_replicas_behind_nginx_and_envoy() -> None:
     text = (DEPLOY / "replicas" / "servers.yaml").read_text()
     env = {var: f"{var.lower()}-0123456789abcdef0123456789abcdef" for var in config_vars(text)}
     assert set(env) == set(next(iter(bridges.values()))["environment"])
-    config = bridge_config.parse(text, "replicas", env)
+    config = load.parse(text, "replicas", env)
     assert config.cluster is not None and config.cluster.peer_key == env["MCP_BRIDGE_PEER_KEY"]
     for svc in bridges.values():
         assert compose_seconds(svc["stop_grace_period"]) > worst_stop_seconds(text, env)
@@ -662,7 +662,7 @@ def test_servicemonitor_scrapes_with_the_metrics_token(tmp_path: Path) -> None:
     assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
     (endpoint,) = monitor["spec"]["endpoints"]
     assert endpoint["port"] == service["spec"]["ports"][0]["name"]
-    config = bridge_config.parse(kube_config_text(tmp_path, real_tokens()), "configmap", {})
+    config = load.parse(kube_config_text(tmp_path, real_tokens()), "configmap", {})
     assert endpoint["path"] == config.metrics.path
     # The credentials are the Secret key whose file the metrics-only token reads.
     credentials = endpoint["authorization"]["credentials"]
@@ -694,7 +694,7 @@ def test_compose_runs_the_image_with_its_config_and_prometheus_scrapes_it() -> N
     assert (ROOT / bridge["build"].get("dockerfile", "Dockerfile")).is_file()
     # The image's config reads exactly the variables compose provides.
     assert set(bridge["environment"]) == config_vars(DOCKER_CONFIG.read_text())
-    port = bridge_config.Listen().port
+    port = schema.Listen().port
     assert any(str(p).endswith(f":{port}") for p in bridge["ports"]), bridge["ports"]
     assert bridge.get("read_only") is True
     tmpfs = {entry.split(":")[0]: entry for entry in bridge["tmpfs"]}
@@ -715,7 +715,7 @@ def test_compose_runs_the_image_with_its_config_and_prometheus_scrapes_it() -> N
     assert scrape["static_configs"][0]["targets"] == [f"bridge:{port}"]
     text = DOCKER_CONFIG.read_text()
     distinct = {var: f"{var.lower()}-0123456789abcdef" for var in config_vars(text)}
-    docker = bridge_config.parse(text, environ=distinct)
+    docker = load.parse(text, environ=distinct)
     assert scrape["metrics_path"] == docker.metrics.path
     # The scrape token file is the compose secret made from the metrics-only token's variable.
     credentials_file = scrape["authorization"]["credentials_file"]
@@ -733,7 +733,7 @@ def test_compose_runs_the_image_with_its_config_and_prometheus_scrapes_it() -> N
 
 def worst_stop_seconds(text: str, env: dict[str, str]) -> float:
     """drain_timeout + the largest shutdown_timeout: how long a clean SIGTERM may take."""
-    config = bridge_config.parse(text, environ=env)
+    config = load.parse(text, environ=env)
     return config.limits.drain_timeout + max(s.shutdown_timeout for s in config.servers.values())
 
 

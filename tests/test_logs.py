@@ -192,8 +192,8 @@ def test_timestamps_are_iso_8601_utc_to_the_microsecond_across_seconds(monkeypat
     for now in (1_764_655_542.123456, 1_764_655_542.999999, 1_764_655_543.000001, 1_764_655_543.0, 1_764_741_943.5):
         monkeypatch.setattr(logs.time, "time", lambda now=now: now)
         stamp = stamper(None, "info", {})["timestamp"]
-        expected = dt.datetime.fromtimestamp(now, dt.timezone.utc)
+        expected = dt.datetime.fromtimestamp(now, dt.UTC)
         assert stamp.endswith("Z") and len(stamp) == len("2026-12-02T06:15:42.123456Z"), stamp
-        parsed = dt.datetime.fromisoformat(stamp[:-1]).replace(tzinfo=dt.timezone.utc)
+        parsed = dt.datetime.fromisoformat(stamp[:-1]).replace(tzinfo=dt.UTC)
         assert abs((parsed - expected).total_seconds()) < 2e-6, (stamp, expected)
         assert stamp[:19] == expected.strftime("%Y-%m-%dT%H:%M:%S"), (stamp, expected)

@@ -33,9 +33,7 @@ def to_server(actions: list[Any]) -> list[dict[str, Any]]:
 def to_session(actions: list[Any], sid: str | None = None) -> list[dict[str, Any]]:
     out = []
     for a in actions:
-        if isinstance(a, ToSession) and (sid is None or a.session == sid):
-            out.append(a.message)
-        elif isinstance(a, Broadcast) and (sid is None or sid in a.sessions):
+        if isinstance(a, ToSession) and (sid is None or a.session == sid) or isinstance(a, Broadcast) and (sid is None or sid in a.sessions):
             out.append(a.message)
     return out
 

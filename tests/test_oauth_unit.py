@@ -18,7 +18,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 from bridge.access.guard import Guard, Principal, Refusal, admit
 from bridge.access.oauth import NeedsFetch, OAuthVerifier, TokenRefused, Unavailable
-from bridge.config.schema import parse
+from bridge.config.load import parse
 
 ISSUER = "http://127.0.0.1:9999/realms/ops"
 BASE = "http://127.0.0.1:8080"

@@ -513,7 +513,7 @@ async def test_admin_reload(bridge):
 
 async def test_admin_api_without_tokens_is_loopback_only(bridge):
     from bridge.access.guard import Guard
-    from bridge.config.schema import parse
+    from bridge.config.load import parse
     from bridge.http.access import check_access
     from bridge.http.errors import HttpError
 

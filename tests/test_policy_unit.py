@@ -9,7 +9,8 @@ import pytest
 from test_mux import note, ready_mux, req, to_server, to_session
 
 from bridge.access.policy import RateLimiter, Rule, Throttled, View, views
-from bridge.config.schema import Filter, RateLimit, parse
+from bridge.config.load import parse
+from bridge.config.schema import Filter, RateLimit
 from bridge.core.mux import Discard, ToServer, ToSession
 from bridge.protocol import jsonrpc
 

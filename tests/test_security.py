@@ -26,7 +26,7 @@ from rawclient import RawSse, call
 
 from bridge.access import guard
 from bridge.access.guard import Guard
-from bridge.config.schema import parse
+from bridge.config.load import parse
 
 # Tokens are long, distinct and easy to spot in a log line.
 ALICE = "alice-tok-3f9c2b7e1d8a4c6f0b5e2d91"

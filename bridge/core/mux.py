@@ -1661,9 +1661,8 @@ def _hears(peer: Peer, level: int | None) -> bool:
     """Whether a notification about no one in particular (a log message at `level`, or
     another when None) reaches `peer`. A stateless session hears only while its own call is
     in flight, and log messages only at the level it asked for, if any."""
-    if peer.stateless:
-        if not peer.calls or (level is not None and peer.level is None):
-            return False
+    if peer.stateless and (not peer.calls or (level is not None and peer.level is None)):
+        return False
     return level is None or peer.level is None or level >= peer.level
 
 

@@ -715,7 +715,8 @@ class Gateway:
 
     def apply(self, upstream: Upstream, actions: list[Action], flush: bool = True) -> None:
         """Carry out `actions` in order. What the mux says about a message the server's
-        input had no room for is appended to `actions` and carried out in turn."""
+        input had no room for is appended to `actions` and carried out in turn. The two
+        actions of every message are carried out here; the rest in `_carry_out`."""
         if not actions:
             return  # nothing delivered here: whoever delivered before flushes
         slow: list[Session] = []
@@ -728,15 +729,13 @@ class Gateway:
                     if upstream.translator is not None:
                         actions += upstream.translate(message)
                     elif not upstream.send(encode(message) + b"\n"):
-                        metrics.dropped_messages += 1
-                        if "method" in message and "id" in message:
-                            actions += upstream.mux.not_written(message["id"], NOT_READING)
+                        actions += self._unwritten(upstream, message)
                 case ToSession(session=sid, message=message, related=related, final=final, call=call):
                     session = self.sessions.get(sid)
                     if session is None:
                         continue
-                    if final and (reshape := session.reshape) is not None:
-                        reshape(message)
+                    if final and (finish := session.reshape) is not None:
+                        finish(message)
                     data = encode(message)
                     metrics.bytes_out += len(data)
                     if "error" in message:
@@ -745,40 +744,55 @@ class Gateway:
                     if not session.deliver(data, related, final):
                         slow.append(session)
                     if call is not None:
-                        metrics.request_done(call.method, time.monotonic() - call.started)
-                        if call.target is not None:
-                            self._audit(call, message)
-                case Broadcast(sessions=sids, message=message):
-                    if message.get("method") in _LIST_CHANGES and self.server.mode == "per-session":
-                        sids = (*sids, *self._listeners(upstream, message["method"]))
-                    data = encode(message)
-                    for sid in sids:
-                        session = self.sessions.get(sid)
-                        if session is not None:
-                            metrics.bytes_out += len(data)
-                            unflushed[session] = None
-                            if not session.deliver(data, None, False):
-                                slow.append(session)
-                case Discard(reason=reason, detail=detail, log=log):
-                    metrics.dropped_messages += 1
-                    if log:
-                        self.log.warning("message_dropped", reason=reason, **detail)
-                case Abandoned(call=call):
-                    if call.target is not None:
-                        self._audit(call, None)
-                case RestartServer(reason=reason):
-                    upstream.supervisor.restart(reason)
-                case Timer(delay=delay):
-                    upstream.set_timer(delay)
+                        self._call_done(call, message)
+                case _:
+                    self._carry_out(upstream, action, slow)
         if slow:
-            for session in dict.fromkeys(slow):  # once each, however many messages it missed
-                limits = self.limits
-                self.log.warning(
-                    "session_too_slow", session=session.id, queue_limit=limits.session_queue, queue_bytes=limits.slow_bytes
-                )
-                self.close_session(session, "slow")
+            self._close_slow(slow)
         if flush:
             self.flush()
+
+    def _unwritten(self, upstream: Upstream, message: Message) -> list[Action]:
+        """A message the server's input had no room for: dropped, and a request failed."""
+        self.metrics.dropped_messages += 1
+        return upstream.mux.not_written(message["id"], NOT_READING) if "method" in message and "id" in message else []
+
+    def _call_done(self, call: Call, answer: Message) -> None:
+        self.metrics.request_done(call.method, time.monotonic() - call.started)
+        if call.target is not None:
+            self._audit(call, answer)
+
+    def _carry_out(self, upstream: Upstream, action: Action, slow: list[Session]) -> None:
+        metrics = self.metrics
+        match action:
+            case Broadcast(sessions=sids, message=message):
+                if message.get("method") in _LIST_CHANGES and self.server.mode == "per-session":
+                    sids = (*sids, *self._listeners(upstream, message["method"]))
+                data = encode(message)
+                for sid in sids:
+                    session = self.sessions.get(sid)
+                    if session is not None:
+                        metrics.bytes_out += len(data)
+                        self._unflushed[session] = None
+                        if not session.deliver(data, None, False):
+                            slow.append(session)
+            case Discard(reason=reason, detail=detail, log=log):
+                metrics.dropped_messages += 1
+                if log:
+                    self.log.warning("message_dropped", reason=reason, **detail)
+            case Abandoned(call=call):
+                if call.target is not None:
+                    self._audit(call, None)
+            case RestartServer(reason=reason):
+                upstream.supervisor.restart(reason)
+            case Timer(delay=delay):
+                upstream.set_timer(delay)
+
+    def _close_slow(self, slow: list[Session]) -> None:
+        limits = self.limits
+        for session in dict.fromkeys(slow):  # once each, however many messages it missed
+            self.log.warning("session_too_slow", session=session.id, queue_limit=limits.session_queue, queue_bytes=limits.slow_bytes)
+            self.close_session(session, "slow")
 
     def _listeners(self, source: Upstream, method: str) -> list[str]:
         """Per-session mode: a list change from a process serving a 2026-07-28 request is for
@@ -849,11 +863,9 @@ class Gateway:
             await asyncio.sleep(self.keepalive / KEEPALIVE_PASSES)
             now = time.monotonic()
             due = now - self.keepalive * (1 - 1 / KEEPALIVE_PASSES)
-            pinged = 0
-            for session in [s for s in self.sessions.values() if s.last_pinged < due]:
+            for pinged, session in enumerate([s for s in self.sessions.values() if s.last_pinged < due], 1):
                 session.last_pinged = now
                 session.keepalive()
-                pinged += 1
                 if pinged % KEEPALIVE_SLICE == 0:
                     await asyncio.sleep(0)
 

@@ -35,7 +35,6 @@ JSON-RPC error at once, so that the client starts the call anew.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
@@ -173,7 +172,7 @@ class Forwarder:
                     if sink.unsent() > unsent_limit:
                         reply.abort()
                         return
-            except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
                 self._broken(owner, exc)
                 if sink is None:
                     raise gone from None
@@ -201,7 +200,7 @@ class Forwarder:
                 upstream = await client.request(
                     method, f"{self._scheme}://{owner.address}{path}", headers=headers, data=data, allow_redirects=False
                 )
-            except (aiohttp.ClientConnectionError, asyncio.TimeoutError, OSError) as exc:
+            except (TimeoutError, aiohttp.ClientConnectionError, OSError) as exc:
                 # Refused, unreachable, no connection or answer in time, or closed before answering:
                 # what it held is gone with it.
                 counts.outcomes["owner_gone"] += 1
@@ -245,7 +244,7 @@ class Forwarder:
         while True:
             try:
                 chunk = await reader.readany()
-            except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
                 if upstream.closed and upstream in self._streams and self._draining:
                     break  # ended by the drain: cleanly, between two reads
                 # The owner went mid-answer. Closing before the answer's end (the last chunk, or

@@ -103,6 +103,9 @@ class Write(enum.Enum):
 SENT, FULL, GONE = Write.SENT, Write.FULL, Write.GONE
 
 
+_NO_RLIMITS = Rlimits()  # the default: none set (a frozen struct, shared)
+
+
 class Child:
     """A running stdio MCP server in its own process group.
 
@@ -123,7 +126,7 @@ class Child:
         cwd: str | None = None,
         max_line: int,
         input_limit: int,
-        rlimits: Rlimits = Rlimits(),
+        rlimits: Rlimits = _NO_RLIMITS,
         identity: Identity | None = None,  # run as this user; None: as the daemon
         memory_groups: cgroups.Groups | None = None,  # rlimits.memory by a cgroup; None: by RLIMIT_AS
         on_line: Callable[[bytes], None],
