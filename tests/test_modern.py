@@ -1241,6 +1241,7 @@ def test_a_calls_answer_with_nothing_before_it_goes_at_its_delivery_else_in_turn
     the answer at that delivery (no queue, no flush); one that came after a progress
     notification is sent in turn at the flush, after it, on a stream."""
     from bridge.http.endpoints.stateless_2026 import Exchange, StatelessSession
+    from bridge.protocol import stateless
 
     class Gateway:
         name = "s"
@@ -1250,8 +1251,8 @@ def test_a_calls_answer_with_nothing_before_it_goes_at_its_delivery_else_in_turn
         def close_session(self, session: StatelessSession, reason: str) -> None:
             session.end(reason)
 
-        def init_result(self, session: StatelessSession) -> dict[str, Any]:
-            return {"serverInfo": {"name": "x", "version": "1"}}
+        def identity(self, session: StatelessSession) -> stateless.Server:
+            return stateless.Server({"name": "x", "version": "1"}, "private")
 
     class Head:
         gateway = Gateway()
@@ -1280,7 +1281,7 @@ def test_a_calls_answer_with_nothing_before_it_goes_at_its_delivery_else_in_turn
 
     def answer(session: StatelessSession) -> bytes:  # as the gateway delivers a final response
         message = {"jsonrpc": "2.0", "id": 7, "result": {"content": []}}
-        session.reshape(message)
+        session.finish(message)
         return json.dumps(message, separators=(",", ":")).encode()
 
     quick, quick_reply = StatelessSession("s", None, 10, 1000), Reply()

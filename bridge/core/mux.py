@@ -584,7 +584,9 @@ class Mux:
 
     # ------------------------------------------------------------ from clients
 
-    def from_client(self, session: str, payload: Any) -> list[Action]:
+    def from_client(self, session: str, payload: Any, kind: Kind | None = None) -> list[Action]:
+        """A client's message or batch. `kind`: a single message's, when its endpoint has
+        classified it already (a 2026-07-28 request): it is not classified again."""
         peer = self._peers[session]
         if payload.__class__ is list:
             if not payload:
@@ -599,7 +601,7 @@ class Mux:
             for msg, kind in zip(payload, kinds, strict=True):
                 out += self._from_client(peer, msg, kind)
             return self._settle(out) if self._queued.waiting else out
-        out = self._from_client(peer, payload, jsonrpc.classify(payload))
+        out = self._from_client(peer, payload, jsonrpc.classify(payload) if kind is None else kind)
         return self._settle(out) if self._queued.waiting else out
 
     def _from_client(self, peer: Peer, msg: Message, kind: Kind) -> list[Action]:

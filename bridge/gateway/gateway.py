@@ -30,7 +30,7 @@ from bridge.process.child import GONE, SENT, Child
 from bridge.process.pool import Full, Pool, Slots
 from bridge.process.supervisor import Status, Supervisor
 from bridge.protocol import jsonrpc, stateless
-from bridge.protocol.jsonrpc import Message, ProtocolError, RequestId
+from bridge.protocol.jsonrpc import Kind, Message, ProtocolError, RequestId
 
 encode = jsonrpc.encode
 
@@ -107,6 +107,17 @@ class Upstream:
             events=self,
         )
         self._log = gateway.log
+        self._identity = stateless.Server(None, cfg.cache_scope)
+        self._identity_of: dict[str, Any] | None = None  # the initialize result it was made from
+
+    def identity(self) -> stateless.Server:
+        """What a 2026-07-28 answer from this process is decorated with: made once per
+        initialize result (a restarted process has a new one), not per answer."""
+        init = self.mux.init_result
+        if init is not self._identity_of:
+            self._identity_of = init
+            self._identity = stateless.Server(init.get("serverInfo") if init else None, self.gateway.server.cache_scope)
+        return self._identity
 
     def _make_child(self) -> Child:
         launch = self.gateway.launch
@@ -669,11 +680,23 @@ class Gateway:
         peer = upstream.mux.peer(session.id)
         return peer.protocol_version if peer.initialized else None
 
-    def adopt(self, session: Session, capabilities: dict[str, Any], version: str, client_info: Any, level: str | None,
-              notices: frozenset[str] = frozenset()) -> None:  # fmt: skip
-        """Make an open session a stateless (2026-07-28) one: see `Mux.adopt`."""
+    def open_request(self, session: Session, env: stateless.Envelope, notices: frozenset[str]) -> bool:
+        """Open a 2026-07-28 request's session and adopt it as the request's envelope says
+        (`Mux.adopt`), if its process is at hand; else False: `open_request_later` waits for
+        one. Raises SessionLimitError."""
+        if not self.open_at_once(session):
+            return False
+        self._adopt(session, env, notices)
+        return True
+
+    async def open_request_later(self, session: Session, env: stateless.Envelope, notices: frozenset[str]) -> None:
+        """`open_request` for a session whose process is not at hand: waits as `open_session` does."""
+        await self.open_session(session)
+        self._adopt(session, env, notices)
+
+    def _adopt(self, session: Session, env: stateless.Envelope, notices: frozenset[str]) -> None:
         upstream = self._upstreams[session.id]
-        self.apply(upstream, upstream.mux.adopt(session.id, capabilities, version, client_info, level, notices))
+        self.apply(upstream, upstream.mux.adopt(session.id, env.capabilities, env.version, env.client_info, env.log_level, notices))
 
     def server_request_id(self, session: Session, downstream_id: RequestId) -> RequestId | None:
         """The id the server gave its request that the mux passed to `session` as `downstream_id`."""
@@ -688,9 +711,15 @@ class Gateway:
         upstream = self._upstreams.get(session.id)
         return upstream.mux.init_result if upstream is not None else None
 
-    def from_client(self, session: Session, payload: Any) -> None:
+    def identity(self, session: Session) -> stateless.Server:
+        """The serverInfo and cache scope a 2026-07-28 answer in this session is decorated with."""
+        upstream = self._upstreams.get(session.id)
+        return upstream.identity() if upstream is not None else stateless.Server(None, self.server.cache_scope)
+
+    def from_client(self, session: Session, payload: Any, kind: Kind | None = None) -> None:
         """Route one decoded client message (or batch); raises ProtocolError if invalid, and
-        Throttled, with nothing of it taken, when it carries calls over its principal's limits."""
+        Throttled, with nothing of it taken, when it carries calls over its principal's limits.
+        `kind`: the message's, when its endpoint has classified it already."""
         session.last_seen = self.last_request = time.monotonic()
         upstream = self._upstreams[session.id]
         if self.limiter.active and (calls := _calls(payload)):
@@ -700,7 +729,7 @@ class Gateway:
                 if (held := self._throttled_log.allow()) is not None:
                     self.log.info("rate_limited", principal=session.owner, limit=exc.limit, calls=calls, suppressed=held)
                 raise
-        actions = upstream.mux.from_client(session.id, payload)
+        actions = upstream.mux.from_client(session.id, payload, kind)
         metrics = self.metrics
         if payload.__class__ is list:
             for msg in payload:
@@ -734,7 +763,7 @@ class Gateway:
                     session = self.sessions.get(sid)
                     if session is None:
                         continue
-                    if final and (finish := session.reshape) is not None:
+                    if final and (finish := session.finish) is not None:
                         finish(message)
                     data = encode(message)
                     metrics.bytes_out += len(data)

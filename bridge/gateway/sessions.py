@@ -3,7 +3,7 @@
 A transport subclasses `Session` to say how messages reach its client. The
 gateway only calls `deliver` (which must never block: a full queue returns
 False and the gateway drops the session as too slow), `flush` (once what one
-batch of input produced is delivered), `reshape` when it has one, and `end`.
+batch of input produced is delivered), `finish` when it has one, and `end`.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ class Session:
     # What a final response to this session's call passes through before it is encoded: the
     # 2026-07-28 path makes a legacy server's answer a modern one there, in place, so a
     # result is decoded once, where the server's line was read. None: sent as it came.
-    reshape: Callable[[Message], None] | None = None
+    finish: Callable[[Message], None] | None = None
     # Set while the gateway ends it from outside (the admin API): a transport that closes it on
     # the errors this delivers (a 2026-07-28 call, answered by one) closes it for this reason.
     ending: str | None = None

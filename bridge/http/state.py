@@ -20,7 +20,7 @@ from bridge.http.errors import RETRY_AFTER_S, HttpError
 from bridge.metrics import Metrics
 from bridge.process.pool import Slots
 from bridge.protocol import jsonrpc
-from bridge.protocol.jsonrpc import ProtocolError
+from bridge.protocol.jsonrpc import Kind, ProtocolError
 
 
 @dataclass(slots=True)
@@ -82,29 +82,22 @@ async def open_session(gateway: Gateway, session: Session) -> None:
     try:
         await gateway.open_session(session)
     except SessionLimitError as exc:
-        raise _full(exc) from None
+        raise unavailable(exc) from None
 
 
-def open_at_once(gateway: Gateway, session: Session) -> bool:
-    """Open `session` if its process is at hand, else False (`open_session` waits); 503 as there."""
-    try:
-        return gateway.open_at_once(session)
-    except SessionLimitError as exc:
-        raise _full(exc) from None
-
-
-def _full(exc: SessionLimitError) -> HttpError:
+def unavailable(exc: SessionLimitError) -> HttpError:
+    """The 503 for a session the server cannot open now (full, stopping, no process in time)."""
     if exc.retry_after is None:
         return HttpError(503, str(exc), headers={"Retry-After": RETRY_AFTER_S})
     return HttpError(503, str(exc), jsonrpc.SERVER_UNAVAILABLE, {"Retry-After": str(exc.retry_after)})
 
 
-def route(gateway: Gateway, session: Session, payload: Any) -> None:
+def route(gateway: Gateway, session: Session, payload: Any, kind: Kind | None = None) -> None:
     """Hand a POST's decoded body to the gateway; what it refuses is the POST's answer:
     400 for what is not valid JSON-RPC, 429 for calls over their principal's limits
     (nothing of the body is taken then)."""
     try:
-        gateway.from_client(session, payload)
+        gateway.from_client(session, payload, kind)
     except ProtocolError as exc:
         raise HttpError(400, exc.message, exc.code, request_id=exc.request_id) from None
     except Throttled as exc:

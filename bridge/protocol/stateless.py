@@ -15,24 +15,28 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 from collections.abc import Mapping
 from typing import Any, Final
 
 import msgspec
 
-from bridge.protocol import jsonrpc
+from bridge.protocol import jsonrpc, media
 from bridge.protocol.jsonrpc import Message, RequestId
 from bridge.protocol.mcp import (
     CACHEABLE,
     CAPABILITIES_KEY,
     CLIENT_INFO_KEY,
     HEADER_MISMATCH,
+    LISTEN,
     LOG_LEVEL_KEY,
     LOG_LEVELS,
     MISSING_CAPABILITY,
+    REMOVED,
     RESOURCE_NOT_FOUND_2025,
     SERVER_INFO_KEY,
     STATELESS_VERSION,
+    STATELESS_VERSIONS,
     SUPPORTED_VERSIONS,
     UNSUPPORTED_VERSION,
     VERSION_KEY,
@@ -68,13 +72,13 @@ RESOURCE_UPDATED: Final = "notifications/resources/updated"
 class StatelessError(Exception):
     """A modern request refused: its JSON-RPC error, and the HTTP status that carries it."""
 
-    def __init__(self, code: int, message: str, data: Any = None, request_id: RequestId | None = None) -> None:
+    def __init__(self, code: int, message: str, data: Any = None, request_id: RequestId | None = None, status: int | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.data = data
         self.request_id = request_id
-        self.status = STATUS_FOR.get(code, 400)
+        self.status = STATUS_FOR.get(code, 400) if status is None else status
 
     def body(self) -> bytes:
         error: dict[str, Any] = {"code": self.code, "message": self.message}
@@ -111,6 +115,38 @@ class Headers(msgspec.Struct, frozen=True):
     name: str | None
     params: Mapping[str, str]
     repeated: str | None = None  # a mirroring header sent more than once
+
+
+def admit(msg: Message, headers: Headers, accept: str, tools: Mapping[str, Mapping[str, tuple[str, ...]]] | None) -> Envelope:
+    """Every check a 2026-07-28 request (already classified a request) passes before it is
+    served, in the order the spec gives them: its envelope (-32602), the headers that mirror
+    it (-32020), its version (-32022), a method the revision removed (-32601), and whether
+    the client takes a form its answer can have (406). `tools`: the server's tools'
+    `x-mcp-header` names, when the bridge has seen them. Returns the envelope, or raises
+    StatelessError."""
+    env = envelope(msg)
+    method = msg["method"]
+    tool = None
+    if tools and method == "tools/call" and (name := msg["params"].get("name")).__class__ is str:
+        tool = tools.get(name)
+    check_headers(msg, env, headers, tool)
+    if env.version not in STATELESS_VERSIONS:
+        raise unsupported(msg, env)
+    if method in REMOVED:
+        raise removed(msg)
+    sse, json = accepts(accept)
+    if not sse and (method == LISTEN or not json):
+        wanted = media.SSE if method == LISTEN else f"{media.JSON} or {media.SSE}"
+        raise StatelessError(jsonrpc.INVALID_REQUEST, f"{method} needs Accept: {wanted}", request_id=msg["id"], status=406)
+    return env
+
+
+@functools.lru_cache(maxsize=128)  # as media.quality: clients send the same few values
+def accepts(accept: str) -> tuple[bool, bool]:
+    """Whether an Accept takes an SSE stream, and whether one JSON body (none: both). An
+    answer that may be either is one JSON body; else (`Accept: text/event-stream` alone, say)
+    it is a stream, of one event if need be."""
+    return (not accept or media.quality(accept, media.SSE) > 0, not accept or media.quality(accept, media.JSON) > 0)
 
 
 def envelope(msg: Message) -> Envelope:

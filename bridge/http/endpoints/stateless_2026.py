@@ -52,7 +52,7 @@ from bridge import logs
 from bridge.core import request_state
 from bridge.core.cluster import FORWARDED_HEADER
 from bridge.core.request_state import State, StateKeys
-from bridge.gateway.gateway import Gateway
+from bridge.gateway.gateway import Gateway, SessionLimitError
 from bridge.gateway.sessions import Session, Spares
 from bridge.http import errors, forward, state, streams
 from bridge.http.endpoints.base import Post
@@ -91,7 +91,7 @@ class StatelessSession(Session):
         self.ping_due = False
         self.driver: Driver | None = None  # none while parked: the queue waits for the retry
         # Its call's (a listen stream has none): the request that made it, what it asks, and
-        # the HTTP status of its answer once that has been made modern (`reshape`).
+        # the HTTP status of its answer once that has been made modern (`finish`).
         self.head: Post | None = None
         self.parking: Parking | None = None
         self.method = ""
@@ -105,7 +105,7 @@ class StatelessSession(Session):
         # While its call waits for the client's retry: where it is parked, and under which key.
         self.parked_in: tuple[Parking, str] | None = None
 
-    def reshape(self, message: Message) -> None:
+    def finish(self, message: Message) -> None:
         """Its call's answer, as a legacy server gave it, made a modern one in place."""
         head, method = self.head, self.method
         if head is None:
@@ -116,7 +116,7 @@ class StatelessSession(Session):
                 message["result"] = stateless.discover(result)
             elif method == "tools/list" and self.parking is not None:
                 self.parking.learn_tools(head.gateway.name, result)
-        self.status = stateless.complete(message, method, _server(head, self))
+        self.status = stateless.complete(message, method, head.gateway.identity(self))
 
     def deliver(self, data: bytes, related: RequestId | None, final: bool) -> bool:
         driver = self.driver
@@ -373,16 +373,8 @@ def answer(head: Post, msg: Message, reply: Reply, parking: Parking) -> None:
         if kind is jsonrpc.RESPONSE:
             raise StatelessError(jsonrpc.INVALID_REQUEST, "a 2026-07-28 client sends no responses: input goes in a retry's inputResponses")
         gateway = head.gateway
-        env = stateless.envelope(msg)
+        env = stateless.admit(msg, head.request.mirrored(), head.accept, parking.tool_headers.get(gateway.name))
         method, params = msg["method"], msg["params"]
-        tools = parking.tool_headers.get(gateway.name) if method == "tools/call" else None
-        name = params.get("name")
-        stateless.check_headers(msg, env, head.request.mirrored(), tools.get(name) if tools and name.__class__ is str else None)
-        if env.version not in mcp.STATELESS_VERSIONS:
-            raise stateless.unsupported(msg, env)
-        if method in mcp.REMOVED:
-            raise stateless.removed(msg)
-        _check_accept(head.accept, method, msg["id"], listen=method == mcp.LISTEN)
         if method == mcp.LISTEN:
             _listen(head, msg, env, reply)
             return
@@ -417,21 +409,6 @@ def answer(head: Post, msg: Message, reply: Reply, parking: Parking) -> None:
         raise
 
 
-@functools.lru_cache(maxsize=128)  # as media.quality: clients send the same few values
-def _accepts(accept: str) -> tuple[bool, bool]:
-    """Whether an Accept takes an SSE stream, and whether one JSON body (none: both). An
-    answer that may be either is one JSON body; else (`Accept: text/event-stream` alone, say)
-    it is a stream, of one event if need be."""
-    return (not accept or media.quality(accept, media.SSE) > 0, not accept or media.quality(accept, media.JSON) > 0)
-
-
-def _check_accept(accept: str, method: str, rid: RequestId, listen: bool) -> None:
-    """406 when the client takes no form its answer can have (a listen stream is SSE)."""
-    sse, json = _accepts(accept)
-    if not sse and (listen or not json):
-        raise HttpError(406, f"{method} needs Accept: {media.SSE if listen else f'{media.JSON} or {media.SSE}'}", request_id=rid)
-
-
 def _call(
     head: Post, parking: Parking, msg: Message, method: str, params: dict[str, Any], reply: Reply, offered: dict[str, Any], session: StatelessSession
 ) -> None:  # fmt: skip
@@ -442,7 +419,7 @@ def _call(
     # is in _meta, which a digest leaves out.
     exchange = Exchange(head, parking, session, rid, method, rid, reply, params, offered)  # before routing: what it routes may be answered at once
     try:
-        state.route(gateway, session, msg)
+        state.route(gateway, session, msg, jsonrpc.REQUEST)
     except BaseException:
         gateway.close_session(session, "refused")
         raise
@@ -462,8 +439,10 @@ def _open(head: Post, env: Envelope, notices: frozenset[str], spare_key: Hashabl
     limits = gateway.limits
     session = StatelessSession(gateway.name, head.principal, limits.session_queue, limits.slow_bytes)
     session.spare_key = spare_key
-    if state.open_at_once(gateway, session):
-        _adopt(gateway, session, env, notices)
+    try:
+        session.adopted = gateway.open_request(session, env, notices)
+    except SessionLimitError as exc:
+        raise state.unavailable(exc) from None
     return session
 
 
@@ -478,14 +457,12 @@ def _open_later(
 async def _opened(
     gateway: Gateway, session: StatelessSession, env: Envelope, notices: frozenset[str], then: Callable[[StatelessSession], None]
 ) -> None:
-    await state.open_session(gateway, session)
-    _adopt(gateway, session, env, notices)
-    then(session)
-
-
-def _adopt(gateway: Gateway, session: StatelessSession, env: Envelope, notices: frozenset[str]) -> None:
-    gateway.adopt(session, env.capabilities, env.version, env.client_info, env.log_level, notices)
+    try:
+        await gateway.open_request_later(session, env, notices)
+    except SessionLimitError as exc:
+        raise state.unavailable(exc) from None
     session.adopted = True
+    then(session)
 
 
 class Exchange(Driver):
@@ -579,13 +556,13 @@ class Exchange(Driver):
     def _end(self, body: bytes, status: int, events: bytes = b"") -> None:
         """The exchange's last word: the answer's body (an event when streaming), then the session closes."""
         self.close("answered")
-        if self.sink is None and not events and _accepts(self.head.accept)[1]:
+        if self.sink is None and not events and stateless.accepts(self.head.accept)[1]:
             self.reply.whole(status, body)
         else:
             self.reply.end_stream(events + _event(body))
 
     def _finish(self, data: bytes, events: bytes) -> None:
-        """The call's answer, made modern as it was delivered (`StatelessSession.reshape`)."""
+        """The call's answer, made modern as it was delivered (`StatelessSession.finish`)."""
         if self.reply_id != self.call_id:
             data = stateless.with_id(data, self.reply_id)  # a retry's answer carries the retry's id
         self._end(data, self.session.status, events)
@@ -600,8 +577,8 @@ class Exchange(Driver):
         salient = self.salient if isinstance(self.salient, str) else request_state.digest(self.salient)
         parking.park(Parked(key, gateway, session, head.principal, self.method, salient, self.asked, self.ids, self.call_id), ttl)
         token = parking.keys.seal(State(key, head.principal, self.method, salient, gateway.name), ttl)
-        body = jsonrpc.encode(jsonrpc.result(self.reply_id, stateless.input_required(self.asked, token, _server(head, session))))
-        if self.sink is None and _accepts(head.accept)[1]:
+        body = jsonrpc.encode(jsonrpc.result(self.reply_id, stateless.input_required(self.asked, token, gateway.identity(session))))
+        if self.sink is None and stateless.accepts(head.accept)[1]:
             self.reply.whole(200, body)
         else:
             self.reply.end_stream(_event(body))
@@ -611,11 +588,6 @@ def _can_stream(accept: str) -> bool:
     """Whether the client takes the answer as a stream: asked only once a message comes
     before the answer, which most calls never have."""
     return bool(accept) and media.quality(accept, media.SSE) > 0
-
-
-def _server(head: Post, session: StatelessSession) -> stateless.Server:
-    init = head.gateway.init_result(session)
-    return stateless.Server(init.get("serverInfo") if init else None, head.gateway.server.cache_scope)
 
 
 def _resume(head: Post, msg: Message, reply: Reply, parking: Parking) -> None:
