@@ -51,3 +51,9 @@ def test_a_planted_import_breaks_its_contract(tmp_path: Path, module: str, plant
     assert done.returncode != 0, done.stdout[-2000:]
     broken = [line for line in done.stdout.splitlines() if line.endswith("BROKEN")]
     assert len(broken) == 1 and contract in broken[0], done.stdout[-2000:]
+
+
+def test_the_docs_module_map_is_current() -> None:
+    """docs/architecture.md lists every module, by layer, as docs/generate.py reads them off the code."""
+    done = subprocess.run([sys.executable, str(ROOT / "docs" / "generate.py"), "--check"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr

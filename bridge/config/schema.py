@@ -1,8 +1,8 @@
-"""The YAML config: parsed, interpolated and validated into frozen structs.
+"""The config's schema: every key of the YAML config as a frozen struct, with its default.
 
-Validation walks the schema (the structs below) beside the data so that every
-problem is reported, each with its key path (`servers.time.restart.window`),
-rather than only the first. Leaf values are converted by msgspec.
+`config/load.py` walks these structs beside the data so that every problem is reported,
+each with its key path (`servers.time.restart.window`), rather than only the first. Leaf
+values are converted by msgspec (`dec_hook`: durations and sizes with units).
 """
 
 from __future__ import annotations

@@ -1,0 +1,1 @@
+"""The operators' layer: the admin API and the status page."""

@@ -1,0 +1,1 @@
+"""The process layer: one stdio server process, its supervision, confinement and pool."""
