@@ -772,8 +772,10 @@ class Gateway:
                     unflushed[session] = None
                     if not session.deliver(data, related, final):
                         slow.append(session)
-                    if call is not None:
-                        self._call_done(call, message)
+                    if call is not None:  # the call's answer: once per call
+                        metrics.request_done(call.method, time.monotonic() - call.started)
+                        if call.target is not None:
+                            self._audit(call, message)
                 case _:
                     self._carry_out(upstream, action, slow)
         if slow:
@@ -785,11 +787,6 @@ class Gateway:
         """A message the server's input had no room for: dropped, and a request failed."""
         self.metrics.dropped_messages += 1
         return upstream.mux.not_written(message["id"], NOT_READING) if "method" in message and "id" in message else []
-
-    def _call_done(self, call: Call, answer: Message) -> None:
-        self.metrics.request_done(call.method, time.monotonic() - call.started)
-        if call.target is not None:
-            self._audit(call, answer)
 
     def _carry_out(self, upstream: Upstream, action: Action, slow: list[Session]) -> None:
         metrics = self.metrics

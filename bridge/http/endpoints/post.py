@@ -10,6 +10,7 @@ parked calls) lives here, one of each per app.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -30,23 +31,20 @@ from bridge.protocol.mcp import SESSION_HEADER, VERSION_HEADER
 class Posts:
     """The `Dispatcher` of an app: given to the fast path, and used by aiohttp's handler below."""
 
-    __slots__ = ("holds", "parking")
+    __slots__ = ("holds", "message", "message_session", "parking")
 
     def __init__(self, forwarder: Forwarder | None) -> None:
         self.holds = streamable_2025.Holds()
         self.parking = stateless_2026.Parking.of(forwarder)  # in a cluster, requestStates name their replica
+        # HTTP+SSE's two steps, as the functions themselves: a message POST pays no call in between.
+        self.message_session: Callable[[Gateway, str | None, str | None], Session] = sse_2024.posted_session
+        self.message: Callable[[Gateway, Session, Any], None] = sse_2024.take
 
     def mcp(self, post: Post, payload: Any, reply: Reply) -> None:
         if stateless.is_stateless(payload) or (post.session_id is None and _lone_request(payload)):
             stateless_2026.answer(post, payload, reply, self.parking)
         else:
             streamable_2025.answer(post, payload, reply, self.holds)
-
-    def message_session(self, gateway: Gateway, session_id: str | None, principal: str | None) -> Session:
-        return sse_2024.posted_session(gateway, session_id, principal)
-
-    def message(self, gateway: Gateway, session: Session, payload: Any) -> None:
-        sse_2024.take(gateway, session, payload)
 
 
 def _lone_request(payload: Any) -> bool:
