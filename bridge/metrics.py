@@ -397,7 +397,7 @@ class _Collector(Collector):
 
 
 class Forwarding:
-    """Requests naming a session another replica owns (transports/forward.py)."""
+    """Requests naming a session another replica owns (http/forward.py)."""
 
     # forwarded: the owner's answer relayed whole; owner_gone: no connection to it (404);
     # owner_restarted: it has restarted since (404); broken: it went mid-answer; busy: 503, no

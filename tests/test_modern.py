@@ -441,7 +441,7 @@ def test_a_kept_session_takes_nothing_said_while_it_waits() -> None:
 
     head = type("Head", (), {"gateway": Gateway()})()
     session = StatelessSession("s", "alice", 10, 1000)
-    session.spare_key, session.head = ("alice", b"{}"), head
+    session.spare_key, session.post = ("alice", b"{}"), head
     assert session.deliver(b'{"jsonrpc":"2.0","method":"notifications/message","params":{}}', None, False)
     spares = Spares(2)
     assert session.keep(spares) and spares.count == 1 and not session.queue

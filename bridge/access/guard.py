@@ -1,6 +1,6 @@
 """Who may talk to the bridge: Host and Origin checks, bearer tokens, CORS.
 
-The rules only, free of HTTP: `transports/http.py` applies them to requests
+The rules only, free of HTTP: `http/access.py` applies them to requests
 on both HTTP paths.
 
 Order matters and is cheap-first: a request from a page that a DNS-rebinding

@@ -10,13 +10,13 @@ the client that holds the id. A second key is accepted while keys rotate.
 
 Any replica can so tell, with no shared store and before any connection,
 where a session lives: its own (served here), another replica's (the
-request is forwarded, transports/forward.py), or nobody's (a bad MAC, a
+request is forwarded, http/forward.py), or nobody's (a bad MAC, a
 principal that did not open it, a replica's earlier life: 404). The epoch
 makes a restarted replica's old ids fail at once: the replica answers 404
 itself, and a forwarder that hears so remembers the dead epoch and answers
 404 without asking again.
 
-An MRTR `requestState` (transports/modern.py) names its owner the same way:
+An MRTR `requestState` (http/endpoints/stateless_2026.py) names its owner the same way:
 it is sealed under a key derived from the peer key (`derived`), so every
 replica can verify it, and carries the owner's address and epoch; `place`
 says where a retry carrying it goes, by the same rules as an id's request.

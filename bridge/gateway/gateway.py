@@ -39,7 +39,7 @@ KEEPALIVE_PASSES = 5  # checks per keepalive interval: comments come every 4/5 t
 KEEPALIVE_SLICE = 64  # keepalives written between yields to the event loop
 # Session ends the bridge chose, counted as drops (a client closing its stream is not one).
 DROP_REASONS = frozenset({"slow", "idle", "server_gone", "shutdown", "ended"})  # ended: by an administrator
-# Idle sessions kept for requests to come (transports/modern.py: answered 2026-07-28 calls'),
+# Idle sessions kept for requests to come (http/endpoints/stateless_2026.py: answered 2026-07-28 calls'),
 # per server: as many as a busy principal's clients have calls at once, within reason.
 SPARES_PER_SERVER = 64
 RESTART_POLL_S = 0.05  # how often a graceful restart looks whether the calls in flight have ended
@@ -94,7 +94,7 @@ class Upstream:
         self.refused = 0  # messages not written since its input backed up
         self.child: Child | None = None
         self.last_limit: str | None = None  # the limit that most likely ended its last process
-        # The era of the running process (era.py); a translator only while it is
+        # The era of the running process (core/translator.py); a translator only while it is
         # found out, and for a modern server.
         self.era = Era.DETECTING
         self.translator: Translator | None = None

@@ -27,7 +27,7 @@ class Session:
     addressed = True
     era = "legacy"  # the protocol era it speaks: "legacy" (2024-11-05 to 2025-11-25) or "2026-07-28"
     # What a final response to this session's call passes through before it is encoded: the
-    # 2026-07-28 path makes a legacy server's answer a modern one there, in place, so a
+    # 2026-07-28 path makes a legacy server's answer a 2026-07-28 one there, in place, so a
     # result is decoded once, where the server's line was read. None: sent as it came.
     finish: Callable[[Message], None] | None = None
     # Set while the gateway ends it from outside (the admin API): a transport that closes it on
@@ -70,7 +70,7 @@ class Session:
 
 class Spares:
     """Open sessions a transport keeps, idle, for its next requests of the same kind (a
-    2026-07-28 call's: see transports/modern.py), at most `limit` of them; each is in its
+    2026-07-28 call's: see http/endpoints/stateless_2026.py), at most `limit` of them; each is in its
     gateway's sessions too. The one kept last is taken first; the one kept first gives way."""
 
     __slots__ = ("_by_kind", "count", "limit")

@@ -24,7 +24,7 @@ A 2026-07-28 request has no session and is served where it arrives, even
 with a stray `Mcp-Session-Id` (its `MCP-Protocol-Version` says what it is).
 Its MRTR retry, though, resumes a call parked on the replica that answered
 `input_required`, and names it only in its body's `requestState`. So
-`transports/modern.py`, having read and verified the state, asks `place`
+`http/endpoints/stateless_2026.py`, having read and verified the state, asks `place`
 where the call is and calls `retry`, with the body it decoded (encoded
 again: its params are what the state's digest binds, not its bytes), on
 either HTTP path; the answer goes back through that path's reply, the

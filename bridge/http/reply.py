@@ -31,7 +31,7 @@ class EventSink(Protocol):
 
 class Reply(Protocol):
     """How a Streamable HTTP request is answered, on either path (aiohttp's, or the fast
-    path's connection). The exchange that answers it (streamable.py, modern.py) is driven by
+    path's connection). The exchange that answers it (streamable_2025.py, stateless_2026.py) is driven by
     its session's deliveries, so no task waits for the answer: it ends the reply with exactly
     one of `whole`, `error`, `end_stream` or `abort`, from whichever callback the answer came
     in. When the client goes first, the callback given to `watch` is called instead."""

@@ -1,6 +1,6 @@
 """The admin API under /admin: JSON for operators and `mcp-bridge ctl`.
 
-Who may use it is decided with every other access rule (`transports/http.py`,
+Who may use it is decided with every other access rule (`http/access.py`,
 `Guard.admin_allowed`): a token with `roles: [admin]`, or anyone on a
 loopback bind when no authentication is configured. Every action that
 changes something is an `audit` event naming the admin.

@@ -18,7 +18,7 @@ STATELESS_VERSION: Final = "2026-07-28"
 STATELESS_VERSIONS: Final = (STATELESS_VERSION,)
 
 
-# What `server/discover` and every -32022 name: the modern revision first, then the
+# What `server/discover` and every -32022 name: 2026-07-28 first, then the
 # handshake-era ones this endpoint serves with sessions.
 SUPPORTED_VERSIONS: Final = (*STATELESS_VERSIONS, *reversed(PROTOCOL_VERSIONS))
 
@@ -50,7 +50,7 @@ UNSUPPORTED_VERSION: Final = -32022
 RESOURCE_NOT_FOUND_2025: Final = -32002  # a legacy server's; 2026-07-28 says -32602
 
 
-# Methods of the handshake era that 2026-07-28 removed: 404 / -32601 on the modern path.
+# Methods of the handshake era that 2026-07-28 removed: 404 / -32601 on the 2026-07-28 path.
 REMOVED: Final = frozenset(
     {"initialize", "ping", "logging/setLevel", "resources/subscribe", "resources/unsubscribe", "tasks/list", "tasks/result"}
 )

@@ -1,10 +1,10 @@
 """MCP 2026-07-28 (the stateless revision) as the bridge serves it to clients: no IO.
 
-A modern request carries its own protocol version and client capabilities in
+A 2026-07-28 request carries its own protocol version and client capabilities in
 `params._meta`; this module says what such a request is (`envelope`), checks
 it against the HTTP headers that mirror it (`check_headers`), answers what
 the bridge answers itself (removed methods, `server/discover`), turns a legacy
-server's answer into a modern result (`complete`), and seals and opens the
+server's answer into a 2026-07-28 result (`complete`), and seals and opens the
 `requestState` of a call waiting for its client's input (`StateKeys`).
 
 Everything here raises `StatelessError` for a request to refuse: the JSON-RPC
@@ -70,7 +70,7 @@ RESOURCE_UPDATED: Final = "notifications/resources/updated"
 
 
 class StatelessError(Exception):
-    """A modern request refused: its JSON-RPC error, and the HTTP status that carries it."""
+    """A 2026-07-28 request refused: its JSON-RPC error, and the HTTP status that carries it."""
 
     def __init__(self, code: int, message: str, data: Any = None, request_id: RequestId | None = None, status: int | None = None) -> None:
         super().__init__(message)
@@ -99,7 +99,7 @@ def is_stateless(payload: Any) -> bool:
 
 
 class Envelope(msgspec.Struct, frozen=True):
-    """What a modern request says about itself in `_meta`."""
+    """What a 2026-07-28 request says about itself in `_meta`."""
 
     version: str
     capabilities: dict[str, Any]
@@ -163,7 +163,7 @@ def envelope(msg: Message) -> Envelope:
 def _refuse_envelope(rid: RequestId | None, meta: Any) -> Envelope:
     """`envelope` for what its common case did not take: -32602 saying what is wrong."""
     # No _meta at all, or no version in it: a session-less request that the dispatcher
-    # (http/endpoints/post.py) took for a 2026-07-28 one. A legacy client that sent it gets a 400 without a modern
+    # (http/endpoints/post.py) took for a 2026-07-28 one. A legacy client that sent it gets a 400 without a 2026-07-28
     # error code (so a dual-era client falls back) that says how its sessions begin.
     meta = meta if meta.__class__ is dict else {}
     if VERSION_KEY not in meta or CAPABILITIES_KEY not in meta:
@@ -332,7 +332,7 @@ def discover(init_result: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def complete(message: dict[str, Any], method: str, server: Server) -> int:
-    """Make a legacy server's final answer, decoded as the mux delivers it, what a modern
+    """Make a legacy server's final answer, decoded as the mux delivers it, what a 2026-07-28
     client reads, in place, and say the HTTP status it goes with: every result gets a
     `resultType` and the server's info, cacheable ones `ttlMs` and `cacheScope`; the 2025
     code for a missing resource becomes the one 2026-07-28 uses."""

@@ -1,6 +1,6 @@
 """2026-07-28 requests at `/servers/{name}/mcp`: each one served by a mux session of its own.
 
-`streamable.answer_post` hands a POST here when its body carries the modern
+The dispatcher (endpoints/post.py) hands a POST here when its body carries the 2026-07-28
 `_meta` (both HTTP paths, aiohttp's and the fast path, go through it). After
 the checks of `stateless` (envelope, mirrored headers, version, removed
 methods), the request gets a `StatelessSession` no other call is using, which the mux
@@ -27,7 +27,7 @@ the call has ended. Parked sessions count against the
 server's session limit. In a cluster the state names the replica (address and
 epoch) holding the call and is sealed under a key every replica derives from
 the peer key: a retry that reaches another replica is verified there and
-forwarded to the holder (transports/forward.py), or refused at once when the
+forwarded to the holder (http/forward.py), or refused at once when the
 holder's life is over.
 
 `subscriptions/listen` is a session that listens: it subscribes (through the
@@ -72,7 +72,7 @@ _SPARE_KIND_BYTES = 1024
 
 
 class StatelessSession(Session):
-    """One modern request at a time (or a listen stream): what the mux says to it, in order. Whatever
+    """One 2026-07-28 request at a time (or a listen stream): what the mux says to it, in order. Whatever
     answers it (an `Exchange`, a `Listen`) is `driver`, run at every flush, at its end and
     when a keepalive is due: no task waits on it. A call's answer delivered with nothing
     before it is taken by the driver at that delivery, never queued."""
@@ -91,8 +91,8 @@ class StatelessSession(Session):
         self.ping_due = False
         self.driver: Driver | None = None  # none while parked: the queue waits for the retry
         # Its call's (a listen stream has none): the request that made it, what it asks, and
-        # the HTTP status of its answer once that has been made modern (`finish`).
-        self.head: Post | None = None
+        # the HTTP status of its answer once `finish` has made it a 2026-07-28 one.
+        self.post: Post | None = None
         self.parking: Parking | None = None
         self.method = ""
         self.status = 200
@@ -106,17 +106,17 @@ class StatelessSession(Session):
         self.parked_in: tuple[Parking, str] | None = None
 
     def finish(self, message: Message) -> None:
-        """Its call's answer, as a legacy server gave it, made a modern one in place."""
-        head, method = self.head, self.method
-        if head is None:
+        """Its call's answer, as a legacy server gave it, made a 2026-07-28 one in place."""
+        post, method = self.post, self.method
+        if post is None:
             return  # a listen stream's: answers to the bridge's own requests
         result = message.get("result")
         if result.__class__ is dict:
             if method == "server/discover":
                 message["result"] = stateless.discover(result)
             elif method == "tools/list" and self.parking is not None:
-                self.parking.learn_tools(head.gateway.name, result)
-        self.status = stateless.complete(message, method, head.gateway.identity(self))
+                self.parking.learn_tools(post.gateway.name, result)
+        self.status = stateless.complete(message, method, post.gateway.identity(self))
 
     def deliver(self, data: bytes, related: RequestId | None, final: bool) -> bool:
         driver = self.driver
@@ -159,12 +159,12 @@ class StatelessSession(Session):
         the same kind, if it may (nothing of its call is left at the server) and there is
         room among the server's spares. Whether it is kept."""
         key = self.spare_key
-        if key is None or self.head is None or not self.head.gateway.quiet(self) or not spares.keep(key, self):
+        if key is None or self.post is None or not self.post.gateway.quiet(self) or not spares.keep(key, self):
             return False
         self.queue.clear()
         self._bytes = 0
         self.ping_due = False
-        self.head, self.parking, self.method, self.status = None, None, "", 200
+        self.post, self.parking, self.method, self.status = None, None, "", 200
         self.last_seen = time.monotonic()  # idle from now, not from when its call began
         self.kept_in = spares
         return True
@@ -197,10 +197,10 @@ class Driver:
     again while it runs; that round is taken once it is done. A bug in a step ends this
     request with a 500, never the flush of the server's output that ran it."""
 
-    __slots__ = ("_again", "_running", "head", "over", "reply", "session", "sink")
+    __slots__ = ("_again", "_running", "post", "over", "reply", "session", "sink")
 
-    def __init__(self, head: Post, session: StatelessSession, reply: Reply) -> None:
-        self.head = head
+    def __init__(self, post: Post, session: StatelessSession, reply: Reply) -> None:
+        self.post = post
         self.session = session
         self.reply = reply
         self.sink: EventSink | None = None  # once the answer is a stream
@@ -243,7 +243,7 @@ class Driver:
         try:
             work(*args)
         except Exception:
-            logs.get().exception("internal_error", where="modern_request", server=self.head.gateway.name, session=self.session.id)
+            logs.get().exception("internal_error", where="stateless_request", server=self.post.gateway.name, session=self.session.id)
             self.close("internal error")
             self.reply.error(errors.INTERNAL_ERROR)
         finally:
@@ -258,7 +258,7 @@ class Driver:
         self.over = True
         session = self.session
         session.driver = None
-        gateway = self.head.gateway
+        gateway = self.post.gateway
         if reason != "answered" or not session.keep(gateway.spares):
             gateway.close_session(session, reason)
 
@@ -337,19 +337,19 @@ class Parking:
 # ------------------------------------------------------------------ answers
 
 
-async def _refusing(head: Post, payload: Message, reply: Reply, step: Awaitable[None]) -> None:
+async def _refusing(post: Post, payload: Message, reply: Reply, step: Awaitable[None]) -> None:
     """A step run by `reply.later`, whose refusals are answered as `answer` answers them."""
     try:
         await step
     except StatelessError as exc:
-        _refuse(head, reply, exc)
+        _refuse(post, reply, exc)
     except HttpError as exc:
         _name(exc, payload)
         raise
 
 
-def _refuse(head: Post, reply: Reply, exc: StatelessError) -> None:
-    head.gateway.metrics.error_sent({"code": exc.code})
+def _refuse(post: Post, reply: Reply, exc: StatelessError) -> None:
+    post.gateway.metrics.error_sent({"code": exc.code})
     reply.whole(exc.status, exc.body())
 
 
@@ -359,8 +359,8 @@ def _name(exc: HttpError, payload: Any) -> None:
         exc.request_id = payload["id"]
 
 
-def answer(head: Post, msg: Message, reply: Reply, parking: Parking) -> None:
-    """Answer a modern POST (a decoded body that `stateless.is_stateless`)."""
+def answer(post: Post, msg: Message, reply: Reply, parking: Parking) -> None:
+    """Answer a 2026-07-28 POST (a decoded body that `stateless.is_stateless`)."""
     try:
         try:
             kind = jsonrpc.classify(msg)
@@ -372,16 +372,16 @@ def answer(head: Post, msg: Message, reply: Reply, parking: Parking) -> None:
             return
         if kind is jsonrpc.RESPONSE:
             raise StatelessError(jsonrpc.INVALID_REQUEST, "a 2026-07-28 client sends no responses: input goes in a retry's inputResponses")
-        gateway = head.gateway
-        env = stateless.admit(msg, head.request.mirrored(), head.accept, parking.tool_headers.get(gateway.name))
+        gateway = post.gateway
+        env = stateless.admit(msg, post.request.mirrored(), post.accept, parking.tool_headers.get(gateway.name))
         method, params = msg["method"], msg["params"]
         if method == mcp.LISTEN:
-            _listen(head, msg, env, reply)
+            _listen(post, msg, env, reply)
             return
         offered: dict[str, Any] = {}
         if "requestState" in params or "inputResponses" in params:
             if params.get("requestState") is not None:
-                _resume(head, msg, reply, parking)
+                _resume(post, msg, reply, parking)
                 return
             # No requestState: a fresh call. Its inputResponses (SEP-2322: a client may answer ahead)
             # answer the server's requests whose keys they name; the rest of them is ignored.
@@ -396,28 +396,28 @@ def answer(head: Post, msg: Message, reply: Reply, parking: Parking) -> None:
         spare_key: Hashable | None = None
         if env.log_level is None and gateway.server.mode == "shared":
             alike = jsonrpc.encode(env.capabilities)
-            spare_key = (head.principal, alike) if len(alike) <= _SPARE_KIND_BYTES else None
-        session = _open(head, env, _NO_NOTICES, spare_key)
+            spare_key = (post.principal, alike) if len(alike) <= _SPARE_KIND_BYTES else None
+        session = _open(post, env, _NO_NOTICES, spare_key)
         if session.adopted:
-            _call(head, parking, msg, method, params, reply, offered, session)
+            _call(post, parking, msg, method, params, reply, offered, session)
         else:
-            _open_later(head, msg, env, reply, _NO_NOTICES, session, functools.partial(_call, head, parking, msg, method, params, reply, offered))
+            _open_later(post, msg, env, reply, _NO_NOTICES, session, functools.partial(_call, post, parking, msg, method, params, reply, offered))
     except StatelessError as exc:
-        _refuse(head, reply, exc)
+        _refuse(post, reply, exc)
     except HttpError as exc:
         _name(exc, msg)
         raise
 
 
 def _call(
-    head: Post, parking: Parking, msg: Message, method: str, params: dict[str, Any], reply: Reply, offered: dict[str, Any], session: StatelessSession
+    post: Post, parking: Parking, msg: Message, method: str, params: dict[str, Any], reply: Reply, offered: dict[str, Any], session: StatelessSession
 ) -> None:  # fmt: skip
     """A fresh call, routed in its session and answered by an `Exchange`."""
-    gateway = head.gateway
+    gateway = post.gateway
     rid = msg["id"]  # before routing, which rewrites it in place
     # `params` is digested only if the call is ever parked: of them, routing changes only what
     # is in _meta, which a digest leaves out.
-    exchange = Exchange(head, parking, session, rid, method, rid, reply, params, offered)  # before routing: what it routes may be answered at once
+    exchange = Exchange(post, parking, session, rid, method, rid, reply, params, offered)  # before routing: what it routes may be answered at once
     try:
         state.route(gateway, session, msg, jsonrpc.REQUEST)
     except BaseException:
@@ -426,18 +426,18 @@ def _call(
     exchange.start()
 
 
-def _open(head: Post, env: Envelope, notices: frozenset[str], spare_key: Hashable | None) -> StatelessSession:
+def _open(post: Post, env: Envelope, notices: frozenset[str], spare_key: Hashable | None) -> StatelessSession:
     """A session for the request: a kept one under `spare_key` if there is one, else a new one
     adopted as its `_meta` says, at once when its process is at hand (the common case); if it
     is not `adopted` yet, `_open_later` waits for its process."""
-    gateway = head.gateway
+    gateway = post.gateway
     if spare_key is not None and gateway.accepting:  # stopping: refused below, as a new session is
         spare = gateway.spares.take(spare_key)
         if isinstance(spare, StatelessSession):
             spare.kept_in = None
             return spare
     limits = gateway.limits
-    session = StatelessSession(gateway.name, head.principal, limits.session_queue, limits.slow_bytes)
+    session = StatelessSession(gateway.name, post.principal, limits.session_queue, limits.slow_bytes)
     session.spare_key = spare_key
     try:
         session.adopted = gateway.open_request(session, env, notices)
@@ -447,11 +447,11 @@ def _open(head: Post, env: Envelope, notices: frozenset[str], spare_key: Hashabl
 
 
 def _open_later(
-    head: Post, msg: Message, env: Envelope, reply: Reply, notices: frozenset[str], session: StatelessSession,
+    post: Post, msg: Message, env: Envelope, reply: Reply, notices: frozenset[str], session: StatelessSession,
     then: Callable[[StatelessSession], None],
 ) -> None:  # fmt: skip
     """`then`, once the session `_open` made has its process and is adopted."""
-    later(reply, _refusing(head, msg, reply, _opened(head.gateway, session, env, notices, then)), "modern_request")
+    later(reply, _refusing(post, msg, reply, _opened(post.gateway, session, env, notices, then)), "stateless_request")
 
 
 async def _opened(
@@ -475,7 +475,7 @@ class Exchange(Driver):
 
     def __init__(
         self,
-        head: Post,
+        post: Post,
         parking: Parking,
         session: StatelessSession,
         call_id: RequestId,
@@ -485,14 +485,14 @@ class Exchange(Driver):
         salient: Mapping[str, Any] | str,
         offered: dict[str, Any],
     ) -> None:
-        super().__init__(head, session, reply)
+        super().__init__(post, session, reply)
         # What a retry must repeat: the call's params (digested only if it is ever parked), or
         # for a retry, their digest.
         self.call_id, self.method, self.reply_id, self.salient, self.offered = call_id, method, reply_id, salient, offered
         self.parking = parking
         self.asked: dict[str, Message] = {}  # input key -> the server request, as the client is shown it
         self.ids: dict[str, RequestId] = {}  # input key -> the server request's id at the session
-        session.head, session.parking, session.method = head, parking, method  # how its answer is made modern (a retry's head as good as the first's)
+        session.post, session.parking, session.method = post, parking, method  # how its answer is finished (a retry's post as good as the first's)
 
     def takes(self, data: bytes, related: RequestId | None) -> bool:
         # Not while a step runs (what it routes may answer at once): that step takes it in turn.
@@ -511,7 +511,7 @@ class Exchange(Driver):
                 return
             msg = jsonrpc.decode(data)
             if "method" in msg and "id" in msg:  # a server request: MRTR
-                gateway, ids, offered = self.head.gateway, self.ids, self.offered
+                gateway, ids, offered = self.post.gateway, self.ids, self.offered
                 if self.method not in mcp.MRTR_METHODS:
                     # Only these may be answered input_required: the server's question gets an error.
                     refusal = f"{msg['method']} during {self.method}: 2026-07-28 asks the client only during tools/call, prompts/get and resources/read"
@@ -532,7 +532,7 @@ class Exchange(Driver):
                 for key in [k for k, downstream in ids.items() if downstream == withdrawn]:
                     del asked[key], ids[key]
                 continue
-            if self.sink is not None or (not asked and _can_stream(self.head.accept)):
+            if self.sink is not None or (not asked and _can_stream(self.post.accept)):
                 events.append(_event(data))
         if events:
             self._send(b"".join(events))
@@ -556,29 +556,29 @@ class Exchange(Driver):
     def _end(self, body: bytes, status: int, events: bytes = b"") -> None:
         """The exchange's last word: the answer's body (an event when streaming), then the session closes."""
         self.close("answered")
-        if self.sink is None and not events and stateless.accepts(self.head.accept)[1]:
+        if self.sink is None and not events and stateless.accepts(self.post.accept)[1]:
             self.reply.whole(status, body)
         else:
             self.reply.end_stream(events + _event(body))
 
     def _finish(self, data: bytes, events: bytes) -> None:
-        """The call's answer, made modern as it was delivered (`StatelessSession.finish`)."""
+        """The call's answer, finished as it was delivered (`StatelessSession.finish`)."""
         if self.reply_id != self.call_id:
             data = stateless.with_id(data, self.reply_id)  # a retry's answer carries the retry's id
         self._end(data, self.session.status, events)
 
     def _input_required(self) -> None:
-        head, gateway, parking = self.head, self.head.gateway, self.parking
+        post, gateway, parking = self.post, self.post.gateway, self.parking
         session = self.session
         self.over = True
         session.driver = None  # parked: its queue waits for the retry
         key = secrets.token_urlsafe(16)
         ttl = gateway.limits.request_state_ttl
         salient = self.salient if isinstance(self.salient, str) else request_state.digest(self.salient)
-        parking.park(Parked(key, gateway, session, head.principal, self.method, salient, self.asked, self.ids, self.call_id), ttl)
-        token = parking.keys.seal(State(key, head.principal, self.method, salient, gateway.name), ttl)
+        parking.park(Parked(key, gateway, session, post.principal, self.method, salient, self.asked, self.ids, self.call_id), ttl)
+        token = parking.keys.seal(State(key, post.principal, self.method, salient, gateway.name), ttl)
         body = jsonrpc.encode(jsonrpc.result(self.reply_id, stateless.input_required(self.asked, token, gateway.identity(session))))
-        if self.sink is None and stateless.accepts(head.accept)[1]:
+        if self.sink is None and stateless.accepts(post.accept)[1]:
             self.reply.whole(200, body)
         else:
             self.reply.end_stream(_event(body))
@@ -590,37 +590,37 @@ def _can_stream(accept: str) -> bool:
     return bool(accept) and media.quality(accept, media.SSE) > 0
 
 
-def _resume(head: Post, msg: Message, reply: Reply, parking: Parking) -> None:
+def _resume(post: Post, msg: Message, reply: Reply, parking: Parking) -> None:
     """A retry: check its requestState, give the parked call the client's answers, and
     carry the call on in this exchange."""
-    gateway = head.gateway
+    gateway = post.gateway
     params = msg["params"]
     rid = msg["id"]
     token = params.get("requestState")
     try:
         state = parking.keys.open(token, rid)
     except StatelessError as exc:
-        _spoil(parking, request_state.StateKeys.peek(token), head, exc.message)
+        _spoil(parking, request_state.StateKeys.peek(token), post, exc.message)
         raise
-    if state.server != gateway.name or state.principal != head.principal:
+    if state.server != gateway.name or state.principal != post.principal:
         # Never another principal's call to end: it stays parked for its owner.
         raise StatelessError(jsonrpc.INVALID_PARAMS, "requestState was issued to another client or server", request_id=rid)
     forwarder = parking.forwarder
     if forwarder is not None and state.owner is not None:
-        headers = head.request.fields()
+        headers = post.request.fields()
         owner = forwarder.place(state.owner, FORWARDED_HEADER in headers, rid)
         if owner is not None:
             retry = forwarder.retry(owner, gateway.name, headers, jsonrpc.encode(msg), reply, rid, gateway.limits.slow_bytes)
             later(reply, retry, "mrtr_forward")
             return
     if state.method != msg["method"] or state.digest != request_state.digest(params):
-        _spoil(parking, state.park, head, "retry does not match the original request")
+        _spoil(parking, state.park, post, "retry does not match the original request")
         raise StatelessError(
             jsonrpc.INVALID_PARAMS, "requestState does not match this request: a retry repeats the original method and params", request_id=rid
         )
     responses = params.get("inputResponses", {})
     if not isinstance(responses, dict):
-        _spoil(parking, state.park, head, "inputResponses is not an object")
+        _spoil(parking, state.park, post, "inputResponses is not an object")
         raise StatelessError(jsonrpc.INVALID_PARAMS, "inputResponses must be an object", request_id=rid)
     parked = parking.unpark(state.park)
     if parked is None:
@@ -635,7 +635,7 @@ def _resume(head: Post, msg: Message, reply: Reply, parking: Parking) -> None:
         gateway.from_client(session, answers)
     # What was asked and not answered is asked again, first thing (in a new input_required).
     session.ask_again([jsonrpc.encode({"jsonrpc": "2.0", "id": parked.ids[k], **request}) for k, request in parked.asked.items()])
-    Exchange(head, parking, session, parked.call_id, parked.method, rid, reply, parked.digest, offered).start()
+    Exchange(post, parking, session, parked.call_id, parked.method, rid, reply, parked.digest, offered).start()
 
 
 def _input_key(gateway: Gateway, session: StatelessSession, downstream: RequestId, taken: dict[str, Message]) -> str:
@@ -658,22 +658,22 @@ def _response(downstream: RequestId, key: str, value: Any) -> Message:
     return jsonrpc.error(downstream, jsonrpc.INVALID_PARAMS, f"inputResponses[{key!r}] is not an object")
 
 
-def _spoil(parking: Parking, key: str | None, head: Post, why: str) -> None:
+def _spoil(parking: Parking, key: str | None, post: Post, why: str) -> None:
     """End a parked call whose owner's retry was refused: the server's request gets an error."""
     if key is None:
         return
     parked = parking.parked.get(key)
-    if parked is None or parked.principal != head.principal or parked.gateway is not head.gateway:
+    if parked is None or parked.principal != post.principal or parked.gateway is not post.gateway:
         return
     parking.unpark(key)
-    head.gateway.log.info("input_refused", method=parked.method, principal=parked.principal, reason=why)
-    head.gateway.close_session(parked.session, "input_refused")
+    post.gateway.log.info("input_refused", method=parked.method, principal=parked.principal, reason=why)
+    post.gateway.close_session(parked.session, "input_refused")
 
 
 # ------------------------------------------------------------------ listen
 
 
-def _listen(head: Post, msg: Message, env: Envelope, reply: Reply) -> None:
+def _listen(post: Post, msg: Message, env: Envelope, reply: Reply) -> None:
     rid = msg["id"]
     wanted = msg["params"].get("notifications")
     if wanted is None:
@@ -687,16 +687,16 @@ def _listen(head: Post, msg: Message, env: Envelope, reply: Reply) -> None:
     if uris:
         asked.add(stateless.RESOURCE_UPDATED)
     notices = frozenset(asked)
-    session = _open(head, env, notices, None)  # never a kept one: a listen stream is no call
-    listen = functools.partial(_start_listen, head, reply, rid, wanted, list(dict.fromkeys(uris)))
+    session = _open(post, env, notices, None)  # never a kept one: a listen stream is no call
+    listen = functools.partial(_start_listen, post, reply, rid, wanted, list(dict.fromkeys(uris)))
     if session.adopted:
         listen(session)
     else:
-        _open_later(head, msg, env, reply, notices, session, listen)
+        _open_later(post, msg, env, reply, notices, session, listen)
 
 
-def _start_listen(head: Post, reply: Reply, rid: RequestId, wanted: dict[str, Any], uris: list[str], session: StatelessSession) -> None:
-    Listen(head, session, reply, rid, wanted, uris).start()
+def _start_listen(post: Post, reply: Reply, rid: RequestId, wanted: dict[str, Any], uris: list[str], session: StatelessSession) -> None:
+    Listen(post, session, reply, rid, wanted, uris).start()
 
 
 class Listen(Driver):
@@ -707,8 +707,8 @@ class Listen(Driver):
 
     __slots__ = ("answers", "meta", "pending", "rid", "uris", "wanted")
 
-    def __init__(self, head: Post, session: StatelessSession, reply: Reply, rid: RequestId, wanted: dict[str, Any], uris: list[str]) -> None:
-        super().__init__(head, session, reply)
+    def __init__(self, post: Post, session: StatelessSession, reply: Reply, rid: RequestId, wanted: dict[str, Any], uris: list[str]) -> None:
+        super().__init__(post, session, reply)
         self.rid, self.wanted, self.uris = rid, wanted, uris
         self.meta = {mcp.SUBSCRIPTION_KEY: rid}
         self.pending: set[RequestId] = set()  # the bridge's own requests not answered yet
@@ -719,7 +719,7 @@ class Listen(Driver):
         requests += [jsonrpc.request(f"{_LISTEN_ID}-{i}", "resources/subscribe", {"uri": uri}) for i, uri in enumerate(self.uris)]
         self.pending = {r["id"] for r in requests}
         try:
-            state.route(self.head.gateway, self.session, requests)
+            state.route(self.post.gateway, self.session, requests)
         except BaseException:
             self.close("refused")
             raise

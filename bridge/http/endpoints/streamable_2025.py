@@ -382,7 +382,7 @@ class StreamableSession(Session):
 # ------------------------------------------------------------------ handlers
 
 
-def answer(head: Post, payload: Any, reply: Reply, holds: Holds) -> None:
+def answer(post: Post, payload: Any, reply: Reply, holds: Holds) -> None:
     """Route a decoded POST body; `reply` is answered (202, one JSON body, or a stream of
     events) as the session's deliveries come, or at once with an HttpError raised."""
     messages: list[Any] | tuple[Any]
@@ -398,33 +398,33 @@ def answer(head: Post, payload: Any, reply: Reply, holds: Holds) -> None:
     else:
         messages = (payload,)
         request_ids = [payload["id"]] if payload.__class__ is dict and "method" in payload and jsonrpc.is_id(payload.get("id")) else []
-    form = _answer_form(head.accept) if request_ids else _JSON  # before anything is opened or routed
-    if head.session_id is not None:
+    form = _answer_form(post.accept) if request_ids else _JSON  # before anything is opened or routed
+    if post.session_id is not None:
         try:
-            session = _session(head.gateway, head.principal, head.session_id, head.version)
+            session = _session(post.gateway, post.principal, post.session_id, post.version)
         except HttpError as exc:
             exc.request_id = request_ids[0] if len(request_ids) == 1 and payload.__class__ is dict else None
             raise
-        _take(head, session, payload, request_ids, form, reply, holds)
+        _take(post, session, payload, request_ids, form, reply, holds)
     elif any(m.__class__ is dict and m.get("method") == "initialize" for m in messages):
-        later(reply, _initialize(head, payload, request_ids, form, reply, holds), "initialize")
+        later(reply, _initialize(post, payload, request_ids, form, reply, holds), "initialize")
     else:
         raise HttpError(400, f"missing {SESSION_HEADER} header (only initialize may come without one)")
 
 
-async def _initialize(head: Post, payload: Any, request_ids: list[RequestId], form: Form, reply: Reply, holds: Holds) -> None:
+async def _initialize(post: Post, payload: Any, request_ids: list[RequestId], form: Form, reply: Reply, holds: Holds) -> None:
     """A new session (which may wait for a process of its own), then its initialize."""
-    gateway = head.gateway
+    gateway = post.gateway
     limits = gateway.limits
-    session = StreamableSession(gateway.name, head.principal, limits.session_queue, limits.slow_bytes, head.resume_buffer)
+    session = StreamableSession(gateway.name, post.principal, limits.session_queue, limits.slow_bytes, post.resume_buffer)
     await state.open_session(gateway, session)
-    _take(head, session, payload, request_ids, form, reply, holds, initializing=True)
+    _take(post, session, payload, request_ids, form, reply, holds, initializing=True)
 
 
 def _take(
-    head: Post, session: StreamableSession, payload: Any, request_ids: list[RequestId], form: Form, reply: Reply, holds: Holds, initializing: bool = False
+    post: Post, session: StreamableSession, payload: Any, request_ids: list[RequestId], form: Form, reply: Reply, holds: Holds, initializing: bool = False
 ) -> None:
-    gateway = head.gateway
+    gateway = post.gateway
     if not session.by_request.keys().isdisjoint(request_ids):
         single = request_ids[0] if payload.__class__ is dict else None
         raise HttpError(400, "invalid request: a request id in this body is already in flight", jsonrpc.INVALID_REQUEST, request_id=single)
