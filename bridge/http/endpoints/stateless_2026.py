@@ -2,8 +2,8 @@
 
 The dispatcher (endpoints/post.py) hands a POST here when its body carries the 2026-07-28
 `_meta` (both HTTP paths, aiohttp's and the fast path, go through it). After
-the checks of `stateless` (envelope, mirrored headers, version, removed
-methods), the request gets a `StatelessSession` no other call is using, which the mux
+`stateless.admit` (envelope, mirrored headers, version, removed methods,
+Accept), the request gets a `StatelessSession` no other call is using, which the mux
 adopts already initialized with the request's capabilities, version, log
 level and principal. The session's messages are the request's: progress and
 log messages open an SSE stream (while there are none, the answer stays one
