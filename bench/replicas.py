@@ -2,7 +2,7 @@
 
 Starts N mcp-bridge replicas (one cluster: a shared peer key, each advertising
 its own loopback port, each serving bench/server.py as run.py's `bridge`
-target does) and nginx in front of them (tests/balancer.py's config: round
+target does) and nginx in front of them (tests/support/balancer.py's config: round
 robin, no buffering), prints `{"port": P}` once all answer, and stays until
 SIGTERM or SIGINT, which it passes on. Every process is its child, so run.py
 samples the CPU and memory of all of them together.
@@ -31,7 +31,7 @@ from pathlib import Path
 import run  # bench/run.py: the bridge config and the readiness checks of its `bridge` target
 
 sys.path.insert(0, os.path.join(run.ROOT, "tests"))
-import balancer  # noqa: E402 - tests/balancer.py: nginx's config, shared with the tests
+from support import balancer  # noqa: E402 - tests/support/balancer.py: nginx's config, shared with the tests
 
 # Replica 1 opens every session, replica 2 takes every other request (and forwards it).
 FORWARD_ROUTING = """

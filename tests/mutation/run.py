@@ -33,16 +33,16 @@ ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 600.0  # per fault: a fault that hangs the tests counts as killed, and says so
 
 TESTS = {
-    "bridge/access/guard.py": ("tests/test_security.py",),
-    "bridge/config/schema.py": ("tests/test_config.py", "tests/test_policy_unit.py"),
-    "bridge/config/load.py": ("tests/test_config.py", "tests/test_policy_unit.py"),
-    "bridge/protocol/jsonrpc.py": ("tests/test_jsonrpc.py", "tests/test_mux.py", "tests/test_mux_properties.py"),
-    "bridge/core/mux.py": ("tests/test_mux.py", "tests/test_mux_properties.py", "tests/test_policy_unit.py"),
-    "bridge/http/access.py": ("tests/test_security.py", "tests/test_app.py"),
-    "bridge/access/policy.py": ("tests/test_policy_unit.py", "tests/test_principals.py"),
-    "bridge/access/oauth.py": ("tests/test_oauth_unit.py",),
-    "bridge/http/forward.py": ("tests/test_cluster.py", "tests/test_replicas.py"),
-    "bridge/http/body.py": ("tests/test_fastpath.py",),
+    "bridge/access/guard.py": ("tests/daemon/test_security.py",),
+    "bridge/config/schema.py": ("tests/unit/test_config.py", "tests/unit/test_policy_unit.py"),
+    "bridge/config/load.py": ("tests/unit/test_config.py", "tests/unit/test_policy_unit.py"),
+    "bridge/protocol/jsonrpc.py": ("tests/unit/test_jsonrpc.py", "tests/unit/test_mux.py", "tests/unit/test_mux_properties.py"),
+    "bridge/core/mux.py": ("tests/unit/test_mux.py", "tests/unit/test_mux_properties.py", "tests/unit/test_policy_unit.py"),
+    "bridge/http/access.py": ("tests/daemon/test_security.py", "tests/daemon/test_app.py"),
+    "bridge/access/policy.py": ("tests/unit/test_policy_unit.py", "tests/daemon/test_principals.py"),
+    "bridge/access/oauth.py": ("tests/unit/test_oauth_unit.py",),
+    "bridge/http/forward.py": ("tests/unit/test_cluster.py", "tests/daemon/test_replicas.py"),
+    "bridge/http/body.py": ("tests/daemon/test_fastpath.py",),
 }
 
 
