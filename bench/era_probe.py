@@ -1,7 +1,7 @@
 """What the era probe costs a server: the round trip of `server/discover` on a running
 server (the bridge sends it once per process start, before `initialize`).
 
-    python bench/era_probe.py [RUNS]
+    python -m bench.era_probe [RUNS]
 
 Each server is started, initialized, then sent RUNS `server/discover` requests one at a
 time; prints the median round trip. (Timing a whole start with and without the probe

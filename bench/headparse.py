@@ -1,6 +1,6 @@
 """The fast path's regex head parser against one on llhttp (httptools, as uvicorn uses).
 
-    python bench/headparse.py [--rounds N]
+    python -m bench.headparse [--rounds N]
 
 Both parse the head of a message POST (the bytes before CRLF CRLF, which the
 fast path finds itself) into the same `fastpath.Head`: the bridge's
@@ -26,15 +26,11 @@ cut at CRLF CRLF first and only the head is fed, to a new parser each time.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import httptools  # noqa: E402
 
-from bridge.http.fastpath import _HAND_OFF_FIELDS, MAX_FIELDS, Head, message_head, parse_head  # noqa: E402
+from bridge.http.fastpath import HAND_OFF_FIELDS, MAX_FIELDS, Head, message_head, parse_head
 
 SID = "0123456789abcdef0123456789abcdef"
 HEADS = {
@@ -72,7 +68,7 @@ class _Fields:
 
     def on_header(self, name: bytes, value: bytes) -> None:
         name = name.lower()
-        if name in self.found or name in _HAND_OFF_FIELDS:
+        if name in self.found or name in HAND_OFF_FIELDS:
             self.ours = False
         self.found[name] = value.strip(b" \t")
 

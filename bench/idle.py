@@ -16,8 +16,8 @@ Reports JSON on stdout. This process raises its own open-file limit; with
 more sessions than one source address can hold, client sockets are spread
 over 127.0.0.x source addresses.
 
-    python bench/idle.py --sessions 10000
-    python bench/run.py --idle 10000            # the same
+    python -m bench.idle --sessions 10000
+    python -m bench.run --idle 10000            # the same
 """
 
 from __future__ import annotations
@@ -36,11 +36,9 @@ import time
 from typing import Any
 from urllib.parse import urlsplit
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import load  # noqa: E402
-import run as bench_run  # noqa: E402
-from load import PostPool, SseStream, loads, perf, post_bytes, request_head  # noqa: E402
+from bench import load
+from bench import run as bench_run
+from bench.load import PostPool, SseStream, loads, perf, post_bytes, request_head
 
 PORTS_PER_ADDRESS = 20000  # well inside the ephemeral range (see /proc/sys/net/ipv4/ip_local_port_range)
 
@@ -301,7 +299,7 @@ async def measure(args: argparse.Namespace, url: str, sampler: bench_run.Sampler
             "late_samples": late[:10],
             "allowed_gap_s": allowed,
             "worst_gap_s": round(gaps[-1], 3) if gaps else None,
-            "p99_gap_s": round(load._pct(gaps, 0.99), 3) if gaps else None,
+            "p99_gap_s": round(load.pct(gaps, 0.99), 3) if gaps else None,
             "on_time": not late and len(still_open) == len(live),
         },
         calls={
@@ -312,15 +310,15 @@ async def measure(args: argparse.Namespace, url: str, sampler: bench_run.Sampler
             "error_samples": idle.error_samples,
             "rate_per_s": args.rate,
             "latency_ms": {
-                "p50": load._ms(load._pct(lat, 0.5)),
-                "p90": load._ms(load._pct(lat, 0.9)),
-                "p99": load._ms(load._pct(lat, 0.99)),
-                "max": load._ms(lat[-1] if lat else None),
+                "p50": load.ms(load.pct(lat, 0.5)),
+                "p90": load.ms(load.pct(lat, 0.9)),
+                "p99": load.ms(load.pct(lat, 0.99)),
+                "max": load.ms(lat[-1] if lat else None),
             },
             # The slowest calls and when they were sent: slow calls bunched together point at a pause.
-            "slowest": [[round(t, 2), load._ms(l)] for t, l in sorted(when, key=lambda x: -x[1])[:10]],
+            "slowest": [[round(t, 2), load.ms(l)] for t, l in sorted(when, key=lambda x: -x[1])[:10]],
             "over_50ms": sum(1 for x in lat if x > 0.05),
-            "timeline": [[round(t, 3), load._ms(l)] for t, l in sorted(when)],
+            "timeline": [[round(t, 3), load.ms(l)] for t, l in sorted(when)],
         },
         loadgen_cpu_share=round(((ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)) / wall / (os.cpu_count() or 1), 4),
         uvloop="uvloop" in type(loop).__module__,
@@ -385,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
                 sampler.start()
                 time.sleep(0.3)
             report = asyncio.run(measure(args, url, sampler))
-            report["command"] = "python bench/idle.py " + " ".join(argv if argv is not None else sys.argv[1:])
+            report["command"] = "python -m bench.idle " + " ".join(argv if argv is not None else sys.argv[1:])
             report["loadgen_open_file_limit"] = nofile
             if target is not None:
                 report["bridge_log_open_file_limit"] = _open_file_event(target.logfile)

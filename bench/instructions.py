@@ -13,10 +13,10 @@ it cheaper, and by how much. bench/run.py remains the measure of what users
 get: instructions are not time, and kernel work (the sends, the wakeups) is
 not counted here.
 
-    python bench/instructions.py                               # sse, streamable, stateless; 1,000 calls each
-    python bench/instructions.py --transport streamable --calls 2000
-    python bench/instructions.py --sessions 50 --calls 2000    # 50 clients at once (workload c's shape)
-    python bench/instructions.py --transport streamable --region bridge.http.fastpath:parse_head
+    python -m bench.instructions                               # sse, streamable, stateless; 1,000 calls each
+    python -m bench.instructions --transport streamable --calls 2000
+    python -m bench.instructions --sessions 50 --calls 2000    # 50 clients at once (workload c's shape)
+    python -m bench.instructions --transport streamable --region bridge.http.fastpath:parse_head
 
 `--region MODULE:ATTR` counts only what runs inside that function (a module's
 function or a class's method, and all it calls), to say what one part of the
@@ -41,16 +41,15 @@ import subprocess
 import sys
 import tempfile
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+from bench import run as harness  # the config and the daemon handling of bench/run.py
 
-import run as bench  # noqa: E402  (bench/run.py: the config the benchmark uses)
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 WARMUP_CALLS = 300
 START_TIMEOUT_S = 120.0  # python and aiohttp importing under valgrind
 
 
-def _load(mode: str, url: str, calls: int, sessions: int = 1) -> dict[str, object]:
+def drive(mode: str, url: str, calls: int, sessions: int = 1) -> dict[str, object]:
     """`calls` in all, from `sessions` clients at once, each making its calls one after another."""
     cmd = [sys.executable, os.path.join(HERE, "load.py"), "--mode", mode, "--url", url, "-n", str(sessions), "-k", str(calls // sessions), "-c", "1",
            "--call-timeout", "60", "--run-timeout", "1800"]  # fmt: skip
@@ -94,7 +93,7 @@ def measure(transport: str, calls: int, sessions: int = 1, region: str | None = 
     """User-space instructions the bridge executes per call of `transport` (inside `region` only, if given)."""
     with tempfile.TemporaryDirectory(prefix="mcp-bridge-instr-") as workdir:
         config, log = os.path.join(workdir, "bridge.yaml"), os.path.join(workdir, "bridge.log")
-        bench.bridge_config(config)
+        harness.bridge_config(config)
         out = os.path.join(workdir, "callgrind.%p")
         bridge = ["-m", "bridge"] if region is None else ["-c", _REGION_RUNNER, region]
         only = [] if region is None else ["--collect-atstart=no", "--toggle-collect=functools_reduce"]
@@ -102,20 +101,20 @@ def measure(transport: str, calls: int, sessions: int = 1, region: str | None = 
         # does the count (by about 0.5%, more than the changes this is meant to see).
         cmd = ["env", "PYTHONHASHSEED=0", "valgrind", "--tool=callgrind", *only, f"--callgrind-out-file={out}", sys.executable, *bridge,
                "--config", config, "--port", "0"]  # fmt: skip
-        proc = bench._spawn(cmd, log, cwd=bench.ROOT)
+        proc = harness.spawn(cmd, log, cwd=harness.ROOT)
         try:
-            port = bench.bridge_port(proc, log, START_TIMEOUT_S)
+            port = harness.bridge_port(proc, log, START_TIMEOUT_S)
             url = f"http://127.0.0.1:{port}/servers/bench/{'sse' if transport == 'sse' else 'mcp'}"
-            _load(transport, url, WARMUP_CALLS)
+            drive(transport, url, WARMUP_CALLS)
             subprocess.run(["callgrind_control", "--zero", str(proc.pid)], capture_output=True, check=True, timeout=60)
-            _load(transport, url, calls, sessions)
+            drive(transport, url, calls, sessions)
             subprocess.run(["callgrind_control", "--dump", str(proc.pid)], capture_output=True, check=True, timeout=60)
             dumps = sorted((p for p in os.listdir(workdir) if p.startswith(f"callgrind.{proc.pid}.")), key=lambda p: int(p.rsplit(".", 1)[1]))
             if not dumps:
-                raise RuntimeError(f"callgrind wrote no dump; log: {bench._tail(log)}")
+                raise RuntimeError(f"callgrind wrote no dump; log: {harness.log_tail(log)}")
             return _total(os.path.join(workdir, dumps[-1])) // (calls // sessions * sessions)
         finally:
-            bench.Target("bridge", proc).stop(grace=60)  # callgrind writes its last dump on the way out
+            harness.Target("bridge", proc).stop(grace=60)  # callgrind writes its last dump on the way out
 
 
 def main() -> int:
@@ -124,24 +123,28 @@ def main() -> int:
     parser.add_argument("--calls", type=int, default=1000)
     parser.add_argument("--sessions", type=int, default=1, help="clients at once, sharing the calls (workload c's shape: 50)")
     parser.add_argument("--region", help="MODULE:ATTR (bridge.gateway.gateway:Gateway._audit): count only inside that function")
+    parser.add_argument("--json", action="store_true", help="print {transport: instructions per call} as JSON (what bench/baselines.json holds)")
     args = parser.parse_args()
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         print("needs valgrind (Debian package valgrind)", file=sys.stderr)
         return 2
     transports = args.transport.split(",")
-    unknown = [t for t in transports if t not in bench.TRANSPORTS]
+    unknown = [t for t in transports if t not in harness.TRANSPORTS]
     if unknown:
-        parser.error(f"unknown transport {', '.join(unknown)} (known: {', '.join(bench.TRANSPORTS)})")
+        parser.error(f"unknown transport {', '.join(unknown)} (known: {', '.join(harness.TRANSPORTS)})")
     if args.region is not None and not re.fullmatch(r"[\w.]+:[\w.]+", args.region):
         parser.error(f"--region {args.region!r}: expected MODULE:ATTR, as bridge.http.fastpath:parse_head")
     counts = {t: measure(t, args.calls, args.sessions, args.region) for t in transports}
+    if args.json:
+        print(json.dumps(counts))
+        return 0
     base = counts.get("sse")
     each = args.calls // args.sessions
     inside = f", inside {args.region} (with its wrapper)" if args.region else ""
     print(f"bridge instructions per call, {args.sessions} session(s) x {each:,} sequential calls (callgrind, user space{inside}):")
     for transport, count in counts.items():
         ratio = f"   {count / base:.3f}x HTTP+SSE" if base and transport != "sse" else ""
-        print(f"  {bench.TRANSPORTS[transport]:<16}{count:>10,}{ratio}")
+        print(f"  {harness.TRANSPORTS[transport]:<16}{count:>10,}{ratio}")
     return 0
 
 

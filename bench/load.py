@@ -32,9 +32,9 @@ callbacks instead of a task per call, pre-built request bytes, uvloop and
 orjson when importable, and no garbage collection while it runs. Its CPU
 share (own user+sys / wall / cores) is in the report.
 
-    python bench/load.py --mode sse --url http://127.0.0.1:8080/servers/bench/sse -n 50 -k 200 -c 1
-    python bench/load.py --mode stateless --url http://127.0.0.1:8080/servers/bench/mcp -n 200 -k 20 -c 1
-    python bench/load.py --mode direct -n 1 -k 2000
+    python -m bench.load --mode sse --url http://127.0.0.1:8080/servers/bench/sse -n 50 -k 200 -c 1
+    python -m bench.load --mode stateless --url http://127.0.0.1:8080/servers/bench/mcp -n 200 -k 20 -c 1
+    python -m bench.load --mode direct -n 1 -k 2000
 """
 
 from __future__ import annotations
@@ -978,13 +978,13 @@ class DirectSession(Session):
         self.begin_calls()
 
 
-def _pct(values: list[float], q: float) -> float | None:
+def pct(values: list[float], q: float) -> float | None:
     if not values:
         return None
     return values[min(len(values) - 1, max(0, math.ceil(q * len(values)) - 1))]
 
 
-def _ms(v: float | None) -> float | None:
+def ms(v: float | None) -> float | None:
     return None if v is None else round(v * 1000, 3)
 
 
@@ -1087,13 +1087,13 @@ async def run_load(cfg: LoadConfig) -> dict[str, Any]:
         "calls_wall_s": round(calls_wall, 4) if calls_wall else None,
         "rps_calls": round(len(lat) / calls_wall, 1) if calls_wall else None,
         "latency_ms": {
-            "p50": _ms(_pct(lat, 0.50)),
-            "p90": _ms(_pct(lat, 0.90)),
-            "p99": _ms(_pct(lat, 0.99)),
-            "max": _ms(lat[-1] if lat else None),
-            "mean": _ms(sum(lat) / len(lat) if lat else None),
+            "p50": ms(pct(lat, 0.50)),
+            "p90": ms(pct(lat, 0.90)),
+            "p99": ms(pct(lat, 0.99)),
+            "max": ms(lat[-1] if lat else None),
+            "mean": ms(sum(lat) / len(lat) if lat else None),
         },
-        "setup_ms": {"p50": _ms(_pct(setups, 0.50)), "p99": _ms(_pct(setups, 0.99)), "n": len(setups)},
+        "setup_ms": {"p50": ms(pct(setups, 0.50)), "p99": ms(pct(setups, 0.99)), "n": len(setups)},
         "loadgen_cpu_s": round(cpu, 4),
         "loadgen_cpu_share": round(cpu / wall / (os.cpu_count() or 1), 4) if wall > 0 else None,
         "loadgen_cpu_us_per_call": round(cpu / len(lat) * 1e6, 1) if lat else None,

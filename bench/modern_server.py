@@ -6,7 +6,7 @@ tag?}` a text of exactly `size` bytes, `tag` first, padded with `x`. Built on
 `mcp` 2.3.0 (`MCPServer.streamable_http_app`, served by uvicorn), which answers
 2026-07-28 requests as single exchanges and 2025 sessions as before.
 
-    python bench/modern_server.py --port 8931      # then POST to http://127.0.0.1:8931/mcp
+    python -m bench.modern_server --port 8931      # then POST to http://127.0.0.1:8931/mcp
 
 It prints `listening <port>` on stdout once it accepts connections.
 """

@@ -13,8 +13,8 @@ clock ticks, so a round needs a few thousand calls to say much), the server's
 time, and how often per call the bridge went to sleep (voluntary context
 switches): what tells user-space work from the kernel's.
 
-    python bench/paired.py                    # sse, streamable, stateless; 7 rounds of 3,000 calls
-    python bench/paired.py --rounds 5 --calls 2000
+    python -m bench.paired                    # sse, streamable, stateless; 7 rounds of 3,000 calls
+    python -m bench.paired --rounds 5 --calls 2000
 
 Loopback only; it stops exactly the processes it started.
 """
@@ -30,10 +30,8 @@ import time
 from typing import NamedTuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-
-import run as bench  # noqa: E402  (bench/run.py: the config and the helpers the benchmark uses)
-from instructions import _load  # noqa: E402
+from bench import run as harness  # the config and the helpers of bench/run.py
+from bench.instructions import drive
 
 WARMUP_CALLS = 300
 
@@ -84,22 +82,22 @@ def measure(transports: list[str], rounds: int, calls: int) -> dict[str, Sample]
     samples: dict[str, list[Sample]] = {t: [] for t in transports}
     with tempfile.TemporaryDirectory(prefix="mcp-bridge-paired-") as workdir:
         config, log = os.path.join(workdir, "bridge.yaml"), os.path.join(workdir, "bridge.log")
-        bench.bridge_config(config)
-        proc = bench._spawn([sys.executable, "-m", "bridge", "--config", config, "--port", "0"], log, cwd=bench.ROOT)
+        harness.bridge_config(config)
+        proc = harness.spawn([sys.executable, "-m", "bridge", "--config", config, "--port", "0"], log, cwd=harness.ROOT)
         try:
-            port = bench.bridge_port(proc, log)
+            port = harness.bridge_port(proc, log)
 
             def url(transport: str) -> str:
                 return f"http://127.0.0.1:{port}/servers/bench/{'sse' if transport == 'sse' else 'mcp'}"
 
             for transport in transports:
-                _load(transport, url(transport), WARMUP_CALLS)
+                drive(transport, url(transport), WARMUP_CALLS)
             for _ in range(rounds):
                 for transport in transports:
                     pids = _processes(proc.pid)  # the server's, as it is now (a restart would show here)
                     before, started = [_on_cpu(p) for p in pids], time.monotonic()
                     split, sleeps = _user_system(proc.pid), _sleeps(proc.pid)
-                    _load(transport, url(transport), calls)
+                    drive(transport, url(transport), calls)
                     wall = time.monotonic() - started
                     after, split_after = [_on_cpu(p) for p in pids], _user_system(proc.pid)
                     per_call = 1e6 / calls
@@ -114,7 +112,7 @@ def measure(transports: list[str], rounds: int, calls: int) -> dict[str, Sample]
                         )
                     )
         finally:
-            bench.Target("bridge", proc).stop()
+            harness.Target("bridge", proc).stop()
     return {t: Sample(*(statistics.median(s[i] for s in got) for i in range(len(Sample._fields)))) for t, got in samples.items()}
 
 
@@ -125,18 +123,18 @@ def main() -> int:
     parser.add_argument("--calls", type=int, default=3000)
     args = parser.parse_args()
     transports = args.transport.split(",")
-    unknown = [t for t in transports if t not in bench.TRANSPORTS]
+    unknown = [t for t in transports if t not in harness.TRANSPORTS]
     if unknown:
-        parser.error(f"unknown transport {', '.join(unknown)} (known: {', '.join(bench.TRANSPORTS)})")
+        parser.error(f"unknown transport {', '.join(unknown)} (known: {', '.join(harness.TRANSPORTS)})")
     found = measure(transports, args.rounds, args.calls)
     base = found.get("sse")
     print(f"one bridge, {args.rounds} rounds of {args.calls:,} sequential calls per transport (medians; CPU: bridge + server on a CPU):")
     for transport, got in found.items():
         ratio = f"   {got.rate / base.rate:.2f}x / {got.cpu / base.cpu:.2f}x HTTP+SSE" if base and transport != "sse" else ""
-        print(f"  {bench.TRANSPORTS[transport]:<16}{got.rate:>8,.0f} req/s {got.cpu:>6.0f} µs/call{ratio}")
+        print(f"  {harness.TRANSPORTS[transport]:<16}{got.rate:>8,.0f} req/s {got.cpu:>6.0f} µs/call{ratio}")
     print("where it goes, per call: bridge user µs, bridge kernel µs, server µs, times the bridge slept:")
     for transport, got in found.items():
-        print(f"  {bench.TRANSPORTS[transport]:<16}{got.bridge_user:>6.0f}{got.bridge_system:>6.0f}{got.server:>6.0f}{got.sleeps:>7.2f}")
+        print(f"  {harness.TRANSPORTS[transport]:<16}{got.bridge_user:>6.0f}{got.bridge_system:>6.0f}{got.server:>6.0f}{got.sleeps:>7.2f}")
     return 0
 
 

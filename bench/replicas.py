@@ -7,8 +7,8 @@ robin, no buffering), prints `{"port": P}` once all answer, and stays until
 SIGTERM or SIGINT, which it passes on. Every process is its child, so run.py
 samples the CPU and memory of all of them together.
 
-    python bench/replicas.py --replicas 3 --workdir DIR        # round robin over 3
-    python bench/replicas.py --replicas 2 --forward --workdir DIR
+    python -m bench.replicas --replicas 3 --workdir DIR        # round robin over 3
+    python -m bench.replicas --replicas 2 --forward --workdir DIR
 
 `--forward` measures what forwarding costs: nginx sends every request that
 opens a session (GET .../sse, and a POST .../mcp with no Mcp-Session-Id) to
@@ -21,17 +21,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import secrets
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
-import run  # bench/run.py: the bridge config and the readiness checks of its `bridge` target
-
-sys.path.insert(0, os.path.join(run.ROOT, "tests"))
-from support import balancer  # noqa: E402 - tests/support/balancer.py: nginx's config, shared with the tests
+from bench import run  # the bridge config and the readiness checks of its `bridge` target
+from tests.support import balancer  # nginx's config, shared with the tests
 
 # Replica 1 opens every session, replica 2 takes every other request (and forwards it).
 FORWARD_ROUTING = """
@@ -63,16 +60,16 @@ def main() -> int:
                 f.write(f"cluster: {{peer_key: {key}}}\n")
             logfile = str(workdir / f"replica{i + 1}.log")
             command = [sys.executable, "-m", "bridge", "--config", str(config), "--port", str(port), "--advertise", f"127.0.0.1:{port}"]
-            children.append(run._spawn(command, logfile, cwd=run.ROOT))
-            run._wait(lambda port=port: run.http_get(port, "/readyz") == 200, children[-1], f"replica {i + 1}", logfile)
+            children.append(run.spawn(command, logfile, cwd=run.ROOT))
+            run.wait_ready(lambda port=port: run.http_get(port, "/readyz") == 200, children[-1], f"replica {i + 1}", logfile)
         port = balancer.free_port()
         if args.forward:
             command = balancer.write_config(workdir / "nginx", port, {"opener": ports[:1], "forwarder": ports[1:]}, "$replica", FORWARD_ROUTING)
         else:
             command = balancer.write_config(workdir / "nginx", port, {"bridges": ports})
         nginx_log = str(workdir / "nginx" / "error.log")
-        children.append(run._spawn(command, str(workdir / "nginx.out")))
-        run._wait(lambda: run.http_get(port, "/healthz") == 200, children[-1], "nginx", nginx_log)
+        children.append(run.spawn(command, str(workdir / "nginx.out")))
+        run.wait_ready(lambda: run.http_get(port, "/healthz") == 200, children[-1], "nginx", nginx_log)
         print(json.dumps({"port": port, "replicas": ports}), flush=True)
         stop = {signal.SIGTERM, signal.SIGINT}
         signal.pthread_sigmask(signal.SIG_BLOCK, stop)  # only now: children inherit the mask

@@ -6,12 +6,12 @@ descendants is sampled from /proc. Prints a table of medians with the ratio of
 mcp-bridge to every other target, and writes the raw results to
 bench/results/<timestamp>.json.
 
-    python bench/run.py                              # a-f, all targets found, 3 runs, HTTP+SSE
-    python bench/run.py --workloads a,b --targets direct,bridge --runs 1
-    python bench/run.py --transport streamable
-    python bench/run.py --transport sse,streamable,stateless --workloads a,c,d --targets direct,bridge
-    python bench/run.py --idle 10000                 # the idle-sessions target (bench/idle.py)
-    python bench/run.py --workloads c,d --targets nginx-1,nginx-3,nginx-fwd   # replicas behind nginx (bench/replicas.py)
+    python -m bench.run                              # a-f, all targets found, 3 runs, HTTP+SSE
+    python -m bench.run --workloads a,b --targets direct,bridge --runs 1
+    python -m bench.run --transport streamable
+    python -m bench.run --transport sse,streamable,stateless --workloads a,c,d --targets direct,bridge
+    python -m bench.run --idle 10000                 # the idle-sessions target (bench/idle.py)
+    python -m bench.run --workloads c,d --targets nginx-1,nginx-3,nginx-fwd   # replicas behind nginx (bench/replicas.py)
 
 supergateway listens on every interface and has no host option, so when it is
 a target the whole comparison runs inside a new network namespace holding
@@ -281,25 +281,25 @@ class Target:
         return proc.returncode
 
 
-def _spawn(cmd: list[str], logfile: str, cwd: str | None = None) -> subprocess.Popen[bytes]:
+def spawn(cmd: list[str], logfile: str, cwd: str | None = None) -> subprocess.Popen[bytes]:
     with open(logfile, "wb") as out:
         return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=cwd, start_new_session=True)
 
 
-def _wait(pred: Any, proc: subprocess.Popen[bytes], what: str, logfile: str, timeout: float = 20.0) -> Any:
+def wait_ready(pred: Any, proc: subprocess.Popen[bytes], what: str, logfile: str, timeout: float = 20.0) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"{what} exited with {proc.returncode} before it was ready; log: {_tail(logfile)}")
+            raise RuntimeError(f"{what} exited with {proc.returncode} before it was ready; log: {log_tail(logfile)}")
         with contextlib.suppress(OSError, ValueError, http.client.HTTPException):
             value = pred()
             if value:
                 return value
         time.sleep(0.05)
-    raise RuntimeError(f"{what} not ready within {timeout}s; log: {_tail(logfile)}")
+    raise RuntimeError(f"{what} not ready within {timeout}s; log: {log_tail(logfile)}")
 
 
-def _tail(path: str, n: int = 1500) -> str:
+def log_tail(path: str, n: int = 1500) -> str:
     with contextlib.suppress(OSError), open(path, "rb") as f:
         data = f.read()
         return data[-n:].decode("utf-8", "replace")
@@ -313,9 +313,9 @@ def start_bridge(workdir: str, keepalive: str = "15s", max_sessions: int = 1000)
     exe = shutil.which("mcp-bridge", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
     cmd = [exe, "--config", cfg, "--port", "0"] if exe else [sys.executable, "-m", "bridge", "--config", cfg, "--port", "0"]
     cmd += shlex.split(os.environ.get("BENCH_BRIDGE_ARGS", ""))  # e.g. "--loop asyncio" to compare loops
-    proc = _spawn(cmd, logfile, cwd=ROOT)
+    proc = spawn(cmd, logfile, cwd=ROOT)
     port = bridge_port(proc, logfile)
-    _wait(lambda: http_get(port, "/readyz") == 200, proc, "mcp-bridge /readyz", logfile)
+    wait_ready(lambda: http_get(port, "/readyz") == 200, proc, "mcp-bridge /readyz", logfile)
     base = f"http://127.0.0.1:{port}/servers/bench"
     return Target("bridge", proc, base + "/sse", base + "/mcp", logfile, {"port": port, "config": cfg})
 
@@ -332,7 +332,7 @@ def bridge_port(proc: subprocess.Popen[bytes], logfile: str, timeout: float = 20
                         return int(event["port"])
         return None
 
-    port: int = _wait(listening, proc, "mcp-bridge", logfile, timeout)
+    port: int = wait_ready(listening, proc, "mcp-bridge", logfile, timeout)
     return port
 
 
@@ -344,8 +344,8 @@ def start_supergateway(workdir: str, transport: str) -> Target:
     cmd = [exe, "--stdio", " ".join(SERVER_CMD), "--port", str(port), "--logLevel", "none", "--healthEndpoint", "/healthz"]
     if transport == "streamable":
         cmd += ["--outputTransport", "streamableHttp", "--stateful"]
-    proc = _spawn(cmd, logfile)
-    _wait(lambda: http_get(port, "/healthz") == 200, proc, "supergateway", logfile)
+    proc = spawn(cmd, logfile)
+    wait_ready(lambda: http_get(port, "/healthz") == 200, proc, "supergateway", logfile)
     base = f"http://127.0.0.1:{port}"
     return Target("supergateway", proc, base + "/sse", base + "/mcp", logfile, {"port": port})
 
@@ -357,15 +357,15 @@ def start_mcp_proxy(workdir: str, transport: str) -> Target:
     logfile = os.path.join(workdir, "mcp-proxy.log")
     server = "sse" if transport == "sse" else "stream"
     cmd = [exe, "--host", "127.0.0.1", "--port", str(port), "--server", server, "--", *SERVER_CMD]
-    proc = _spawn(cmd, logfile)
-    _wait(lambda: http_get(port, "/ping") == 200, proc, "mcp-proxy", logfile)
+    proc = spawn(cmd, logfile)
+    wait_ready(lambda: http_get(port, "/ping") == 200, proc, "mcp-proxy", logfile)
     base = f"http://127.0.0.1:{port}"
     return Target("mcp-proxy", proc, base + "/sse", base + "/mcp", logfile, {"port": port})
 
 
 def start_replicas(name: str, workdir: str) -> Target:
     logfile = os.path.join(workdir, "replicas.log")
-    proc = _spawn([sys.executable, os.path.join(HERE, "replicas.py"), "--workdir", workdir, *REPLICA_TARGETS[name]], logfile)
+    proc = spawn([sys.executable, "-m", "bench.replicas", "--workdir", workdir, *REPLICA_TARGETS[name]], logfile, cwd=ROOT)
 
     def ready() -> int | None:
         with open(logfile, "rb") as f:
@@ -374,7 +374,7 @@ def start_replicas(name: str, workdir: str) -> Target:
                     return int(json.loads(line)["port"])
         return None
 
-    port = _wait(ready, proc, name, logfile, timeout=60)
+    port = wait_ready(ready, proc, name, logfile, timeout=60)
     base = f"http://127.0.0.1:{port}/servers/bench"
     return Target(name, proc, base + "/sse", base + "/mcp", logfile, {"port": port})
 
@@ -506,7 +506,7 @@ def one_run(wl_name: str, target_name: str, run_no: int, transport: str, args: a
             if target is not None:
                 record["target_exit"] = target.stop()
                 if target.logfile:
-                    record["target_log_tail"] = _tail(target.logfile, 600) if record.get("failure") else None
+                    record["target_log_tail"] = log_tail(target.logfile, 600) if record.get("failure") else None
     return record
 
 

@@ -16,9 +16,9 @@ p99 per case (median of the runs), how many sessions got a warm process
 their `session_opened` event; 2026-07-28 requests log none, so theirs are given only
 when every one got a warm process).
 
-    python bench/setup_time.py                      # 3 runs of each case, 50 sessions, warm: 4
-    python bench/setup_time.py --runs 1 --sessions 20 --warm 4 --gap 1 --patterns paced
-    python bench/setup_time.py --servers time --versions 2025-06-18
+    python -m bench.setup_time                      # 3 runs of each case, 50 sessions, warm: 4
+    python -m bench.setup_time --runs 1 --sessions 20 --warm 4 --gap 1 --patterns paced
+    python -m bench.setup_time --servers time --versions 2025-06-18
 """
 
 from __future__ import annotations

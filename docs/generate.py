@@ -1,7 +1,7 @@
 """Regenerate the parts of the docs that are read off the code, or check that they are current.
 
     python docs/generate.py          # rewrite them in place
-    python docs/generate.py --check  # exit 1, naming what is stale (tests/test_layers.py runs this)
+    python docs/generate.py --check  # exit 1, naming what is stale (tests/release/test_layers.py runs this)
 
 Today: the module map in docs/architecture.md, between its `module-map` markers: every
 module of `bridge/`, by layer (in the order of the layers contract in pyproject.toml), each

@@ -78,7 +78,7 @@ _FIELD = re.compile(rb"\r\n([^:]+):[\t ]*+((?:[^\r]*[^\r\t ])?)[\t ]*")  # one f
 _MCP = b"mcp"
 # A header here that changes how the body is framed or encoded (a compressed body is decoded on
 # aiohttp's path, by body.read_message), or what is expected of the server, means aiohttp.
-_HAND_OFF_FIELDS = frozenset({b"transfer-encoding", b"content-encoding", b"expect", b"upgrade"})
+HAND_OFF_FIELDS = frozenset({b"transfer-encoding", b"content-encoding", b"expect", b"upgrade"})
 # The fields this path reads (and Mcp-Param-*): a repeat of one is ambiguous, and aiohttp's to
 # judge. A repeat of another (an X-Forwarded-For that each proxy on the way added) is not.
 _READ = frozenset(
@@ -139,7 +139,7 @@ def read_head(head: bytes) -> tuple[re.Match[bytes], dict[bytes, bytes]] | None:
     if len(pairs) > MAX_FIELDS:
         return None
     found = {name.lower(): value for name, value in pairs}
-    if (len(found) != len(pairs) and _repeats_a_read_field(pairs)) or not found.keys().isdisjoint(_HAND_OFF_FIELDS):
+    if (len(found) != len(pairs) and _repeats_a_read_field(pairs)) or not found.keys().isdisjoint(HAND_OFF_FIELDS):
         return None
     return line, found
 
