@@ -15,14 +15,14 @@ from bridge.access.guard import WELL_KNOWN, Guard
 from bridge.access.oauth import OAuthVerifier
 from bridge.config.schema import Config
 from bridge.core.cluster import Cluster
-from bridge.gateway.gateway import DRAIN_QUIET_S, Gateway, Upstream
+from bridge.gateway import health
+from bridge.gateway.gateway import DRAIN_QUIET_S, Gateway
 from bridge.http import access, errors, forward, state
 from bridge.http.endpoints import sse_2024, streamable_2025
 from bridge.http.endpoints.post import POSTS, Posts, post_mcp
 from bridge.http.state import GATEWAYS, LIVE, METRICS, Live
 from bridge.metrics import Forwarding, Metrics
 from bridge.ops import admin, statuspage
-from bridge.process import confine, procstat
 from bridge.process.pool import Slots
 
 DRAIN_POLL_S = 0.05
@@ -266,74 +266,15 @@ async def status(request: web.Request) -> web.Response:
     return web.json_response(body)
 
 
-def _memory_limit(gateway: Gateway) -> dict[str, str | None] | None:
-    """How a server's memory limit is enforced here: by a cgroup, or by the address space and why."""
-    if gateway.server.rlimits.memory is None:
-        return None
-    mechanism, why = confine.memory_mechanism()
-    return {"by": mechanism, "why": why}
-
-
 def server_status(gateway: Gateway) -> dict[str, object]:
-    """What an admin sees of a server: every process, with its routing tables and stderr."""
-    now = time.time()
-    pool = gateway.pool
-    processes = []
-    for upstream in gateway.upstreams():
-        last = upstream.supervisor.child  # the running process, or the last one to run
-        processes.append(
-            {
-                **_process(upstream, now, upstream.mux.inflight()),
-                "tables": upstream.mux.table_sizes(),
-                "stderr_tail": last.stderr_tail() if last is not None else [],
-            }
-        )
-    return {
-        "mode": gateway.server.mode,
-        "rlimits": gateway.server.rlimits.named() or None,  # what each process runs under
-        "memory_limit": _memory_limit(gateway),
-        "user": launch.identity.describe() if (launch := gateway.launch).identity is not None else None,
-        "sandbox": msgspec.to_builtins(gateway.server.sandbox),
-        "ready": gateway.readiness() is None,
-        "sessions": len(gateway.sessions),
-        "in_flight": gateway.inflight(),
-        "pool": {**pool.sizes(), "waiting": pool.waiting(), "target": pool.settings.warm, "max": pool.settings.max},
-        "processes": processes,
-    }
+    """What an admin sees of a server (`health.of_server`), as JSON."""
+    status: dict[str, object] = msgspec.to_builtins(health.of_server(gateway))
+    return status
 
 
 def principal_status(gateway: Gateway, principal: str) -> dict[str, object]:
-    """What a principal without the admin role sees of a server it may use: its own sessions
-    and calls in flight, and the processes that serve it, each with its own calls on it.
-    Nothing of other principals (their sessions, processes, counts), and no stderr: a shared
-    process's mixes every principal's traffic, and servers print secrets there."""
-    now = time.time()
-    serving = gateway.serving(principal)
-    return {
-        "mode": gateway.server.mode,
-        "ready": gateway.readiness() is None,
-        "sessions": sum(1 for s in gateway.sessions.values() if s.owner == principal),
-        "in_flight": sum(serving.values()),
-        "processes": [_process(upstream, now, in_flight) for upstream, in_flight in serving.items()],
-    }
+    """What a principal without the admin role sees of a server it may use (`health.of_principal`)."""
+    status: dict[str, object] = msgspec.to_builtins(health.of_principal(gateway, principal))
+    return status
 
 
-def _process(upstream: Upstream, now: float, in_flight: int) -> dict[str, object]:
-    sup = upstream.supervisor
-    child = upstream.child
-    usage = procstat.usage(child.pid) if child is not None and child.pid is not None else None
-    return {
-        "pid": child.pid if child is not None else None,
-        "warm": upstream.warm and upstream in upstream.gateway.pool.warm,  # started ahead, not taken yet
-        "state": sup.status.value,
-        "protocol": upstream.mux.state.value,
-        "era": upstream.era.value,  # which MCP the process speaks: detecting, legacy or modern
-        "uptime_s": round(now - sup.started_at, 3) if child is not None and sup.started_at else None,
-        "restarts": sup.restarts,
-        "last_exit_code": sup.last_exit,
-        "last_exit_limit": upstream.last_limit,  # the limit that most likely ended it
-        "failure": sup.failure,
-        "in_flight": in_flight,
-        "rss_bytes": usage.rss_bytes if usage is not None else None,
-        "cpu_seconds": usage.cpu_seconds if usage is not None else None,
-    }
