@@ -36,6 +36,7 @@ from bridge.http import aiohttp_reply
 from bridge.http.body import read_message
 from bridge.http.errors import HttpError
 from bridge.http.fastpath import parse_head
+from bridge.protocol.jsonrpc import MAX_DEPTH
 from bridge.protocol.media import quality
 
 SID = "0123456789abcdef0123456789abcdef"
@@ -917,3 +918,22 @@ async def test_an_unknown_expectation_is_417_with_a_json_rpc_error(daemon: Bridg
         status, headers, body = await wire.response()
     assert status == 417 and headers["content-type"].startswith("application/json"), (status, headers)
     assert "something-else" in json.loads(body)["error"]["message"], body
+
+
+async def test_a_body_nested_past_the_bound_is_refused_on_both_paths(daemon: Bridge) -> None:
+    """A request nested deeper than jsonrpc.MAX_DEPTH is a 400 / -32700 naming the bound, on
+    the fast path (plain) and on aiohttp's (compressed), before anything of it is taken (it
+    was a 500 at 976 deep: decoded, then unencodable after the mux had taken the call); the
+    connection and the session go on."""
+    depth = MAX_DEPTH + 1
+    deep = b'{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"echo","arguments":{"text":' + b"[" * depth + b"]" * depth + b"}}}"
+    async for wire in _wire(daemon):
+        sid = f"Mcp-Session-Id: {await _mcp_session(wire)}"
+        for body, extra in ((deep, ()), (gzip.compress(deep), ("Content-Encoding: gzip",))):
+            await wire.send(mcp_post(body, sid, *extra, accept="application/json"))
+            status, _, text = await wire.response()
+            error = json.loads(text)["error"]
+            assert (status, error["code"], error["message"]) == (400, -32700, f"parse error: JSON nested deeper than {MAX_DEPTH}"), (status, text)
+        await wire.send(mcp_post(echo(4), sid, accept="application/json"))
+        status, _, text = await wire.response()
+        assert status == 200 and json.loads(text)["result"]["content"][0]["text"] == "t4", (status, text)
