@@ -43,6 +43,7 @@ TESTS = {
     "bridge/access/oauth.py": ("tests/unit/test_oauth_unit.py",),
     "bridge/http/forward.py": ("tests/unit/test_cluster.py", "tests/daemon/test_replicas.py"),
     "bridge/http/body.py": ("tests/daemon/test_fastpath.py",),
+    "bridge/process/pool.py": ("tests/unit/test_pool_unit.py",),
 }
 
 
@@ -286,7 +287,24 @@ ISSUE_30 = [
     Fault("body-as-sent-unbounded", BODY, "        if taken > limit:\n", "        if False:\n"),
 ]  # fmt: skip
 
-FAULTS = ISSUE_11 + FURTHER + SINCE + ISSUE_30
+# The pool's rules (issue 36), against tests/unit/test_pool_unit.py.
+POOL_ = "bridge/process/pool.py"
+POOL = [
+    # Sessions come before refills by two guards, each enough alone: `changed` refills only
+    # when nobody waits, and `refill` starts nothing while anyone does. Without both, the test
+    # of a freed slot fails (seen by hand); without one, nothing changes.
+    Fault("pool-refill-before-sessions", POOL_, "        if not self.waiters:\n            for pool in list(self.pools):", "        if True:\n            for pool in list(self.pools):",
+          equivalent="refill() itself starts nothing while a session waits"),
+    Fault("pool-refill-while-waiting", POOL_, " and self.room() and not self.slots.waiters:", " and self.room():",
+          equivalent="changed() refills only once nobody waits, and a warm process taken directly leaves no slot a waiting session could use"),
+    Fault("pool-last-come-first-served", POOL_, "self.waiters = deque(w for w in self.waiters if not (w.done() or w.serve()))",
+          "self.waiters = deque(reversed([w for w in reversed(self.waiters) if not (w.done() or w.serve())]))"),
+    Fault("pool-left-client-keeps-process", POOL_, "                self.give_back(future.result())", "                pass"),
+    Fault("pool-warm-given-back-stopped", POOL_, "        if member.warm and self.active:", "        if False:"),
+    Fault("pool-retry-after-fixed", POOL_, "return max(1, math.ceil(self.settings.wait))", "return 5"),
+]  # fmt: skip
+
+FAULTS = ISSUE_11 + FURTHER + SINCE + ISSUE_30 + POOL
 
 
 def copy_tree(dest: Path, baseline: str | None) -> None:
