@@ -1,36 +1,36 @@
-"""One gateway per configured server: its process(es), mux(es) and sessions.
+"""One gateway per configured server: the registry of its sessions and the interpreter of
+its muxes' actions.
 
-This is the only place that carries out what a mux decides. Shells hand it
-client messages; upstream processes hand it lines; it turns both into mux
-calls and applies the returned actions: bytes to a process, bytes to
-sessions, log lines for what was dropped, restarts.
+This is the only place that carries out what a mux decides. Shells hand it client
+messages; its processes (`upstream.Upstream`) hand it what they read; it turns both into
+mux calls and applies the returned actions (`apply`): bytes to a process, bytes to
+sessions, log lines for what was dropped, restarts. Which process serves a session is its
+`placement`'s to say.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import shutil
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from bridge import __version__, logs
+from bridge import logs
 from bridge.access.policy import RateLimiter, Throttled, View
 from bridge.config.schema import Limits, RateLimit, Server
-from bridge.core.mux import Abandoned, Action, Broadcast, Call, Discard, Mux, RestartServer, State, Timer, ToServer, ToSession
-from bridge.core.translator import Ask, Decided, Deliver, Era, Out, Translator, Wake
-from bridge.core.translator import Write as WriteOut
+from bridge.core.mux import Abandoned, Action, Broadcast, Call, Discard, PeerState, RestartServer, Timer, ToServer, ToSession
+from bridge.gateway.placement import PLACEMENTS
 from bridge.gateway.sessions import Session, Spares
+from bridge.gateway.upstream import NOT_READING, Upstream
 from bridge.metrics import ServerMetrics
 from bridge.process import confine
-from bridge.process.child import GONE, SENT, Child
+from bridge.process.env import child_env
 from bridge.process.pool import Full, Pool, Slots
-from bridge.process.supervisor import Status, Supervisor
+from bridge.process.supervisor import Status
 from bridge.protocol import jsonrpc, stateless
-from bridge.protocol.jsonrpc import Kind, Message, ProtocolError, RequestId
+from bridge.protocol.jsonrpc import Kind, Message, RequestId
 
 encode = jsonrpc.encode
 
@@ -48,7 +48,6 @@ RESTART_POLL_S = 0.05  # how often a graceful restart looks whether the calls in
 # call's result, before handing it over), and that follow-up must find the process still
 # serving. Idle clients do not wait for it.
 DRAIN_QUIET_S = 0.5
-NOT_READING = "server is not reading its input (limits.server_input_buffer)"
 _LIST_CHANGES = frozenset(method for method, _ in stateless.LIST_CHANGES.values())
 
 
@@ -58,292 +57,6 @@ class SessionLimitError(Exception):
     def __init__(self, message: str, retry_after: int | None = None) -> None:
         super().__init__(message)
         self.retry_after = retry_after  # seconds; None: the default for a full or stopping server
-
-
-class Upstream:
-    """One server process and the mux in front of it; receives the supervisor's events."""
-
-    def __init__(self, gateway: Gateway, label: str, warm: bool = False) -> None:
-        self.gateway = gateway
-        cfg = gateway.server
-        limits = gateway.limits
-        per_session = cfg.mode == "per-session"
-        # Started warm (ahead of its session or principal). Per session it is left uninitialized
-        # for its session's own initialize (see the mux's `warm`); per principal it is initialized
-        # by the bridge as any per-principal process is. Per session there is one session to a
-        # process: nothing to attribute, so no call is held back.
-        self.warm = warm
-        self.holds_slot = True  # one of the pool's slots, until it has stopped for good
-        self._announce = False  # in the pool and not ready yet: tell the pool once it is
-        self._attribution_window = 0.0 if per_session else cfg.attribution_window
-        self.mux = Mux(
-            shared=not per_session,
-            warm=warm and per_session,
-            roots=cfg.roots,
-            max_inflight=limits.max_inflight,
-            max_backlog=limits.server_backlog,
-            max_subscriptions=limits.max_subscriptions,
-            attribution_window=self._attribution_window,
-            max_calls=cfg.max_concurrent_calls or 0,
-            client_info=("mcp-bridge", __version__),
-            in_flight=gateway.in_flight,
-            slot_waited=gateway.metrics.slot_waits.observe,
-        )
-        self._timer: asyncio.TimerHandle | None = None
-        self._stall: asyncio.TimerHandle | None = None  # armed while the server's input is backed up
-        self.refused = 0  # messages not written since its input backed up
-        self.child: Child | None = None
-        self.last_limit: str | None = None  # the limit that most likely ended its last process
-        # The era of the running process (core/translator.py); a translator only while it is
-        # found out, and for a modern server.
-        self.era = Era.DETECTING
-        self.translator: Translator | None = None
-        self._wake: asyncio.TimerHandle | None = None
-        self.supervisor = Supervisor(
-            server=label,
-            make_child=self._make_child,
-            restart=cfg.restart,
-            shutdown_timeout=cfg.shutdown_timeout,
-            events=self,
-        )
-        self._log = gateway.log
-        self._identity = stateless.Server(None, cfg.cache_scope)
-        self._identity_of: dict[str, Any] | None = None  # the initialize result it was made from
-
-    def identity(self) -> stateless.Server:
-        """What a 2026-07-28 answer from this process is decorated with: made once per
-        initialize result (a restarted process has a new one), not per answer."""
-        init = self.mux.init_result
-        if init is not self._identity_of:
-            self._identity_of = init
-            self._identity = stateless.Server(init.get("serverInfo") if init else None, self.gateway.server.cache_scope)
-        return self._identity
-
-    def _make_child(self) -> Child:
-        launch = self.gateway.launch
-        return Child(
-            server=self.gateway.name,
-            command=launch.argv[0],
-            args=launch.argv[1:],
-            env=self.gateway.child_env,
-            cwd=launch.cwd,
-            max_line=self.gateway.limits.max_message_bytes,
-            input_limit=self.gateway.limits.input_buffer(),
-            rlimits=self.gateway.server.rlimits,
-            identity=launch.identity,
-            memory_groups=launch.memory_groups,
-            on_line=self.on_line,
-            on_oversize=self.on_oversize,
-            on_batch=self.gateway.flush,
-            on_input_blocked=self.on_input_blocked,
-        )
-
-    def send(self, data: bytes) -> bool:
-        """Write to the process; False when its input is full and the message was not written."""
-        child = self.child
-        result = GONE if child is None else child.send(data)
-        if result is SENT:
-            return True
-        if result is GONE:
-            # It is exiting: the exit fails what is in flight.
-            self._log.warning("server_write_failed", size=len(data))
-            return True
-        self.refused += 1
-        return False
-
-    def on_input_blocked(self, blocked: bool) -> None:
-        """More than half of limits.server_input_buffer waits in the server's stdin (or no longer)."""
-        child = self.child
-        limits = self.gateway.limits
-        if blocked:
-            self._log.warning("server_input_blocked", pid=self._pid(), buffered=child.stdin_buffered() if child else None)
-            self._stall = asyncio.get_running_loop().call_later(limits.server_input_stall, self._stalled)
-        else:
-            self._log.info("server_input_resumed", pid=self._pid(), refused=self.refused)
-            self._cancel_stall()
-
-    def _stalled(self) -> None:
-        self._stall = None
-        limits = self.gateway.limits
-        self._log.error("server_stalled", pid=self._pid(), refused=self.refused, after_s=limits.server_input_stall)
-        self.supervisor.restart(f"server stopped reading its input for {limits.server_input_stall:g}s")
-
-    def _cancel_stall(self) -> None:
-        self.refused = 0
-        if self._stall is not None:
-            self._stall.cancel()
-            self._stall = None
-
-    # Supervisor events.
-
-    def on_started(self, child: Child) -> None:
-        self.child = child
-        self._announce = self.warm and self in self.gateway.pool.warm
-        era = self.gateway.server.era
-        self.mux.attribution_window = self._attribution_window
-        actions: list[Action] = []
-        if era == "legacy":
-            self.era, self.translator = Era.LEGACY, None
-        else:
-            self.era = Era.DETECTING
-            self.translator = Translator(client_info=("mcp-bridge", __version__), era=era)
-            actions = self._carry(self.translator.start())
-        self.gateway.apply(self, actions + self.mux.server_started())
-
-    def on_exited(self, code: int | None, delay: float) -> None:
-        self.child = None
-        self._cancel_stall()
-        if self.era is Era.DETECTING and self.translator is not None:
-            # A legacy server may die of a request it does not know: `era: legacy` spares it.
-            self._log.warning("server_exited_during_discover", exit_code=code)
-        self.translator = None
-        self._cancel_wake()
-        self.gateway.metrics.restarts += 1
-        reason = "server process could not be started" if code is None else f"server process exited with code {code}"
-        rlimits = self.gateway.server.rlimits
-        self.last_limit = None
-        if code is not None and (limits := rlimits.named()) and (last := self.supervisor.child) is not None:
-            cause = confine.exit_cause(code, rlimits, last.oom_kills, last.stderr_tail())
-            likely = cause.likely() if cause is not None else "one of them may have stopped it"
-            reason += f"; it runs under limits ({limits}): {likely}"
-            if cause is not None:
-                self.last_limit = cause.limit
-                self.gateway.metrics.limit_kills[cause.limit] += 1
-            self._log.warning(
-                "server_exited_under_limits",
-                exit_code=code,
-                rlimits=limits,
-                likely=likely,
-                limit=self.last_limit,
-                said=cause.said if cause is not None else None,
-            )
-        self.gateway.apply(self, self.mux.server_exited(reason))
-
-    def on_failed(self, reason: str) -> None:
-        self.gateway.apply(self, self.mux.server_failed(reason))
-
-    # Child output.
-
-    def on_line(self, line: bytes) -> None:
-        try:
-            payload = jsonrpc.decode(line)
-        except ProtocolError as exc:
-            self._log.warning("server_line_skipped", reason=exc.message, size=len(line), pid=self._pid())
-            return
-        count = self.gateway.metrics.message
-        for msg in payload if payload.__class__ is list else (payload,):
-            count("from_server", msg.get("method", "response") if msg.__class__ is dict else None)
-        try:
-            actions = self.mux.from_server(payload) if self.translator is None else self._through(payload)
-        except Exception:
-            # A bug must not stop this server's output from being read: log it, drop the line.
-            self._log.exception("internal_error", where="from_server", size=len(line))
-            return
-        self.gateway.apply(self, actions, flush=False)  # the child calls flush after the read's last line
-        if self._announce and self.mux.state is State.READY:
-            self._announce = False
-            self._log.debug("server_warm", pid=self._pid())
-            self.gateway.pool.slots.changed()  # a session may be waiting for it
-
-    # The era translator (only while the process has one).
-
-    def translate(self, message: Message) -> list[Action]:
-        """One message from the mux, through the translator, to the process (or back to the mux)."""
-        assert self.translator is not None
-        return self._carry(self.translator.from_mux(message))
-
-    def _through(self, payload: Any) -> list[Action]:
-        out: list[Action] = []
-        for msg in payload if payload.__class__ is list else (payload,):
-            translator = self.translator  # none from the message on that made the server legacy
-            out += self.mux.from_server(msg) if translator is None else self._carry(translator.from_server(msg))
-        return out
-
-    def _carry(self, outs: list[Out]) -> list[Action]:
-        """Do what the translator says; what is for the mux becomes the mux's actions."""
-        actions: list[Action] = []
-        for out in outs:
-            match out:
-                case WriteOut(message):
-                    if not self.send(encode(message) + b"\n"):
-                        self.gateway.metrics.dropped_messages += 1
-                        origin = self.translator.origin(message["id"]) if self.translator and "id" in message else None
-                        if "method" in message and origin is not None:
-                            actions += self.mux.not_written(origin, NOT_READING)
-                case Deliver(message):
-                    actions += self.mux.from_server(message)
-                case Ask(upstream_id, message):
-                    actions += self.mux.server_request_for(upstream_id, message)
-                case Wake(delay):
-                    self._cancel_wake()
-                    self._wake = asyncio.get_running_loop().call_later(delay, self._on_wake)
-                case Decided(era, reason, final):
-                    self.era = era
-                    self._cancel_wake()
-                    self._log.info("server_era", era=era.value, reason=reason, final=final, pid=self._pid())
-                    if era is Era.LEGACY and final:
-                        self.translator = None
-                    elif era is Era.MODERN:
-                        # Its questions come as input_required for a known call: nothing to attribute,
-                        # so calls need not take turns.
-                        self.mux.attribution_window = 0.0
-        return actions
-
-    def _on_wake(self) -> None:
-        self._wake = None
-        if self.translator is not None:
-            self.gateway.apply(self, self._carry(self.translator.wake()))
-
-    def _cancel_wake(self) -> None:
-        if self._wake is not None:
-            self._wake.cancel()
-            self._wake = None
-
-    def on_oversize(self, size: int, head: bytes, tail: bytes) -> None:
-        self.gateway.apply(self, self.mux.response_too_large(jsonrpc.sniff_id(head, tail), size))
-
-    def _pid(self) -> int | None:
-        return self.child.pid if self.child is not None else None
-
-    def set_timer(self, delay: float) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer = asyncio.get_running_loop().call_later(delay, self._on_timer)
-
-    def _on_timer(self) -> None:
-        self._timer = None
-        self.gateway.apply(self, self.mux.timer())
-
-    def start(self) -> None:
-        self.supervisor.start()
-
-    async def stop(self) -> None:
-        """Stop the process for good; its slot frees once it has exited."""
-        if self._timer is not None:
-            self._timer.cancel()
-        self._cancel_stall()
-        self._cancel_wake()
-        await self.supervisor.stop()
-        if self.holds_slot:
-            self.holds_slot = False
-            self.gateway.pool.release()
-
-    async def restart(self, reason: str) -> None:
-        """Stop the process gently and start a new one; what is still in flight fails with `reason`."""
-        self._log.info("server_restarting", pid=self._pid(), reason=reason)
-        await self.supervisor.stop()
-        self.child = None
-        self.translator = None
-        self._cancel_stall()
-        self._cancel_wake()
-        self.gateway.apply(self, self.mux.server_exited(reason))
-        # Meanwhile the gateway may have stopped (reload, shutdown) or, per session, its session
-        # closed and this process retired: then it stays stopped.
-        if self.gateway.accepting and any(u is self for u in self.gateway.upstreams()):
-            self.supervisor.start()
-
-    def ready(self) -> bool:
-        return self.supervisor.status is Status.RUNNING and self.mux.state is State.READY
 
 
 class Gateway:
@@ -369,20 +82,18 @@ class Gateway:
         self.log = logs.get(server=name)
         self.launch = confine.launch(server)
         self.child_env = child_env(server, os.environ, self.launch.identity)
-        self._shared: Upstream | None = None
         self._upstreams: dict[str, Upstream] = {}  # session id -> its upstream
-        self._by_principal: dict[str | None, Upstream] = {}  # per-principal mode
+        self.placement = PLACEMENTS[server.mode](self)
         self._opening = 0  # sessions waiting for a process
         self.pool = Pool(
             name,
             server.pool,
             Slots(limits.max_processes) if slots is None else slots,  # daemon-wide, from the app
             lambda label, warm: Upstream(self, label, warm),
-            self._stop_later,
+            self.stop_later,
             metrics.pool_waits,
             metrics.pool_starts,
         )
-        self._retiring: dict[str | None, asyncio.TimerHandle] = {}  # per-principal: processes with no session
         self._stopping: set[asyncio.Task[None]] = set()
         self._unflushed: dict[Session, None] = {}  # sessions delivered to since the last flush, in order
         self._ticker: asyncio.Task[None] | None = None
@@ -400,18 +111,14 @@ class Gateway:
         self.audit = logs.get(server=name).bind(logger="mcp_bridge.audit")  # operators route it by this name
 
     def upstreams(self) -> Iterable[Upstream]:
-        if self._shared is not None:
-            return (self._shared,)
-        if self.server.mode == "per-principal":
-            return [*self._by_principal.values(), *self.pool.warm]
-        return [*self._upstreams.values(), *self.pool.warm]
+        return self.placement.upstreams()
+
+    @property
+    def placed(self) -> Mapping[str, Upstream]:
+        return self._upstreams
 
     async def start(self) -> None:
-        if self.server.mode == "shared":
-            # It counts toward limits.max_processes, but never waits: a shared server always has its process.
-            self.pool.take_slot()
-            self._shared = Upstream(self, self.name)
-            self._shared.start()
+        self.placement.start()
         self.pool.open()
         loop = asyncio.get_running_loop()
         self._ticker = loop.create_task(self._tick(), name=f"tick:{self.name}")
@@ -430,9 +137,7 @@ class Gateway:
         for task in (self._ticker, self._pinger):
             if task is not None:
                 task.cancel()
-        for timer in self._retiring.values():
-            timer.cancel()
-        self._retiring.clear()
+        self.placement.stop()
         await asyncio.gather(*(u.stop() for u in self.upstreams()))
         while self._stopping:  # and those handed to a session that then found the server stopping
             await asyncio.gather(*self._stopping)
@@ -442,10 +147,7 @@ class Gateway:
         self.limits = limits
         self.max_sessions = self.server.max_sessions or limits.max_sessions
         for upstream in self.upstreams():
-            mux = upstream.mux
-            mux.max_inflight, mux.max_backlog, mux.max_subscriptions = (
-                limits.max_inflight, limits.server_backlog, limits.max_subscriptions,
-            )  # fmt: skip
+            upstream.mux.set_limits(max_inflight=limits.max_inflight, max_backlog=limits.server_backlog, max_subscriptions=limits.max_subscriptions)
             if upstream.child is not None:
                 upstream.child.set_limits(limits.max_message_bytes, limits.input_buffer())
 
@@ -466,12 +168,7 @@ class Gateway:
         warm pool, or started now); waits up to pool.wait for a process when the caps are reached."""
         if self.open_at_once(session):
             return
-        if self.server.mode == "per-principal":
-            upstream = await self._new_principal_upstream(session)
-        else:
-            # The id's end: a cluster's ids share their start.
-            upstream = await self._acquire(session, f"{self.name}[{session.id[-8:]}]")
-        self._register(session, upstream)
+        self._register(session, await self.placement.acquire(session))
 
     def open_at_once(self, session: Session) -> bool:
         """Open `session` if its process is at hand (the shared one, or its principal's
@@ -485,9 +182,7 @@ class Gateway:
             raise SessionLimitError(f"server {self.name!r} has {len(self.sessions)} sessions (limit {self.max_sessions})")
         if self.new_id is not None and session.addressed:
             session.id = self.new_id(session.owner)
-        upstream = self._shared
-        if upstream is None and self.server.mode == "per-principal":
-            upstream = self._principal_upstream(session.owner)
+        upstream = self.placement.at_hand(session)
         if upstream is None:
             return False
         self._register(session, upstream)
@@ -499,9 +194,9 @@ class Gateway:
         upstream.mux.open_session(session.id, session.owner, self.view(session.owner))
         self.metrics.sessions_opened[session.transport] += 1
         if session.logged:
-            # Per-session: whether its process was started ahead (warm) or for it (cold).
-            source = {"process": "warm" if upstream.warm else "cold"} if self.server.mode == "per-session" else {}
-            self.log.info("session_opened", session=session.id, transport=session.transport, owner=session.owner, **source)
+            self.log.info(
+                "session_opened", session=session.id, transport=session.transport, owner=session.owner, **self.placement.opened(upstream)
+            )
 
     def session(self, session_id: str | None, owner: str | None) -> Session | None:
         """The live session with this id, if `owner` opened it; anyone else gets None."""
@@ -519,13 +214,7 @@ class Gateway:
         session.end(reason)
         if reason in DROP_REASONS:
             self.metrics.sessions_dropped[reason] += 1
-        mode = self.server.mode
-        if mode == "per-session":
-            self._stop_later(upstream)
-        elif mode == "per-principal" and not upstream.mux.sessions() and session.owner not in self._retiring:
-            self._retiring[session.owner] = asyncio.get_running_loop().call_later(
-                self.server.principal_idle_timeout, self._retire, session.owner
-            )
+        self.placement.released(session, upstream)
         if not session.logged:
             return
         self.log.info(
@@ -587,7 +276,7 @@ class Gateway:
         """The processes that serve `principal` (the shared one, its own per-principal one, its
         sessions' per-session ones), each with that principal's calls in flight on it."""
         served: dict[Upstream, int] = {}
-        own = self._shared or self._by_principal.get(principal)
+        own = self.placement.own(principal)
         if own is not None:
             served[own] = 0
         for sid, session in self.sessions.items():
@@ -622,7 +311,7 @@ class Gateway:
             self.restarting = False
         return len(upstreams)
 
-    async def _acquire(self, session: Session, label: str) -> Upstream:
+    async def acquire(self, session: Session, label: str) -> Upstream:
         """A process for a new session, from the pool; SessionLimitError when none comes in time."""
         self._opening += 1
         try:
@@ -637,34 +326,7 @@ class Gateway:
             raise SessionLimitError(f"server {self.name!r} is shutting down")
         return upstream
 
-    def _principal_upstream(self, principal: str | None) -> Upstream | None:
-        """Per-principal mode: the process this principal's sessions share, if it has one."""
-        retiring = self._retiring.pop(principal, None)
-        if retiring is not None:
-            retiring.cancel()
-        return self._by_principal.get(principal)
-
-    async def _new_principal_upstream(self, session: Session) -> Upstream:
-        """Per-principal mode: a process for a principal's first session (warm, or started now)."""
-        upstream = await self._acquire(session, f"{self.name}[{session.owner or '-'}]")
-        existing = self._principal_upstream(session.owner)
-        if existing is not None:  # another of its sessions got one while this one waited
-            self.pool.give_back(upstream)
-            return existing
-        self._by_principal[session.owner] = upstream
-        return upstream
-
-    def _retire(self, principal: str | None) -> None:
-        """Per-principal mode: stop a process that has had no session for principal_idle_timeout."""
-        self._retiring.pop(principal, None)
-        upstream = self._by_principal.get(principal)
-        if upstream is None or upstream.mux.sessions():
-            return
-        del self._by_principal[principal]
-        self.log.info("server_retired", principal=principal, idle_s=self.server.principal_idle_timeout)
-        self._stop_later(upstream)
-
-    def _stop_later(self, upstream: Upstream) -> None:
+    def stop_later(self, upstream: Upstream) -> None:
         self._track(asyncio.get_running_loop().create_task(upstream.stop()))
 
     def _track(self, task: asyncio.Task[None]) -> None:
@@ -678,7 +340,7 @@ class Gateway:
         if upstream is None:
             return None
         peer = upstream.mux.peer(session.id)
-        return peer.protocol_version if peer.initialized else None
+        return peer.protocol_version if peer.state is not PeerState.OPEN else None
 
     def open_request(self, session: Session, env: stateless.Envelope, notices: frozenset[str]) -> bool:
         """Open a 2026-07-28 request's session and adopt it as the request's envelope says
@@ -792,8 +454,8 @@ class Gateway:
         metrics = self.metrics
         match action:
             case Broadcast(sessions=sids, message=message):
-                if message.get("method") in _LIST_CHANGES and self.server.mode == "per-session":
-                    sids = (*sids, *self._listeners(upstream, message["method"]))
+                if message.get("method") in _LIST_CHANGES:
+                    sids = (*sids, *self.placement.listeners(upstream, message["method"]))
                 data = encode(message)
                 for sid in sids:
                     session = self.sessions.get(sid)
@@ -819,21 +481,6 @@ class Gateway:
         for session in dict.fromkeys(slow):  # once each, however many messages it missed
             self.log.warning("session_too_slow", session=session.id, queue_limit=limits.session_queue, queue_bytes=limits.slow_bytes)
             self.close_session(session, "slow")
-
-    def _listeners(self, source: Upstream, method: str) -> list[str]:
-        """Per-session mode: a list change from a process serving a 2026-07-28 request is for
-        its principal's `subscriptions/listen` streams, which each have a process of their
-        own (as every request of that client has) that never says it. Not across principals."""
-        principals = {peer.principal for sid in source.mux.sessions() if (peer := source.mux.peer(sid)).stateless}
-        if not principals:
-            return []
-        found = []
-        for sid, upstream in self._upstreams.items():
-            if upstream is not source:
-                peer = upstream.mux.peer(sid)
-                if peer.stateless and peer.notices and method in peer.notices and peer.principal in principals:
-                    found.append(sid)
-        return found
 
     def _audit(self, call: Call, answer: Message | None) -> None:
         """One `audit` event per tools/call, prompts/get and resources/read that ended: who, what,
@@ -927,55 +574,7 @@ class Gateway:
 
     def readiness(self) -> str | None:
         """None when ready, else the reason this server cannot serve now."""
-        if self._shared is not None:
-            if self._shared.ready():
-                return None
-            sup = self._shared.supervisor
-            if sup.status is Status.FAILED:
-                return sup.failure or "crash loop"
-            return f"server is {sup.status.value}, protocol {self._shared.mux.state.value}"
-        if shutil.which(self.server.command, path=self.child_env.get("PATH")) is None:
-            return f"command {self.server.command!r} not found"
-        upstreams = list(self.upstreams())
-        failed = [u for u in upstreams if u.supervisor.status is Status.FAILED]
-        if failed and len(failed) == len(upstreams):
-            return failed[0].supervisor.failure or "crash loop"
-        return None
-
-
-# What every server gets of the daemon's environment (a name, or a prefix ending
-# in `*`). Nothing else: the bridge's tokens and keys, and other servers'
-# secrets, live in the rest. Listed in the README ("Server environment").
-CHILD_ENV = (
-    # to run at all: programs, user, shell, terminal, temporary files, time zone, locale
-    "PATH", "HOME", "USER", "LOGNAME", "SHELL", "TERM", "TMPDIR", "TZ", "LANG", "LANGUAGE", "LC_*",
-    # where tools keep caches and settings (uv and others; read-only containers point them at a volume)
-    "XDG_CONFIG_HOME", "XDG_CACHE_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME", "XDG_RUNTIME_DIR",
-    "XDG_CONFIG_DIRS", "XDG_DATA_DIRS",
-    # the network as the host reaches it: npx/uvx downloads and servers' own calls
-    "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "no_proxy", "all_proxy",
-    "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "NODE_EXTRA_CA_CERTS",
-)
-
-
-def child_env(server: Server, environ: Mapping[str, str], who: confine.Identity | None = None) -> dict[str, str]:
-    """A server's environment: the CHILD_ENV and `inherit_env` variables of `environ`,
-    then the server's own `env` over them; for a server run as another user (`who`),
-    that user's HOME, USER and LOGNAME."""
-    patterns = CHILD_ENV + server.inherit_env
-    names = {p for p in patterns if not p.endswith("*")}
-    prefixes = tuple(p[:-1] for p in patterns if p.endswith("*"))
-    env = {k: v for k, v in environ.items() if k in names or k.startswith(prefixes)}
-    env.update(server.env)
-    if who is not None:
-        confine.user_env(env, who, server.env)
-    # Commands installed beside the bridge (its own venv's bin/) should resolve
-    # even when that directory is not on PATH; appended, so it shadows nothing.
-    own_bin = os.path.dirname(sys.executable)
-    path = env.get("PATH", "")
-    if own_bin not in path.split(os.pathsep):
-        env["PATH"] = f"{path}{os.pathsep}{own_bin}" if path else own_bin
-    return env
+        return self.placement.readiness()
 
 
 # Requests a rate limit counts: every call but the session's own handshake and pings.

@@ -18,7 +18,8 @@ import msgspec
 from bridge.process import confine, procstat
 
 if TYPE_CHECKING:
-    from bridge.gateway.gateway import Gateway, Upstream
+    from bridge.gateway.gateway import Gateway
+    from bridge.gateway.upstream import Upstream
 
 
 class ProcessHealth(msgspec.Struct, frozen=True):

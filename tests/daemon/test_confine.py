@@ -351,7 +351,7 @@ def test_users_and_groups_are_checked_against_this_host(monkeypatch: pytest.Monk
 
 
 def test_a_server_run_as_another_user_gets_that_users_environment_not_the_daemons() -> None:
-    from bridge.gateway.gateway import child_env
+    from bridge.process.env import child_env
 
     who = confine.Identity(65534, 65534, (65534,), "nobody", "/nonexistent")
     daemon = {"PATH": "/usr/bin", "HOME": "/root", "USER": "root", "XDG_CACHE_HOME": "/root/.cache", "XDG_RUNTIME_DIR": "/run/user/0"}

@@ -17,7 +17,7 @@ import aiohttp
 from support.daemon import Bridge, faulty
 from support.rawclient import RawSse, call
 
-from bridge.gateway.gateway import CHILD_ENV
+from bridge.process.env import CHILD_ENV
 
 TOKEN = "bridge-token-0123456789abcdef"
 # What the daemon holds and no server may see: the bridge's own token, cloud keys, anything else.

@@ -27,8 +27,8 @@ from support.rawclient import RawSse, call
 from bridge import cli
 from bridge.access.guard import OPEN_PATHS
 from bridge.config import load, schema
-from bridge.gateway.gateway import child_env
 from bridge.http.endpoints.streamable_2025 import SESSION_HEADER
+from bridge.process.env import child_env
 
 DEPLOY = ROOT / "deploy"
 K8S = DEPLOY / "kubernetes"

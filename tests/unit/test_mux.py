@@ -7,23 +7,17 @@ from collections import Counter
 from typing import Any
 
 import pytest
+from support import playbook as pb
+from support.playbook import Clock, note, req
 
 from bridge.access.policy import Rule, View
 from bridge.config.schema import Filter
-from bridge.core.mux import _CANCELLED_MEMORY, _EARLY_NOTES, Abandoned, Broadcast, Discard, Mux, RestartServer, State, Timer, ToServer, ToSession
+from bridge.core.mux import CANCELLED_MEMORY, EARLY_NOTES, Abandoned, Broadcast, Discard, Mux, RestartServer, State, Timer, ToServer, ToSession
 from bridge.protocol import jsonrpc
 from bridge.protocol.jsonrpc import ProtocolError
 from bridge.protocol.mcp import LOG_LEVELS
 
 INIT_RESULT = {"protocolVersion": "2025-06-18", "capabilities": {"tools": {}}, "serverInfo": {"name": "s", "version": "1"}}
-
-
-def req(rid: Any, method: str, **params: Any) -> dict[str, Any]:
-    return jsonrpc.request(rid, method, params or None)
-
-
-def note(method: str, **params: Any) -> dict[str, Any]:
-    return jsonrpc.notification(method, params or None)
 
 
 def to_server(actions: list[Any]) -> list[dict[str, Any]]:
@@ -36,14 +30,6 @@ def to_session(actions: list[Any], sid: str | None = None) -> list[dict[str, Any
         if isinstance(a, ToSession) and (sid is None or a.session == sid) or isinstance(a, Broadcast) and (sid is None or sid in a.sessions):
             out.append(a.message)
     return out
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def ready_mux(*sessions: str, capabilities: dict[str, dict[str, Any]] | None = None, **kwargs: Any) -> Mux:
@@ -185,23 +171,34 @@ def test_per_session_mode_replays_subscriptions_and_level_after_a_restart() -> N
 
 
 def test_two_sessions_with_the_same_id_get_their_own_results() -> None:
-    mux = ready_mux("a", "b")
-    (fa,) = to_server(mux.from_client("a", req(1, "tools/call", name="x")))
-    (fb,) = to_server(mux.from_client("b", req(1, "tools/call", name="y")))
-    assert fa["id"] != fb["id"]
-    actions = mux.from_server(jsonrpc.result(fb["id"], {"for": "b"}))
-    assert to_session(actions, "b") == [jsonrpc.result(1, {"for": "b"})]
-    assert to_session(actions, "a") == []
-    actions = mux.from_server(jsonrpc.result(fa["id"], {"for": "a"}))
-    assert to_session(actions, "a") == [jsonrpc.result(1, {"for": "a"})]
+    up_a, up_b = pb.Placeholder("a's call"), pb.Placeholder("b's call")
+    assert (
+        pb.play(ready_mux("a", "b"))
+        >> pb.client("a", req(1, "tools/call", name="x"))
+        << pb.to_server(req(up_a, "tools/call", name="x"))
+        >> pb.client("b", req(1, "tools/call", name="y"))
+        << pb.to_server(req(up_b, "tools/call", name="y"))
+        >> pb.server(pb.result(up_b, {"for": "b"}))
+        << pb.to_session("b", pb.result(1, {"for": "b"}), final=True)
+        >> pb.server(pb.result(up_a, {"for": "a"}))
+        << pb.to_session("a", pb.result(1, {"for": "a"}), final=True)
+    )
+    assert up_a.value != up_b.value
 
 
 def test_string_and_integer_ids_are_distinct_and_kept_exactly() -> None:
-    mux = ready_mux("a")
-    (f1,) = to_server(mux.from_client("a", req(1, "tools/call")))
-    (f2,) = to_server(mux.from_client("a", req("1", "tools/call")))
-    assert to_session(mux.from_server(jsonrpc.result(f2["id"], {})))[0]["id"] == "1"
-    assert to_session(mux.from_server(jsonrpc.result(f1["id"], {})))[0]["id"] == 1
+    one, other = pb.Placeholder(), pb.Placeholder()
+    assert (
+        pb.play(ready_mux("a"))
+        >> pb.client("a", req(1, "tools/call"))
+        << pb.to_server(req(one, "tools/call"))
+        >> pb.client("a", req("1", "tools/call"))
+        << pb.to_server(req(other, "tools/call"))
+        >> pb.server(pb.result(other, {}))
+        << pb.to_session("a", pb.result("1", {}))
+        >> pb.server(pb.result(one, {}))
+        << pb.to_session("a", pb.result(1, {}))
+    )
 
 
 def test_an_id_reused_while_in_flight_gets_an_error_and_the_first_call_survives() -> None:
@@ -306,7 +303,7 @@ def test_cancel_is_rewritten_upstream_and_no_late_result_reaches_the_client() ->
 def test_the_memory_of_cancelled_calls_is_bounded_and_forgets_the_oldest() -> None:
     mux = ready_mux("a")
     forwarded = []
-    for rid in range(_CANCELLED_MEMORY + 1):
+    for rid in range(CANCELLED_MEMORY + 1):
         (fwd,) = to_server(mux.from_client("a", req(rid, "tools/call")))
         mux.from_client("a", note("notifications/cancelled", requestId=rid))
         forwarded.append(fwd["id"])
@@ -1044,12 +1041,12 @@ def test_the_bridges_own_call_that_could_not_be_written_is_forgotten() -> None:
 def test_task_notes_kept_for_a_result_are_bounded_and_the_oldest_go_first() -> None:
     mux = ready_mux("a")
     (fwd,) = to_server(mux.from_client("a", req(1, "tools/call", task={})))
-    for i in range(_EARLY_NOTES):
+    for i in range(EARLY_NOTES):
         assert mux.from_server(note("notifications/tasks/status", taskId=f"t-{i}", status="working")) == []
     newest = note("notifications/tasks/status", taskId="t-new", status="working")
     (dropped,) = mux.from_server(newest)
     assert isinstance(dropped, Discard) and dropped.detail == {"dropped": 1} and not dropped.log  # t-0's
-    assert mux.table_sizes()["early_task_notes"] == _EARLY_NOTES
+    assert mux.table_sizes()["early_task_notes"] == EARLY_NOTES
     actions = mux.from_server(jsonrpc.result(fwd["id"], {"task": {"taskId": "t-new", "status": "working"}}))
     assert to_session(actions, "a")[0] == newest
 
@@ -1154,6 +1151,26 @@ def test_a_stateless_session_hears_only_about_its_own_call() -> None:
     # with no call in flight, a server request never goes to it
     refused = to_server(mux.from_server(req("s2", "sampling/createMessage", messages=[])))
     assert refused and refused[0]["error"]["code"] == jsonrpc.METHOD_NOT_FOUND
+
+
+def test_a_stateless_session_is_asked_only_during_the_calls_2026_07_28_may_answer_input_required() -> None:
+    mux = ready_mux()
+    mux.open_session("modern")
+    mux.adopt("modern", {"sampling": {}}, "2026-07-28", {"name": "c", "version": "1"}, None)
+    (listing,) = to_server(mux.from_client("modern", req(1, "tools/list")))
+    out = mux.from_server(req("s1", "sampling/createMessage", messages=[]))
+    assert to_session(out, "modern") == []  # the client never sees it
+    (refused,) = to_server(out)
+    assert refused["id"] == "s1" and refused["error"]["code"] == jsonrpc.METHOD_NOT_FOUND
+    assert refused["error"]["message"] == (
+        "sampling/createMessage during tools/list: 2026-07-28 asks the client only during tools/call, prompts/get and resources/read"
+    )
+    assert mux.peer("modern").server_requests == {}  # nothing left waiting for an answer
+    mux.from_server(jsonrpc.result(listing["id"], {"tools": []}))
+    # during tools/call the same question is the session's
+    mux.from_client("modern", req(2, "tools/call", name="t"))
+    asked = mux.from_server(req("s2", "sampling/createMessage", messages=[]))
+    assert [m["method"] for m in to_session(asked, "modern")] == ["sampling/createMessage"]
 
 
 def test_a_stateless_session_with_a_level_hears_its_calls_logs_and_sets_the_servers_level() -> None:

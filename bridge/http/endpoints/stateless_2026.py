@@ -511,12 +511,8 @@ class Exchange(Driver):
                 return
             msg = jsonrpc.decode(data)
             if "method" in msg and "id" in msg:  # a server request: MRTR
+                # Only during tools/call, prompts/get and resources/read: the mux refuses the rest.
                 gateway, ids, offered = self.post.gateway, self.ids, self.offered
-                if self.method not in mcp.MRTR_METHODS:
-                    # Only these may be answered input_required: the server's question gets an error.
-                    refusal = f"{msg['method']} during {self.method}: 2026-07-28 asks the client only during tools/call, prompts/get and resources/read"
-                    gateway.from_client(session, jsonrpc.error(msg["id"], jsonrpc.METHOD_NOT_FOUND, refusal))
-                    continue
                 key = _input_key(gateway, session, msg["id"], asked)
                 if key in offered:
                     if not session.ended:

@@ -1,145 +1,45 @@
-"""The multiplexer: everything that affects routing lives in this file.
-
-A `Mux` sits between one upstream MCP server process and the client sessions
-that share it. It does no IO: the gateway feeds it what it read and carries
-out the `Action`s it returns, in order. It reads time only from the `clock` it
-is given (tests pass a fake one) and asks for a wake-up with a `Timer` action.
-
-Rules
------
-1. Ids. Every client request gets a fresh upstream id (a counter); the table
-   `_calls` maps it back to (session, client id). Two sessions may use the
-   same ids; one session may not reuse an id while it is in flight.
-2. Tokens. A request's `_meta.progressToken` is replaced by its upstream id;
-   `notifications/progress` goes only to the owner, with its own token back.
-3. Cancellation. A client's `notifications/cancelled` is rewritten to the
-   upstream id and the call is forgotten at once, so no late result reaches
-   the client. A session that goes away cancels all of its calls upstream.
-   Whatever cancels a call upstream (the client, its session closing, a
-   timeout, shutdown) remembers it, so what the server still says of it is
-   dropped without a warning.
-4. Server requests. Requests from the server get a fresh downstream id and go
-   to the session of the call that asked (see `_attribute`): the owner of a
-   related task, else the call in its window, else among the sessions that
-   declared the needed capability. stdio does not say which call asked, and
-   servers ask early, so in shared mode a question that comes within
-   `attribution_window` of a call's start belongs to that call. For that to
-   name one call, calls that may lead to a question take turns (`_take_turn`)
-   while some session can be asked: one from a session that can be asked goes
-   alone, once no call is in its window, and holds the others until it asks,
-   finishes or has had its window; calls of sessions that cannot be asked go
-   together (a question then reaches nobody), but not beside one that may be
-   asked. Held calls take turns by principal (the one served least recently
-   goes next), so one principal's queue delays another's by one window at
-   most. A question in the window of a call whose session cannot answer it
-   gets the server an error; whether the call needs it is the server's to say,
-   and when a stateless session's call that did not declare the capability
-   then fails (an error, or a result marked `isError`), its answer is -32021
-   naming the capabilities asked for (a server that asks for several and goes
-   on with those it gets is answered as it answers).
-   After the windows, a further question goes to the call that asked last;
-   while only calls of sessions that cannot answer are in flight, to nobody.
-   A request about no call in flight goes to a session only when every
-   session able to answer is one principal's. With no such session, or when
-   that session leaves, the server gets an error at once. `ping` and, with
-   configured roots, `roots/list` are answered here. A request whose call is
-   known (`server_request_for`: the era translator's form of a 2026-07-28
-   server's input_required) goes to that call's session with no guess.
-5. Shared state. In shared mode the bridge initializes the server itself,
-   answers each client's `initialize` from the cached result and absorbs
-   `notifications/initialized`; `ping` is answered here. Subscriptions are
-   reference-counted per uri; the server's log level is the most verbose any
-   session asked for, and each session only sees messages at its level.
-   Tasks belong to the session that created them. A stateless session (a
-   2026-07-28 request, see `adopt`) has no handshake: it is initialized from
-   its request's own capabilities, and its `server/discover` is answered from
-   the cached result like `initialize` (in per-session mode the bridge then
-   initializes the process itself). It hears only about its own calls: log
-   messages at the level its request asked for (none without one), and of
-   list changes only those it listens to; a server request with no call in
-   flight never goes to it.
-6. Notifications from the server go to the sessions they concern: progress
-   to the caller, `resources/updated` to subscribers, task and elicitation
-   notices to their owner, list changes to every initialized session. Log
-   messages (by level) and anything else are about the calls in flight, if
-   any: they go only to the sessions of the principal whose calls those are,
-   and are dropped while calls of several principals are in flight; with
-   none in flight they are about the server and go to every session.
-   Principals are trust boundaries: when in doubt, nothing crosses one.
-7. Restarts. When the process exits every call sent to it fails at once;
-   calls that arrive while it is down wait in the backlog. A new process is
-   initialized (with the bridge's or the client's own `initialize`) and gets
-   the live subscriptions and log level replayed before anything else.
-8. Views. A session may see only part of the server (its principal's `View`):
-   lists lose what it may not see, `resources/updated` for a uri it may not
-   see does not reach it, and a request that names a hidden tool, prompt,
-   resource or template (`_FILTERED`, `_REFERENCES`: every request of the
-   schema that names one) is answered as the server answers a name it does
-   not have, learned once per mux by a probe that carries nothing of the
-   request. Nothing of that request reaches the server.
-9. Slots. With `max_calls` set, at most that many client calls are written to
-   the process and not yet ended: answered, failed, or cancelled (by their
-   client, a timeout, their session closing; a cancelled call's slot frees at
-   once, as a server answers no cancelled call). Past it a call waits in a
-   queue that takes turns by principal as held calls do (rule 4), and is
-   written when a slot frees; a held call let through waits there too, and
-   its attribution window starts when it is written. While the process is
-   not ready, calls wait in that queue rather than in the backlog. The queue
-   and the backlog together hold at most `max_backlog` messages: a call past
-   that is refused (-32003). A waiting call that is cancelled, times out or
-   whose session closes leaves the queue, and the next goes. When the process
-   exits, waiting calls stay for the next one (as the backlog does); they
-   fail when the server fails or the bridge shuts down. The bridge's own calls
-   never wait, nor do a client's `initialize`, `ping`, `resources/subscribe`,
-   `resources/unsubscribe` and `logging/setLevel`: the handshake and state
-   the mux shares between sessions, whose order upstream is the mux's to keep
-   (rule 5), and not what the cap guards (a server's tools racing each other).
-   With no cap, this rule costs a call one attribute test (`_send_call`).
-
-Theory of operation
--------------------
-Sessions are opened and closed by the shells. Each client message passes
-through `from_client`, each server message through `from_server`; process
-lifecycle events through `server_started`, `server_exited`, `server_failed`;
-time through `expire` and `timer`. Each returns a list of actions. What a peer
-gets wrong never raises: `from_client` raises `ProtocolError` for a message
-that is not valid JSON-RPC, before any state changes, and everything else
-becomes an error reply or a `Discard` to log. What the shell gets wrong does:
-naming a session that is not open is a `KeyError`, opening one twice a
-`ValueError`. In per-session mode the same code runs with one session and
-passes `initialize` and `ping` through; subscriptions and the log level are
-tracked as in shared mode, for routing and for the replay after a restart.
-A per-session process started ahead of its session (the warm pool: `warm`)
-is not initialized, since only its session knows the version and
-capabilities to initialize it with: until a session opens, a new process
-gets a `ping` instead (the spec allows one before `initialize`) and is READY
-once anything answers it. From then on its mux is that of a process started
-for its session: the session's own `initialize` passes through, or a
-stateless session's is sent from its request (`adopt`).
-"""
+"""The `Mux`: one server process and the client sessions that share it (the rules are in
+this package's docstring). It holds the decisions that cross its tables; each table is a
+small class of its own module, and the per-message path (`from_client` -> `_forward_call`,
+`from_server` -> `_server_response`) stays inline here."""
 
 from __future__ import annotations
 
-import enum
 import itertools
 import time
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, TypeVar
 
 from bridge.access.policy import View
+from bridge.core.mux import attribution, views
+from bridge.core.mux.actions import (
+    Abandoned,
+    Action,
+    Broadcast,
+    Call,
+    Discard,
+    RestartServer,
+    ServerRequest,
+    Timer,
+    ToServer,
+    ToSession,
+    caller,
+)
+from bridge.core.mux.notices import Owners
+from bridge.core.mux.peer import ASKABLE, CAPABILITY_FOR, Peer, hears
+from bridge.core.mux.shared import LEVEL_INDEX, Levels, Subscriptions
+from bridge.core.mux.states import PEER_TRANSITIONS, TRANSITIONS, PeerState, State, move
+from bridge.core.mux.turns import Tally, Turns
+from bridge.core.mux.views import AUDITED
 from bridge.protocol import jsonrpc
 from bridge.protocol.jsonrpc import NOTIFICATION, REQUEST, RESPONSE, Kind, Message, ProtocolError, RequestId
-from bridge.protocol.mcp import LATEST_PROTOCOL_VERSION, LOG_LEVELS, MISSING_CAPABILITY, PROTOCOL_VERSIONS, RELATED_TASK
+from bridge.protocol.mcp import LATEST_PROTOCOL_VERSION, LOG_LEVELS, MISSING_CAPABILITY, MRTR_METHODS, PROTOCOL_VERSIONS, RELATED_TASK
 
-_LEVEL_INDEX = {name: i for i, name in enumerate(LOG_LEVELS)}
 K = TypeVar("K")
 V = TypeVar("V")
 # Late replies to cancelled calls are expected; remember this many to drop them quietly.
-_CANCELLED_MEMORY = 4096
-# Task notices kept for a result still to come (see `_task_status`).
-_EARLY_NOTES = 256
+CANCELLED_MEMORY = 4096
 # Client requests that never wait for a slot (rule 9).
 _UNCAPPED = frozenset({"initialize", "ping", "resources/subscribe", "resources/unsubscribe", "logging/setLevel"})
 # The bridge's own requests that bring a process up (a ping: the probe of a warm one, see
@@ -150,138 +50,9 @@ _INERT = frozenset(
     {"ping", "tools/list", "prompts/list", "resources/list", "resources/templates/list", "logging/setLevel",
      "resources/subscribe", "resources/unsubscribe", "tasks/list", "tasks/get", "tasks/cancel"}
 )  # fmt: skip
-
-
-class State(enum.Enum):
-    DOWN = "down"  # no process; calls wait in the backlog
-    STARTING = "starting"  # process up, our initialize in flight
-    READY = "ready"
-    FAILED = "failed"  # crash loop; calls fail at once
-
-
 # Read on every call, as globals: a member lookup on an Enum class is slow in Python 3.11 (jsonrpc.REQUEST).
 _READY, _FAILED = State.READY, State.FAILED
-
-
-class ToServer(NamedTuple):
-    message: Message
-
-
-class ToSession(NamedTuple):
-    session: str
-    message: Message
-    # The client request this message belongs to (its own id), if any: the
-    # Streamable HTTP shell picks the stream by it. `final` marks its response.
-    related: RequestId | None = None
-    final: bool = False
-    call: Call | None = None
-
-
-class Broadcast(NamedTuple):
-    sessions: tuple[str, ...]
-    message: Message
-
-
-class Discard(NamedTuple):
-    """Something a peer sent was dropped; the gateway counts it, and logs it once unless
-    dropping it is routine (`log` False: a server's chatter nobody may see)."""
-
-    reason: str
-    detail: dict[str, Any]
-    log: bool = True
-
-
-class Abandoned(NamedTuple):
-    """A client's call ended with no answer to its session: cancelled, or its session closed."""
-
-    call: Call
-
-
-class RestartServer(NamedTuple):
-    reason: str
-
-
-class Timer(NamedTuple):
-    """Call `Mux.timer()` after `delay` seconds (replacing any earlier timer)."""
-
-    delay: float
-
-
-Action = ToServer | ToSession | Broadcast | Discard | Abandoned | RestartServer | Timer
-
-
-@dataclass(slots=True, eq=False)
-class Call:
-    """A request in flight upstream: a client's, or the bridge's own (session None)."""
-
-    session: str | None
-    client_id: RequestId | None
-    upstream_id: int
-    method: str
-    started: float
-    token: Any = None  # the client's progress token, when it asked for progress
-    sent: bool = False
-    task: bool = False  # task-augmented: the result names a task the session will own
-    subscribe_uri: str | None = None
-    asked: int = 0  # when a server request was last attributed to this call (0: never)
-    # When it was written; while it waits for a slot (rule 9), since when it waits
-    # (a field of its own would cost every call its default).
-    sent_at: float = 0.0
-    principal: str | None = None
-    target: str | None = None  # the tool or prompt name, or resource uri, of an audited call
-    hidden: tuple[str, Probe] | None = None  # a probe for a name the session may not see: that name, and the probe
-
-
-@dataclass(slots=True, eq=False)
-class ServerRequest:
-    session: str
-    server_id: RequestId
-    downstream_id: int
-    method: str
-    related: RequestId | None
-    task: bool
-
-
-class Peer:
-    """What the mux knows of one client session. One is made per session, and a 2026-07-28
-    request is a session: written out rather than a dataclass, whose default factories
-    cost a call each (seven of them, most for tables a request never fills)."""
-
-    __slots__ = (
-        "id", "principal", "view", "calls", "server_requests", "capabilities", "initialized", "can_answer",
-        "protocol_version", "level", "subscriptions", "tasks", "client_tasks", "elicitations", "last_active",
-        "waiting_init", "stateless", "notices",
-    )  # fmt: skip
-
-    def __init__(self, session: str, principal: str | None, view: View | None, last_active: int) -> None:
-        self.id = session
-        self.principal = principal  # who opened it: a trust boundary (None: no auth configured)
-        self.view = view  # the tools, prompts and resources it may see; None: all
-        self.calls: dict[RequestId, Call] = {}
-        self.server_requests: dict[int, ServerRequest] = {}
-        self.capabilities: dict[str, Any] = {}
-        self.initialized = False
-        self.can_answer = False  # declared a capability the server may ask it to use
-        self.protocol_version: str | None = None
-        self.level: int | None = None
-        self.subscriptions: set[str] = set()
-        self.tasks: set[str] = set()  # server-side tasks it created
-        self.client_tasks: set[str] = set()  # its own tasks, polled by the server
-        self.elicitations: set[str] = set()
-        self.last_active = last_active
-        self.waiting_init: RequestId | None = None
-        # A 2026-07-28 request (or subscriptions/listen): adopted, never initialized by a
-        # handshake; it hears only its own calls and the notifications in `notices`.
-        self.stateless = False
-        self.notices: frozenset[str] | None = None  # None: every list change (handshake-era sessions)
-
-
-_CAPABILITY_FOR = {
-    "sampling/createMessage": "sampling",
-    "roots/list": "roots",
-    "elicitation/create": "elicitation",
-}
-_ASKABLE = frozenset(_CAPABILITY_FOR.values())  # what a session declares to be asked anything
+_OPEN, _STATELESS = PeerState.OPEN, PeerState.STATELESS
 
 
 def negotiate(client_version: object, server_version: str) -> str:
@@ -304,82 +75,6 @@ def bridge_initialize_params(client_name: str, version: str) -> dict[str, Any]:
         },
         "clientInfo": {"name": client_name, "version": version},
     }
-
-
-class _Tally:
-    """How many calls wait in a mux's queues, all of them together: what the mux asks
-    after every event. An attribute, not `__len__`: a `__len__` is a Python call made
-    through C each time."""
-
-    __slots__ = ("waiting",)
-
-    def __init__(self) -> None:
-        self.waiting = 0
-
-
-class _Turns:
-    """Calls waiting their turn: held back for attribution (rule 4) or for a slot (rule 9).
-    One queue per principal, first in, first out within it, and the principal served least
-    recently goes next. So one principal's waiting calls delay another's by at most one
-    turn (the attribution window, the slot) under way, however many they are."""
-
-    __slots__ = ("_queues", "_served", "_turn", "_tally", "waiting")
-
-    def __init__(self, tally: _Tally) -> None:
-        self._queues: dict[str | None, deque[Message]] = {}
-        self._served: dict[str | None, int] = {}  # principal -> turn it was last let through at
-        self._turn = itertools.count()
-        self._tally = tally  # shared by the mux's queues
-        self.waiting = 0  # how many calls are in this one
-
-    def push(self, principal: str | None, msg: Message) -> None:
-        queue = self._queues.get(principal)
-        if queue is None:
-            queue = self._queues[principal] = deque()
-        queue.append(msg)
-        self.waiting += 1
-        self._tally.waiting += 1
-
-    def peek(self) -> Message:
-        """The call `pop` returns next."""
-        return self._queues[self._next()][0]
-
-    def pop(self) -> Message:
-        principal = self._next()
-        queue = self._queues[principal]
-        msg = queue.popleft()
-        if not queue:
-            del self._queues[principal]
-        self.waiting -= 1
-        self._tally.waiting -= 1
-        return msg
-
-    def _next(self) -> str | None:
-        return min(self._queues, key=lambda p: self._served.get(p, -1))
-
-    def served(self, principal: str | None) -> None:
-        self._served[principal] = next(self._turn)
-
-    def forget(self, principal: str | None) -> None:
-        """The principal has no session left here."""
-        self._served.pop(principal, None)
-
-    def remove(self, upstream_id: int) -> bool:
-        for principal, queue in self._queues.items():
-            for i, msg in enumerate(queue):
-                if msg["id"] == upstream_id:
-                    del queue[i]
-                    self.waiting -= 1
-                    self._tally.waiting -= 1
-                    if not queue:
-                        del self._queues[principal]
-                    return True
-        return False
-
-    def clear(self) -> None:
-        self._queues.clear()
-        self._tally.waiting -= self.waiting
-        self.waiting = 0
 
 
 class Mux:
@@ -418,19 +113,17 @@ class Mux:
         self._calls: dict[int, Call] = {}
         self._server_requests: dict[int, ServerRequest] = {}
         self._server_request_ids: dict[RequestId, int] = {}
-        self._subscribers: dict[str, set[str]] = {}
-        self._task_owner: dict[str, str] = {}
-        self._client_task_owner: dict[str, str] = {}
-        self._elicitation_owner: dict[str, str] = {}
-        self._upstream_level: int | None = None
+        self._subscriptions = Subscriptions()
+        self._owners = Owners()
+        self._levels = Levels()
         self._backlog: list[Message] = []
-        self._queued = _Tally()  # calls in `_held` and `_for_slot`
+        self._queued = Tally()  # calls in `_held` and `_for_slot`
         # Calls held back until the one call allowed to ask (`_holder`) asks,
         # finishes or has had `attribution_window` seconds (rule 4).
-        self._held = _Turns(self._queued)
+        self._held = Turns(self._queued)
         # Calls waiting for a slot (rule 9); `_slots` holds the upstream ids of the calls
         # written under the cap, some of which may have ended since (see `_free_slot`).
-        self._for_slot = _Turns(self._queued)
+        self._for_slot = Turns(self._queued)
         self._slots: set[int] = set()
         self._slot_waited = slot_waited  # told how long each call written under the cap waited
         self._by_principal: dict[str | None, int] = {}  # open sessions per principal
@@ -451,13 +144,24 @@ class Mux:
         self._failure = "server unavailable"
         # How the server answers a request for a tool, prompt or resource it does not have,
         # learned by asking (see `_hidden`): probe -> the answer, with the probe's name in it.
-        self._unknown: dict[Probe, bytes] = {}
+        self._unknown: dict[views.Probe, bytes] = {}
         # Stateless sessions' calls whose server asked for a capability they did not declare
         # (rule 4): upstream id -> those capabilities. Empty but for that rare case.
         self._refused: dict[int, set[str]] = {}
-        # Task status notices that came before the result naming their task's owner.
-        self._early_notes: OrderedDict[str, list[Message]] = OrderedDict()
-        self._early_count = 0
+
+    def set_limits(
+        self, *, max_inflight: int | None = None, max_backlog: int | None = None, max_subscriptions: int | None = None,
+        attribution_window: float | None = None,
+    ) -> None:
+        """New limits (a reload; an era found out): they apply to what comes next. None: unchanged."""
+        if max_inflight is not None:
+            self.max_inflight = max_inflight
+        if max_backlog is not None:
+            self.max_backlog = max_backlog
+        if max_subscriptions is not None:
+            self.max_subscriptions = max_subscriptions
+        if attribution_window is not None:
+            self.attribution_window = attribution_window
 
     # ----------------------------------------------------------------- sessions
 
@@ -481,9 +185,9 @@ class Mux:
         `level` (none without one) and, of what is not about its calls, only `notices`."""
         peer = self._peers[session]
         peer.capabilities = capabilities
-        self._can_answer(peer, not _ASKABLE.isdisjoint(capabilities))
+        self._can_answer(peer, not ASKABLE.isdisjoint(capabilities))
         peer.protocol_version = version
-        peer.initialized = peer.stateless = True
+        peer.state = move(PEER_TRANSITIONS, peer.state, "adopted")
         peer.notices = notices
         out: list[Action] = []
         if not self.shared and self._client_init is None:
@@ -494,7 +198,7 @@ class Mux:
                 out = self._send_initialize(self._client_init)
         if level is None:
             return out
-        peer.level = _LEVEL_INDEX[level]
+        peer.level = LEVEL_INDEX[level]
         return out + self._sync_level()
 
     def set_view(self, session: str, view: View | None) -> None:
@@ -522,12 +226,8 @@ class Mux:
                 out.append(ToServer(jsonrpc.error(req.server_id, jsonrpc.SESSION_CLOSED, "client session closed")))
         for uri in peer.subscriptions:
             out += self._drop_subscriber(uri, session)
-        for name in peer.tasks:
-            self._task_owner.pop(name, None)
-        for name in peer.client_tasks:
-            self._client_task_owner.pop(name, None)
-        for name in peer.elicitations:
-            self._elicitation_owner.pop(name, None)
+        if peer.tasks or peer.client_tasks or peer.elicitations:
+            self._owners.forget(peer)
         if peer.level is not None:
             out += self._sync_level()
         if peer.can_answer:
@@ -549,8 +249,7 @@ class Mux:
     def quiet(self, session: str) -> bool:
         """Whether the session has nothing in flight and owns nothing: no call, no server
         request, task, elicitation or subscription."""
-        peer = self._peers[session]
-        return not (peer.calls or peer.server_requests or peer.subscriptions or peer.tasks or peer.client_tasks or peer.elicitations)
+        return self._peers[session].owns_nothing()
 
     def peer(self, session: str) -> Peer:
         return self._peers[session]
@@ -566,10 +265,8 @@ class Mux:
             "sessions": len(self._peers),
             "calls": len(self._calls),
             "server_requests": len(self._server_requests) + len(self._server_request_ids),
-            "subscriptions": len(self._subscribers),
-            "tasks": len(self._task_owner) + len(self._client_task_owner),
-            "elicitations": len(self._elicitation_owner),
-            "early_task_notes": self._early_count,
+            **self._subscriptions.sizes(),
+            **self._owners.sizes(),
             "queued_calls": sum(1 for m in self._backlog if "method" in m and "id" in m) + self._held.waiting,
             "waiting_for_slot": self._for_slot.waiting,
         }
@@ -637,7 +334,7 @@ class Mux:
         method = msg["method"]
         call = Call(peer.id, client_id, upstream_id, method, self._clock(), principal=peer.principal)
         if params is not None:
-            if (audited := _AUDITED.get(method)) is not None:
+            if (audited := AUDITED.get(method)) is not None:
                 target = params.get(audited)
                 call.target = target if isinstance(target, str) else None
             meta = params.get("_meta")
@@ -695,21 +392,14 @@ class Mux:
         the server answers one it does not have; None when the request is not one of those.
         The first such request asks the server with a name it cannot have (and nothing of
         the request's own); its answer, with the name put back, is the answer from then on."""
-        method = msg["method"]
-        params = msg.get("params")
-        named = _FILTERED.get(method)
-        if named is None and (refs := _REFERENCES.get(method)) is not None and params.__class__ is dict:
-            ref = params.get("ref")
-            if ref.__class__ is dict and isinstance(of := ref.get("type"), str):
-                named, params = refs.get(of), ref
-        if named is None or params.__class__ is not dict:
-            return None
-        name = params.get(named.key)
         assert peer.view is not None
-        if not isinstance(name, str) or peer.view.admits(named.kind, name):
+        hidden = views.hidden_name(peer.view, msg)
+        if hidden is None:
             return None
+        named, name = hidden
+        method = msg["method"]
         client_id = msg["id"]
-        target = name if method in _AUDITED else None
+        target = name if method in AUDITED else None
         if named.probe is None:
             return self._hidden_unsubscribe(peer, client_id, name)
         probe = named.probe
@@ -722,7 +412,7 @@ class Mux:
                 call.hidden, call.target, call.method = (name, probe), target, method
             return out
         call = Call(peer.id, client_id, 0, method, self._clock(), principal=peer.principal, target=target)
-        answer = jsonrpc.decode(template.replace(probe.name, _escaped(name)))
+        answer = jsonrpc.decode(template.replace(probe.name, views.escaped(name)))
         answer["id"] = client_id
         return [ToSession(peer.id, answer, client_id, True, call)]
 
@@ -736,7 +426,7 @@ class Mux:
     def _hold_with(self, call: Call, msg: Message) -> list[Action]:
         """Let `call` through as the one call that may ask the clients something now."""
         self._holder = call
-        self._held.served(self._peers[_caller(call)[0]].principal)
+        self._held.served(self._peers[caller(call)[0]].principal)
         self._wake_at = self._clock() + self.attribution_window
         return [*self._send_call(call, msg), Timer(self.attribution_window)]
 
@@ -762,7 +452,7 @@ class Mux:
             call = self._calls.get(msg["id"])
             if call is None:
                 held.pop()
-            elif not self._peers[_caller(call)[0]].can_answer:
+            elif not self._peers[caller(call)[0]].can_answer:
                 held.pop()
                 out += self._send_blind(call, msg)
             elif left := self._blind_left():
@@ -885,7 +575,7 @@ class Mux:
         params = msg.get("params") or {}
         caps = params.get("capabilities")
         peer.capabilities = caps if caps.__class__ is dict else {}
-        self._can_answer(peer, not _ASKABLE.isdisjoint(peer.capabilities))
+        self._can_answer(peer, not ASKABLE.isdisjoint(peer.capabilities))
         peer.protocol_version = params.get("protocolVersion")  # provisional until answered
         return self._answer_when_ready(peer, msg["id"])
 
@@ -900,11 +590,11 @@ class Mux:
 
     def _answer_initialize(self, peer: Peer, client_id: RequestId) -> list[Action]:
         assert self.init_result is not None
-        if peer.stateless:  # server/discover: the shell makes it from the server's initialize result
+        if peer.state is _STATELESS:  # server/discover: the shell makes it from the server's initialize result
             return [self._reply(peer, client_id, self.init_result)]
         version = negotiate(peer.protocol_version, self.init_result.get("protocolVersion", LATEST_PROTOCOL_VERSION))
         peer.protocol_version = version
-        peer.initialized = True
+        peer.state = move(PEER_TRANSITIONS, peer.state, "initialized")
         out: list[Action] = [self._reply(peer, client_id, {**self.init_result, "protocolVersion": version})]
         if self.roots is None and "roots" in peer.capabilities:
             # The server may have asked for roots before anyone could answer.
@@ -913,7 +603,7 @@ class Mux:
 
     def _discover(self, peer: Peer, msg: Message) -> list[Action]:
         """A stateless session's server/discover is answered, like initialize, from the cached result."""
-        if not peer.stateless:
+        if peer.state is not _STATELESS:
             return self._forward_call(peer, msg)
         return self._answer_when_ready(peer, msg["id"])
 
@@ -939,7 +629,7 @@ class Mux:
                     f"too many subscriptions (limit {self.max_subscriptions}, limits.max_subscriptions)",
                 )
             ]  # fmt: skip
-        subscribers = self._subscribers.get(uri)
+        subscribers = self._subscriptions.by_uri.get(uri)
         if subscribers:
             subscribers.add(peer.id)
             peer.subscriptions.add(uri)
@@ -949,7 +639,7 @@ class Mux:
         call = peer.calls.get(client_id)
         if call is not None and call.method == "resources/subscribe":
             call.subscribe_uri = uri
-            self._subscribers[uri] = {peer.id}
+            self._subscriptions.by_uri[uri] = {peer.id}
             peer.subscriptions.add(uri)
         return out
 
@@ -957,27 +647,27 @@ class Mux:
         uri = _text(msg, "uri")
         if uri is None:
             return [self._reply_error(peer, msg["id"], jsonrpc.INVALID_PARAMS, "resources/unsubscribe needs a string uri")]
-        subscribers = self._subscribers.get(uri)
+        subscribers = self._subscriptions.by_uri.get(uri)
         if uri not in peer.subscriptions or subscribers is None or len(subscribers) > 1:
             if subscribers is not None:
                 subscribers.discard(peer.id)
             peer.subscriptions.discard(uri)
             return [self._reply(peer, msg["id"], {})]
-        del self._subscribers[uri]
+        del self._subscriptions.by_uri[uri]
         peer.subscriptions.discard(uri)
         if self.state is not _READY:
             return [*self._unsubscribe_queued(uri), self._reply(peer, msg["id"], {})]
         return self._forward_call(peer, msg)
 
     def _set_level(self, peer: Peer, msg: Message) -> list[Action]:
-        level = _lookup(_LEVEL_INDEX, _text(msg, "level"))
+        level = _lookup(LEVEL_INDEX, _text(msg, "level"))
         if level is None:
             return [self._reply_error(peer, msg["id"], jsonrpc.INVALID_PARAMS, f"level must be one of {', '.join(LOG_LEVELS)}")]
         peer.level = level
-        wanted = self._wanted_level()
-        if wanted == self._upstream_level:
+        wanted = self._levels.wanted(self._peers.values())
+        if wanted == self._levels.upstream:
             return [self._reply(peer, msg["id"], {})]
-        self._upstream_level = wanted
+        self._levels.upstream = wanted
         assert wanted is not None  # this session's level counts
         msg["params"]["level"] = LOG_LEVELS[wanted]
         return self._forward_call(peer, msg)
@@ -1020,8 +710,7 @@ class Mux:
         if req.task and "result" in msg:
             task_id = _task_id(msg["result"])
             if task_id is not None:
-                peer.client_tasks.add(task_id)
-                self._client_task_owner[task_id] = peer.id
+                self._owners.claim_client_task(peer, task_id)
         msg["id"] = req.server_id
         return self._to_server(msg)
 
@@ -1094,7 +783,7 @@ class Mux:
         template = jsonrpc.encode(body)
         self._unknown[probe] = template
         msg.clear()
-        msg.update(jsonrpc.decode(template.replace(probe.name, _escaped(name))))
+        msg.update(jsonrpc.decode(template.replace(probe.name, views.escaped(name))))
 
     def _after_list(self, peer: Peer, call: Call, msg: Message) -> list[Action]:
         """Take out of a list result what the session may not see."""
@@ -1102,16 +791,13 @@ class Mux:
         result = msg.get("result")
         if view is None or not isinstance(result, dict):
             return []
-        field, kind, key = _LISTS[call.method]
-        items = result.get(field)
-        if isinstance(items, list):
-            result[field] = [item for item in items if not isinstance(item, dict) or view.admits(kind, item.get(key))]
+        views.filter_list(view, call.method, result)
         return []
 
     def _after_initialize(self, peer: Peer, call: Call, msg: Message) -> list[Action]:
         result = msg.get("result")
         if result.__class__ is dict:
-            peer.initialized = True
+            peer.state = move(PEER_TRANSITIONS, peer.state, "initialized")
             peer.protocol_version = result.get("protocolVersion")
             self.init_result = result
         return []
@@ -1126,11 +812,7 @@ class Mux:
         if call.task and "result" in msg:
             task_id = _task_id(msg["result"])
             if task_id is not None:
-                peer.tasks.add(task_id)
-                self._task_owner[task_id] = peer.id
-                early = self._early_notes.pop(task_id, [])
-                self._early_count -= len(early)
-                out = [ToSession(peer.id, note) for note in early]
+                out = [ToSession(peer.id, note) for note in self._owners.claim_task(peer, task_id)]
         self._forget_early_notes()
         return out
 
@@ -1154,7 +836,7 @@ class Mux:
             self.init_result = result
         out: list[Action] = [ToServer(jsonrpc.notification("notifications/initialized"))]
         out += self._replay()
-        self.state = State.READY
+        self.state = move(TRANSITIONS, self.state, "initialized")
         out += self._flush_backlog()
         for peer in self._peers.values():
             if peer.waiting_init is not None:
@@ -1183,6 +865,11 @@ class Mux:
         if peer is None:
             self._missing_capability(method, call)
             return [ToServer(jsonrpc.error(server_id, jsonrpc.METHOD_NOT_FOUND, f"no connected client can handle {method}"))]
+        if peer.state is _STATELESS and call is not None and call.method not in MRTR_METHODS:
+            # Only these end in input_required: a question during another is the server's error.
+            call.asked = next(self._seq)
+            refusal = f"{method} during {call.method}: 2026-07-28 asks the client only during tools/call, prompts/get and resources/read"
+            return [ToServer(jsonrpc.error(server_id, jsonrpc.METHOD_NOT_FOUND, refusal))]
         related = None
         if call is not None:
             call.asked = next(self._seq)
@@ -1194,8 +881,7 @@ class Mux:
         self._server_requests[downstream_id] = req
         self._server_request_ids[server_id] = downstream_id
         if method == "elicitation/create" and params.__class__ is dict and params.get("elicitationId").__class__ is str:
-            peer.elicitations.add(params["elicitationId"])
-            self._elicitation_owner[params["elicitationId"]] = peer.id
+            self._owners.claim_elicitation(peer, params["elicitationId"])
         msg["id"] = downstream_id
         return [ToSession(peer.id, msg, related)]
 
@@ -1206,7 +892,7 @@ class Mux:
         session's call that did not declare the capability then fails, it fails with the
         2026-07-28 error that says which (see `_server_response`); a server that asks for
         several capabilities and goes on with those it gets is answered as it answers."""
-        wanted = _CAPABILITY_FOR.get(method)
+        wanted = CAPABILITY_FOR.get(method)
         if wanted is None:
             return
         if call is None:
@@ -1215,66 +901,20 @@ class Mux:
                 return
             (call,) = sent
         call.asked = next(self._seq)  # its window is over: it asked
-        peer = self._peers[_caller(call)[0]]
-        if peer.stateless and wanted not in peer.capabilities:
+        peer = self._peers[caller(call)[0]]
+        if peer.state is _STATELESS and wanted not in peer.capabilities:
             self._refused.setdefault(call.upstream_id, set()).add(wanted)
 
     def _attribute(self, msg: Message) -> tuple[Peer | None, Call | None]:
-        """The session (and call) a server request most likely belongs to.
-
-        stdio carries no link from a server request to the call that caused
-        it, except a related task. Servers start handling calls in the order
-        they arrive and ask early, so the first request from a burst of calls
-        belongs to the oldest fresh call that has not asked yet; a call that
-        already asked is the best guess for a further request; with no call
-        in flight, the most recently active session. Only sessions that
-        declared the capability qualify. Per-session mode needs no guess.
-        """
         owner = self._owner_of(msg)
         if owner is not None:
             return owner, max(owner.calls.values(), key=lambda c: c.upstream_id, default=None)
-        method = msg["method"]
-        if method.startswith("tasks/"):
-            return None, None  # a task we do not know belongs to nobody here
-        wanted = _CAPABILITY_FOR.get(method)
-        fresh_since = self._clock() - self.attribution_window
-        asker: tuple[Call, Peer | None] | None = None  # the call that asked last, and its session if able
-        newest: Call | None = None
-        busy = False  # a client's call is in flight
-        for call in self._calls.values():  # oldest first
-            if call.session is None or not call.sent:
-                continue
-            peer = self._peers[call.session]
-            busy = True
-            able = peer.initialized and (wanted is None or _can_handle(peer.capabilities, wanted, msg))
-            if not call.asked and call.sent_at > fresh_since and self.attribution_window:
-                return (peer if able else None), call  # it asked, whether or not its session can answer
-            if call.asked and (asker is None or call.asked > asker[0].asked):
-                asker = call, peer if able else None
-            if able:
-                newest = call
-        if asker is not None:
-            return asker[1], asker[0]
-        if newest is not None:
-            return self._peers[_caller(newest)[0]], newest
-        if busy:
-            return None, None  # only calls of sessions that cannot answer are in flight: one of them asked
-        # No call in flight: the request is about no one's call. It may still go to a session
-        # when every session able to answer is one principal's; never across principals.
-        candidates = [
-            p for p in self._peers.values()
-            if p.initialized and not p.stateless and (wanted is None or _can_handle(p.capabilities, wanted, msg))
-        ]  # fmt: skip
-        if len({p.principal for p in candidates}) != 1:
-            return None, None
-        return max(candidates, key=lambda p: p.last_active), None
+        return attribution.guess(msg, self._calls, self._peers, self._clock(), self.attribution_window)
 
     def _asked_by(self, call: Call | None, msg: Message) -> tuple[Peer | None, Call | None]:
         if call is None or call.session is None:
             return None, None
-        peer = self._peers[call.session]
-        wanted = _CAPABILITY_FOR.get(msg["method"])
-        return (peer, call) if wanted is None or _can_handle(peer.capabilities, wanted, msg) else (None, call)
+        return attribution.asked_by(self._peers[call.session], call, msg)
 
     def _owner_of(self, msg: Message) -> Peer | None:
         params = msg.get("params")
@@ -1284,9 +924,9 @@ class Mux:
         meta = params.get("_meta")
         if meta.__class__ is dict and meta.get(RELATED_TASK).__class__ is dict:
             task_id = meta[RELATED_TASK].get("taskId")
-            sid = _lookup(self._task_owner, task_id if isinstance(task_id, str) else None)
+            sid = _lookup(self._owners.tasks, task_id if isinstance(task_id, str) else None)
         if sid is None and msg["method"].startswith("tasks/"):
-            sid = _lookup(self._client_task_owner, _text(msg, "taskId"))
+            sid = _lookup(self._owners.client_tasks, _text(msg, "taskId"))
         return _lookup(self._peers, sid)
 
     # Server notifications.
@@ -1295,7 +935,7 @@ class Mux:
         """A server-level notice (a list changed): every session may know it. Said even with
         no one here to hear it: the gateway may have listeners of it on other processes."""
         method = msg["method"]
-        targets = tuple(p.id for p in self._peers.values() if p.initialized and (p.notices is None or method in p.notices))
+        targets = tuple(p.id for p in self._peers.values() if p.state is not _OPEN and (p.notices is None or method in p.notices))
         return [Broadcast(targets, msg)]
 
     def _unowned_notification(self, msg: Message, level: int | None = None) -> list[Action]:
@@ -1310,7 +950,7 @@ class Mux:
         targets = tuple(
             p.id
             for p in self._peers.values()
-            if p.initialized and (not busy or p.principal in busy) and _hears(p, level)
+            if p.state is not _OPEN and (not busy or p.principal in busy) and hears(p, level)
         )
         return [Broadcast(targets, msg)] if targets else []
 
@@ -1345,30 +985,21 @@ class Mux:
         uri = _text(msg, "uri")
         if uri is None:
             return [Discard("resources/updated without a uri", {})]
-        targets: set[str] = set()
-        for sub, sessions in self._subscribers.items():
-            if uri == sub or uri.startswith(sub if sub.endswith("/") else sub + "/"):
-                targets |= sessions
+        targets = self._subscriptions.matching(uri)
         peers = self._peers
         visible = tuple(sid for sid in targets if (view := peers[sid].view) is None or view.admits("resources", uri))
         return [Broadcast(visible, msg)] if visible else []
 
     def _log_message(self, msg: Message) -> list[Action]:
-        level = _lookup(_LEVEL_INDEX, _text(msg, "level"))
+        level = _lookup(LEVEL_INDEX, _text(msg, "level"))
         return self._unowned_notification(msg, len(LOG_LEVELS) if level is None else level)  # unknown: shown to all
 
     def _task_status(self, msg: Message) -> list[Action]:
         task_id = _text(msg, "taskId")
-        owner = _lookup(self._task_owner, task_id)
+        owner = _lookup(self._owners.tasks, task_id)
         if owner is None and task_id is not None and self._owner_of(msg) is None and self._task_call_in_flight():
-            # Servers may report a task before the result that creates it (and tells us whose
-            # it is) reaches us: keep it for that result, within a bound.
-            self._early_notes.setdefault(task_id, []).append(msg)
-            self._early_count += 1
-            if self._early_count > _EARLY_NOTES:
-                _, dropped = self._early_notes.popitem(last=False)
-                self._early_count -= len(dropped)
-                return [Discard("task status with no owner", {"dropped": len(dropped)}, log=False)]
+            if dropped := self._owners.keep_early(task_id, msg):
+                return [Discard("task status with no owner", {"dropped": dropped}, log=False)]
             return []
         return self._owned_notification(msg, owner)
 
@@ -1377,12 +1008,11 @@ class Mux:
 
     def _forget_early_notes(self) -> None:
         """Once no call that may create a task is in flight, no result will claim them."""
-        if self._early_count and not self._task_call_in_flight():
-            self._early_notes.clear()
-            self._early_count = 0
+        if self._owners.has_early() and not self._task_call_in_flight():
+            self._owners.drop_early()
 
     def _elicitation_complete(self, msg: Message) -> list[Action]:
-        return self._owned_notification(msg, _lookup(self._elicitation_owner, _text(msg, "elicitationId")))
+        return self._owned_notification(msg, _lookup(self._owners.elicitations, _text(msg, "elicitationId")))
 
     def _owned_notification(self, msg: Message, owner: str | None) -> list[Action]:
         if owner is None:
@@ -1413,15 +1043,15 @@ class Mux:
             # capabilities to initialize it with. Until it is shown to read its input it is
             # not READY (the pool hands out only ready ones): a ping, which the spec allows
             # before initialize, and any answer to it, an error too, shows that.
-            self.state = State.STARTING
+            self.state = move(TRANSITIONS, self.state, "probe")
             call = Call(None, None, next(self._ids), "ping", self._clock(), sent=True)
             self._calls[call.upstream_id] = call
             return [ToServer(jsonrpc.request(call.upstream_id, "ping"))]
-        self.state = State.READY
+        self.state = move(TRANSITIONS, self.state, "started")
         return self._flush_backlog()
 
     def _send_initialize(self, params: dict[str, Any]) -> list[Action]:
-        self.state = State.STARTING
+        self.state = move(TRANSITIONS, self.state, "initialize")
         call = Call(None, None, next(self._ids), "initialize", self._clock(), sent=True)
         self._calls[call.upstream_id] = call
         return [ToServer(jsonrpc.request(call.upstream_id, "initialize", params))]
@@ -1432,7 +1062,7 @@ class Mux:
         now with that session's capabilities (see `adopt`)."""
         if self._own_init and self._client_init is not None:
             return self._send_initialize(self._client_init)
-        self.state = State.READY
+        self.state = move(TRANSITIONS, self.state, "probed")
         return self._flush_backlog()
 
     def server_exited(self, reason: str = "server process exited") -> list[Action]:
@@ -1446,14 +1076,13 @@ class Mux:
         for req in list(self._server_requests.values()):
             self._forget_server_request(req)
             out.append(ToSession(req.session, _cancelled(req.downstream_id, reason), req.related))
-        if self.state is not _FAILED:
-            self.state = State.DOWN
+        self.state = move(TRANSITIONS, self.state, "exited")
         self._forget_early_notes()
         return self._settle(out)
 
     def server_failed(self, reason: str) -> list[Action]:
         """The supervisor gave up for now: fail what waits, refuse what comes."""
-        self.state = State.FAILED
+        self.state = move(TRANSITIONS, self.state, "failed")
         self._failure = reason
         out = self.server_exited(reason)
         self._backlog.clear()
@@ -1511,19 +1140,19 @@ class Mux:
     def _replay(self) -> list[Action]:
         out: list[Action] = []
         queued = {c.subscribe_uri for c in self._calls.values() if not c.sent}
-        for uri in self._subscribers:
+        for uri in self._subscriptions.by_uri:
             if uri not in queued:
                 out.append(self._internal_call("resources/subscribe", {"uri": uri}))
-        if self._upstream_level is not None:
-            out.append(self._internal_call("logging/setLevel", {"level": LOG_LEVELS[self._upstream_level]}))
+        if self._levels.upstream is not None:
+            out.append(self._internal_call("logging/setLevel", {"level": LOG_LEVELS[self._levels.upstream]}))
         return out
 
     def _forget_upstream_state(self) -> None:
         queued = {c.subscribe_uri for c in self._calls.values() if not c.sent}
-        for uri in [u for u in self._subscribers if u not in queued]:
-            for session in self._subscribers.pop(uri):
+        for uri in [u for u in self._subscriptions.by_uri if u not in queued]:
+            for session in self._subscriptions.by_uri.pop(uri):
                 self._peers[session].subscriptions.discard(uri)
-        self._upstream_level = None
+        self._levels.upstream = None
 
     def _internal_call(self, method: str, params: dict[str, Any]) -> ToServer:
         call = Call(None, None, next(self._ids), method, self._clock(), sent=True)
@@ -1554,17 +1183,13 @@ class Mux:
     def _fail(self, call: Call, code: int, message: str) -> ToSession:
         """End a client's call with an error from the bridge, undoing what it would have done."""
         self._forget_call(call)
-        session, client_id = _caller(call)
+        session, client_id = caller(call)
         if call.subscribe_uri is not None:
             self._undo_subscribe(call.subscribe_uri, session)
         return ToSession(session, jsonrpc.error(client_id, code, message), client_id, True, call)
 
     def _undo_subscribe(self, uri: str, session: str) -> None:
-        subscribers = self._subscribers.get(uri)
-        if subscribers is not None:
-            subscribers.discard(session)
-            if not subscribers:
-                del self._subscribers[uri]
+        self._subscriptions.leave(uri, session)
         peer = self._peers.get(session)
         if peer is not None:
             peer.subscriptions.discard(uri)
@@ -1599,17 +1224,12 @@ class Mux:
 
     def _remember_cancelled(self, upstream_id: int) -> None:
         self._cancelled[upstream_id] = None
-        if len(self._cancelled) > _CANCELLED_MEMORY:
+        if len(self._cancelled) > CANCELLED_MEMORY:
             self._cancelled.popitem(last=False)
 
     def _drop_subscriber(self, uri: str, session: str) -> list[Action]:
-        subscribers = self._subscribers.get(uri)
-        if subscribers is None:
+        if not self._subscriptions.leave(uri, session):
             return []
-        subscribers.discard(session)
-        if subscribers:
-            return []
-        del self._subscribers[uri]
         if self.state is not _READY:
             return self._unsubscribe_queued(uri)
         return [self._internal_call("resources/unsubscribe", {"uri": uri})]
@@ -1623,19 +1243,15 @@ class Mux:
         for call in [c for c in self._calls.values() if c.subscribe_uri == uri and not c.sent]:
             self._forget_call(call)
             self._unqueue(call)
-            session, client_id = _caller(call)
+            session, client_id = caller(call)
             out.append(ToSession(session, jsonrpc.result(client_id, {}), client_id, True, call))
         return out
 
-    def _wanted_level(self) -> int | None:
-        levels = [p.level for p in self._peers.values() if p.level is not None]
-        return min(levels) if levels else None
-
     def _sync_level(self) -> list[Action]:
-        wanted = self._wanted_level()
-        if wanted is None or wanted == self._upstream_level:
+        wanted = self._levels.wanted(self._peers.values())
+        if wanted is None or wanted == self._levels.upstream:
             return []
-        self._upstream_level = wanted
+        self._levels.upstream = wanted
         if self.state is not _READY:
             return []
         return [self._internal_call("logging/setLevel", {"level": LOG_LEVELS[wanted]})]
@@ -1659,23 +1275,8 @@ def _id(msg: Message, name: str) -> RequestId | None:
     return value if jsonrpc.is_id(value) else None
 
 
-def _hears(peer: Peer, level: int | None) -> bool:
-    """Whether a notification about no one in particular (a log message at `level`, or
-    another when None) reaches `peer`. A stateless session hears only while its own call is
-    in flight, and log messages only at the level it asked for, if any."""
-    if peer.stateless and (not peer.calls or (level is not None and peer.level is None)):
-        return False
-    return level is None or peer.level is None or level >= peer.level
-
-
 def _lookup(table: Mapping[K, V], key: K | None) -> V | None:
     return None if key is None else table.get(key)
-
-
-def _caller(call: Call) -> tuple[str, RequestId]:
-    """The session and id a client's call is answered with (the bridge's own calls have none)."""
-    assert call.session is not None and call.client_id is not None, f"{call.method} is the bridge's own call"
-    return call.session, call.client_id
 
 
 def _task_id(result: object) -> str | None:
@@ -1703,87 +1304,6 @@ def _missing(upstream_id: int, capabilities: set[str]) -> Message:
     that the request did not declare (rule 4)."""
     message = f"the server asked for {', '.join(sorted(capabilities))}, which this request did not declare in its client capabilities"
     return jsonrpc.error(upstream_id, MISSING_CAPABILITY, message, {"requiredCapabilities": {c: {} for c in sorted(capabilities)}})
-
-
-def _escaped(name: str) -> bytes:
-    """`name` as it appears inside a JSON string."""
-    return jsonrpc.encode(name)[1:-1]
-
-
-class Probe(NamedTuple):
-    """A request for a name no server has, with nothing of a client's request in it: the
-    server's answer to it is its answer to a name it does not have (see `Mux._hidden`)."""
-
-    method: str
-    params: bytes  # encoded: each probe decodes its own copy, for the era translator to add its `_meta` to
-    name: bytes  # the name it asks for, as its answer may quote it
-
-
-def _probe(method: str, name: str, params: dict[str, Any]) -> Probe:
-    return Probe(method, jsonrpc.encode(params), _escaped(name))
-
-
-_HIDDEN_TOOL, _HIDDEN_PROMPT, _HIDDEN_RESOURCE = "mcp-bridge-hidden-tool", "mcp-bridge-hidden-prompt", "mcp-bridge://hidden"
-_HIDDEN_ARGUMENT = {"name": "mcp-bridge-hidden-argument", "value": ""}  # not the client's: what it typed stays here
-# Subscribing to a probe's uri would leave a subscription behind: a hidden subscribe is asked as a read.
-_READ_PROBE = _probe("resources/read", _HIDDEN_RESOURCE, {"uri": _HIDDEN_RESOURCE})
-
-
-class Named(NamedTuple):
-    """Where a request names something a view may hide, and how to learn what the server
-    answers for a name it does not have."""
-
-    kind: str  # tools, prompts or resources: the filter that applies
-    key: str  # the parameter holding the name (of `ref`, for a reference)
-    probe: Probe | None  # None: the mux answers it itself (`Mux._hidden_unsubscribe`)
-
-
-# Requests that name something a view may hide: method -> where the name is. Every such
-# request of the MCP schema up to 2026-07-28 (whose `subscriptions/listen` subscribes
-# through `resources/subscribe`).
-_FILTERED = {
-    "tools/call": Named("tools", "name", _probe("tools/call", _HIDDEN_TOOL, {"name": _HIDDEN_TOOL})),
-    "prompts/get": Named("prompts", "name", _probe("prompts/get", _HIDDEN_PROMPT, {"name": _HIDDEN_PROMPT})),
-    "resources/read": Named("resources", "uri", _READ_PROBE),
-    "resources/subscribe": Named("resources", "uri", _READ_PROBE),
-    "resources/unsubscribe": Named("resources", "uri", None),
-}
-# Requests that name it in a typed `ref`: method -> ref type -> where. A `ref/resource`
-# names a resource by its uri or a template by its uriTemplate: the resources filter
-# applies to both, as in the lists.
-_REFERENCES = {
-    "completion/complete": {
-        "ref/prompt": Named("prompts", "name", _probe("completion/complete", _HIDDEN_PROMPT, {
-            "ref": {"type": "ref/prompt", "name": _HIDDEN_PROMPT}, "argument": _HIDDEN_ARGUMENT})),
-        "ref/resource": Named("resources", "uri", _probe("completion/complete", _HIDDEN_RESOURCE, {
-            "ref": {"type": "ref/resource", "uri": _HIDDEN_RESOURCE}, "argument": _HIDDEN_ARGUMENT})),
-    },
-}  # fmt: skip
-# List results a view filters: method -> (the list's field, kind, the field naming an item).
-_LISTS = {
-    "tools/list": ("tools", "tools", "name"),
-    "prompts/list": ("prompts", "prompts", "name"),
-    "resources/list": ("resources", "resources", "uri"),
-    "resources/templates/list": ("resourceTemplates", "resources", "uriTemplate"),
-}
-# Calls audited (see the gateway): method -> the parameter naming what was used.
-_AUDITED = {"tools/call": "name", "prompts/get": "name", "resources/read": "uri"}
-
-
-def _can_handle(capabilities: dict[str, Any], wanted: str, msg: Message) -> bool:
-    cap = capabilities.get(wanted)
-    if cap.__class__ is not dict:
-        return False
-    params = msg.get("params")
-    if params.__class__ is not dict:
-        return True
-    if wanted == "sampling":
-        if ("tools" in params or "toolChoice" in params) and "tools" not in cap:
-            return False
-        return params.get("includeContext", "none") == "none" or "context" in cap
-    if wanted == "elicitation" and params.get("mode") == "url":
-        return "url" in cap
-    return True
 
 
 _CLIENT_REQUESTS: dict[str, Callable[[Mux, Peer, Message], list[Action]]] = {
