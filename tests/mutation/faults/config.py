@@ -1,0 +1,60 @@
+"""Faults in reading and checking the config."""
+
+from __future__ import annotations
+
+from faults.fault import Fault
+
+TESTS = {
+    'bridge/config/load.py': ('tests/unit/test_config.py', 'tests/unit/test_policy_unit.py'),
+    'bridge/config/schema.py': ('tests/unit/test_config.py', 'tests/unit/test_policy_unit.py'),
+}
+
+FAULTS = [
+    Fault('cfg-token-and-sha256', 'bridge/config/load.py', 'if sum(source is not None for source in (token.token, token.sha256, token.token_file)) != 1:', 'if sum(source is not None for source in (token.token, token.sha256, token.token_file)) == 0:'),
+    Fault('cfg-sha256-63-digits', 'bridge/config/load.py', 'r"[0-9a-fA-F]{64}"', 'r"[0-9a-fA-F]{63,64}"'),
+    Fault('cfg-sha256-65-digits', 'bridge/config/load.py', 're.fullmatch(r"[0-9a-fA-F]{64}"', 're.match(r"[0-9a-fA-F]{64}"'),
+    Fault('cfg-sha256-not-hex', 'bridge/config/load.py', 'r"[0-9a-fA-F]{64}"', 'r"[0-9a-zA-Z]{64}"'),
+    Fault('cfg-token-8-enough', 'bridge/config/load.py', 'len(token.token) < MIN_TOKEN', 'len(token.token) < 8'),
+    Fault('cfg-token-16-short', 'bridge/config/load.py', 'len(token.token) < MIN_TOKEN', 'len(token.token) <= MIN_TOKEN'),
+    Fault('cfg-backoff-equal-refused', 'bridge/config/load.py', 'server.restart.backoff_initial > server.restart.backoff_max', 'server.restart.backoff_initial >= server.restart.backoff_max'),
+    Fault('cfg-escape-kept', 'bridge/config/load.py', 'return match.group(0)[1:]', 'return match.group(0)'),
+    Fault('cfg-empty-default-missing', 'bridge/config/load.py', '        if default is not None:\n            return default', '        if default:\n            return default'),
+    Fault('cfg-list-var-path', 'bridge/config/load.py', 'return [_interpolate(v, f"{path}[{i}]", environ, problems)', 'return [_interpolate(v, path, environ, problems)'),
+    Fault('cfg-non-string-keys', 'bridge/config/load.py', '                problems.append(f"{_join(path, key)}: keys must be strings")\n', '                pass\n'),
+    Fault('cfg-required-not-checked', 'bridge/config/load.py', '        elif info.required:', '        elif False:'),
+    Fault('cfg-blank-command', 'bridge/config/load.py', 'if not server.command.strip():', 'if not server.command:'),
+    Fault('cfg-duplicate-names', 'bridge/config/load.py', '    seen.add(token.name)\n', ''),
+    Fault('cfg-star-is-unknown', 'bridge/config/load.py', 'if server_name != "*" and server_name not in config.servers:', 'if server_name not in config.servers:'),
+    Fault('cfg-metrics-path-relative', 'bridge/config/load.py', 'if not config.metrics.path.startswith("/") or', 'if'),
+    Fault('cfg-yaml-line-zero-based', 'bridge/config/load.py', 'mark.line + 1', 'mark.line'),
+    Fault('cfg-unauthenticated-ignored', 'bridge/config/load.py', 'security.oauth is not None or security.allow_unauthenticated or', 'security.oauth is not None or'),
+    Fault('cfg-token-file-8-enough', 'bridge/config/load.py', 'if len(secret) < MIN_TOKEN:', 'if len(secret) < 8:'),
+    Fault('cfg-token-file-not-stripped', 'bridge/config/load.py', 'return _read_secret_file(path).strip()', 'return _read_secret_file(path)'),
+    Fault('cfg-file-var-newline-kept', 'bridge/config/load.py', 'return _read_secret_file(file).rstrip("\\r\\n")', 'return _read_secret_file(file)'),
+    Fault('cfg-file-var-is-dash-default', 'bridge/config/load.py', 'file:([^}-][^}]*)', 'file:([^}]+)'),
+    Fault('cfg-secret-file-any-kind', 'bridge/config/load.py', 'if not stat.S_ISREG(os.fstat(fd).st_mode):', 'if False:'),
+    Fault('cfg-secret-file-nul', 'bridge/config/load.py', 'if "\\0" in text:', 'if False:'),
+    Fault('cfg-secret-file-size-inclusive', 'bridge/config/load.py', 'if len(data) > SECRET_FILE_MAX:', 'if len(data) >= SECRET_FILE_MAX:'),
+    Fault('cfg-token-name-url', 'bridge/config/load.py', 'if "://" in token.name:', 'if False:'),
+    Fault('cfg-token-filter-unknown-server', 'bridge/config/load.py', '            if server_name not in config.servers:', '            if False:'),
+    Fault('cfg-oauth-url-query', 'bridge/config/load.py', 'and bool(parts.netloc) and not parts.query and not parts.fragment', 'and bool(parts.netloc)'),
+    Fault('cfg-oauth-url-any-scheme', 'bridge/config/load.py', 'return parts.scheme in ("http", "https") and', 'return'),
+    Fault('cfg-oauth-no-servers', 'bridge/config/load.py', '    if not oauth.authorization_servers:', '    if False:'),
+    Fault('cfg-oauth-no-algorithms', 'bridge/config/load.py', '        if not server.algorithms:', '        if False:'),
+    Fault('cfg-introspection-both-secrets', 'bridge/config/load.py', '(intro.client_secret is None) == (intro.client_secret_file is None)', 'intro.client_secret is None and intro.client_secret_file is None'),
+    Fault('cfg-scope-star-unknown', 'bridge/config/load.py', 'if name != "*" and name not in config.servers:', 'if name not in config.servers:'),
+    Fault('cfg-oauth-not-auth', 'bridge/config/load.py', 'security.tokens or security.oauth is not None or', 'security.tokens or'),
+    Fault('cfg-trusted-proxy-strict', 'bridge/config/load.py', 'ipaddress.ip_network(proxy, strict=False)', 'ipaddress.ip_network(proxy, strict=True)'),
+    Fault('cfg-input-buffer-unchecked', 'bridge/config/load.py', '    if limits.input_buffer() < limits.max_message_bytes:', '    if False:'),
+    Fault('cfg-roots-any-scheme', 'bridge/config/load.py', 'if not root.startswith("file://"):', 'if False:'),
+    Fault('cfg-zero-duration-refused', 'bridge/config/schema.py', 'if value.__class__ in (int, float) and value >= 0:', 'if value.__class__ in (int, float) and value > 0:'),
+    Fault('cfg-negative-duration', 'bridge/config/schema.py', 'if value.__class__ in (int, float) and value >= 0:', 'if value.__class__ in (int, float):'),
+    Fault('cfg-kb-is-kib', 'bridge/config/schema.py', '"KB": 1000,', '"KB": 1024,'),
+    Fault('cfg-gb-is-gib', 'bridge/config/schema.py', '"GB": 10**9,', '"GB": 1024**3,'),
+    Fault('cfg-minutes-are-seconds', 'bridge/config/schema.py', '"m": 60.0,', '"m": 1.0,'),
+    Fault('cfg-name-65-chars', 'bridge/config/schema.py', '[A-Za-z0-9_.-]{0,63}$', '[A-Za-z0-9_.-]{0,64}$'),
+    Fault('cfg-dot-localhost', 'bridge/config/schema.py', 'if host == "localhost" or host.endswith(".localhost"):', 'if host == "localhost":'),
+    Fault('cfg-zero-positive', 'bridge/config/schema.py', 'PositiveInt = Annotated[int, msgspec.Meta(ge=1)]', 'PositiveInt = Annotated[int, msgspec.Meta(ge=0)]'),
+    Fault('cfg-input-buffer-default', 'bridge/config/schema.py', 'else 16 * self.max_message_bytes', 'else self.max_message_bytes'),
+    Fault('cfg-env-pattern-unanchored', 'bridge/config/schema.py', '[A-Za-z0-9_]*\\*?$")', '[A-Za-z0-9_]*\\*?")'),
+]  # fmt: skip

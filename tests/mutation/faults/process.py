@@ -1,0 +1,18 @@
+"""Faults in the process pool."""
+
+from __future__ import annotations
+
+from faults.fault import Fault
+
+TESTS = {
+    'bridge/process/pool.py': ('tests/unit/test_pool_unit.py',),
+}
+
+FAULTS = [
+    Fault('pool-refill-before-sessions', 'bridge/process/pool.py', '        if not self.waiters:\n            for pool in list(self.pools):', '        if True:\n            for pool in list(self.pools):', equivalent='refill() itself starts nothing while a session waits'),
+    Fault('pool-refill-while-waiting', 'bridge/process/pool.py', ' and self.room() and not self.slots.waiters:', ' and self.room():', equivalent='changed() refills only once nobody waits, and a warm process taken directly leaves no slot a waiting session could use'),
+    Fault('pool-last-come-first-served', 'bridge/process/pool.py', 'self.waiters = deque(w for w in self.waiters if not (w.done() or w.serve()))', 'self.waiters = deque(reversed([w for w in reversed(self.waiters) if not (w.done() or w.serve())]))'),
+    Fault('pool-left-client-keeps-process', 'bridge/process/pool.py', '                self.give_back(future.result())', '                pass'),
+    Fault('pool-warm-given-back-stopped', 'bridge/process/pool.py', '        if member.warm and self.active:', '        if False:'),
+    Fault('pool-retry-after-fixed', 'bridge/process/pool.py', 'return max(1, math.ceil(self.settings.wait))', 'return 5'),
+]  # fmt: skip
