@@ -4,9 +4,9 @@ narrowest that should notice)."""
 
 from __future__ import annotations
 
-from faults import access, config, core, http, process, protocol
+from faults import access, config, core, daemon, gateway, http, observability, ops, process, protocol
 from faults.fault import Fault
 
-LAYERS = (protocol, config, access, core, process, http)
+LAYERS = (protocol, config, access, core, process, observability, gateway, http, ops, daemon)
 FAULTS: list[Fault] = [fault for layer in LAYERS for fault in layer.FAULTS]
 TESTS: dict[str, tuple[str, ...]] = {module: files for layer in LAYERS for module, files in layer.TESTS.items()}
