@@ -58,7 +58,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         prog="mcp-bridge",
         description="Serve stdio MCP servers over HTTP+SSE and Streamable HTTP.",
         usage="%(prog)s (--config FILE | [--name NAME] [--mode MODE] -- COMMAND [ARGS...]) [options]",
-        epilog="Also: `mcp-bridge config convert FILE`, `mcp-bridge ctl --help`.",
+        epilog="Also: `mcp-bridge config convert FILE`, `mcp-bridge config schema`, `mcp-bridge ctl --help`.",
     )
     parser.add_argument("--config", metavar="FILE", help="YAML config file, or an MCP client's mcpServers JSON")
     parser.add_argument("--name", help=f"with -- COMMAND: the server's name in its URLs (default {ONE_LINE_NAME!r})")
@@ -269,11 +269,18 @@ def host_addresses(family: socket.AddressFamily | None = None) -> list[str]:
 
 
 def convert_main(argv: Sequence[str]) -> int:
-    """`mcp-bridge config convert FILE`: an mcpServers JSON file as the equivalent YAML config."""
+    """`mcp-bridge config convert FILE`: an mcpServers JSON file as the equivalent YAML config;
+    `mcp-bridge config schema`: the config's JSON Schema."""
     parser = argparse.ArgumentParser(prog="mcp-bridge config")
     sub = parser.add_subparsers(dest="action", required=True)
     sub.add_parser("convert", help="print the YAML config equivalent to an mcpServers JSON file").add_argument("file")
+    sub.add_parser("schema", help="print the config's JSON Schema (what config/servers.schema.json holds)")
     args = parser.parse_args(argv)
+    if args.action == "schema":
+        from bridge.config import jsonschema  # only this command needs it
+
+        print(jsonschema.render(), end="")
+        return EXIT_OK
     notes: list[str] = []
     try:
         # The same validation as serving it, but its ${VAR}s stay as written (the output keeps
