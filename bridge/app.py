@@ -13,7 +13,7 @@ from bridge import logs
 from bridge.access import policy
 from bridge.access.guard import WELL_KNOWN, Guard
 from bridge.access.oauth import OAuthVerifier
-from bridge.config.schema import Config
+from bridge.config.schema import NEEDS_RESTART, Config
 from bridge.core.cluster import Cluster
 from bridge.gateway import health
 from bridge.gateway.gateway import DRAIN_QUIET_S, Gateway
@@ -149,17 +149,22 @@ async def drain(app: web.Application, timeout: float) -> None:
         await asyncio.sleep(DRAIN_POLL_S)
 
 
+def _at(config: Config, path: str) -> object:
+    value: object = config
+    for name in path.split("."):
+        value = getattr(value, name)
+    return value
+
+
 async def apply_config(app: web.Application, new: Config) -> None:
     """Move the running app to `new`: start added servers, stop removed ones,
     restart changed ones; unchanged servers and their sessions are untouched."""
     log = logs.get()
     live = app[LIVE]
     old = live.config
-    for key in ("listen", "metrics", "logging", "cluster"):
-        if getattr(new, key) != getattr(old, key):
+    for key in NEEDS_RESTART:
+        if _at(new, key) != _at(old, key):
             log.warning("reload_needs_restart", key=key)
-    if new.limits.keepalive_timeout != old.limits.keepalive_timeout:
-        log.warning("reload_needs_restart", key="limits.keepalive_timeout")
     gateways = app[GATEWAYS]
     metrics = app[METRICS]
     removed = [name for name in old.servers if name not in new.servers]

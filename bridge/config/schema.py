@@ -309,6 +309,12 @@ class Config(Struct, frozen=True):
     cluster: Cluster | None = None
 
 
+# What a reload (SIGHUP, the admin API) cannot change in a running daemon: a change to one
+# of these keys is logged (`reload_needs_restart`) and waits for the next start. A change
+# to a server's keys restarts that server's processes; everything else applies at once.
+NEEDS_RESTART = ("listen", "metrics", "logging", "cluster", "limits.keepalive_timeout")
+
+
 class ConfigError(Exception):
     """Every problem found in a config, each naming its key path."""
 

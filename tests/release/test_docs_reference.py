@@ -1,0 +1,52 @@
+"""The generated reference (docs/reference/, by docs/generate.py) cannot drift from the code:
+it is current (tests/release/test_layers.py runs `docs/generate.py --check`), and a key
+the config types gain with no description anywhere stops the generator."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import yaml
+from support.daemon import ROOT
+
+
+def generator() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("docs_generate", ROOT / "docs" / "generate.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["docs_generate"] = module
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        del sys.modules["docs_generate"]
+    return module
+
+
+def test_every_key_of_the_types_is_in_the_reference_with_its_default() -> None:
+    text = (ROOT / "docs" / "reference" / "config.md").read_text()
+    for row in ("| `limits.max_message_bytes` | size | `4194304` |", "| `servers.NAME.mode` |", "| `cluster.peer_key_file` |"):
+        assert row in text
+
+
+def test_a_key_with_no_description_stops_the_generator(tmp_path: Path) -> None:
+    docs = generator()
+    keys = yaml.safe_load(docs.KEYS.read_text())
+    del keys["servers.NAME.command"]  # as if the types had just gained it
+    docs.KEYS = tmp_path / "keys.yaml"
+    docs.KEYS.write_text(yaml.safe_dump(keys))
+    with pytest.raises(SystemExit, match=r"describe servers\.NAME\.command"):
+        docs.config_reference()
+
+
+def test_a_description_of_a_key_the_types_lack_stops_it_too(tmp_path: Path) -> None:
+    docs = generator()
+    keys = yaml.safe_load(docs.KEYS.read_text())
+    keys["limits.max_sesions"] = "a typo"
+    docs.KEYS = tmp_path / "keys.yaml"
+    docs.KEYS.write_text(yaml.safe_dump(keys))
+    with pytest.raises(SystemExit, match=r"no such key: limits\.max_sesions"):
+        docs.config_reference()
