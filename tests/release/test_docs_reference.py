@@ -50,3 +50,18 @@ def test_a_description_of_a_key_the_types_lack_stops_it_too(tmp_path: Path) -> N
     docs.KEYS.write_text(yaml.safe_dump(keys))
     with pytest.raises(SystemExit, match=r"no such key: limits\.max_sesions"):
         docs.config_reference()
+
+
+def test_an_event_the_code_logs_with_no_description_stops_the_generator(tmp_path: Path) -> None:
+    docs = generator()
+    events = yaml.safe_load(docs.EVENTS.read_text())
+    del events["session_too_slow"]  # as if the code had just begun to log it
+    docs.EVENTS = tmp_path / "events.yaml"
+    docs.EVENTS.write_text(yaml.safe_dump(events))
+    with pytest.raises(SystemExit, match="describe session_too_slow"):
+        docs.logs_reference()
+
+
+def test_the_log_reference_reads_levels_and_fields_off_the_code() -> None:
+    text = (ROOT / "docs" / "reference" / "logs.md").read_text()
+    assert "| `session_too_slow` | warning | `queue_bytes`, `queue_limit`, `session` | gateway/gateway.py |" in text
