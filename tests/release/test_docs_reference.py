@@ -65,3 +65,10 @@ def test_an_event_the_code_logs_with_no_description_stops_the_generator(tmp_path
 def test_the_log_reference_reads_levels_and_fields_off_the_code() -> None:
     text = (ROOT / "docs" / "reference" / "logs.md").read_text()
     assert "| `session_too_slow` | warning | `queue_bytes`, `queue_limit`, `session` | gateway/gateway.py |" in text
+
+
+def test_the_metrics_reference_is_what_a_registry_exposes() -> None:
+    text = (ROOT / "docs" / "reference" / "metrics.md").read_text()
+    assert "| `mcp_bridge_sessions_opened_total` | counter | `server`, `transport` | always |" in text
+    assert "| `mcp_bridge_oauth_tokens_total` | counter | `outcome` | with `security.oauth` |" in text
+    assert "| `mcp_bridge_forwarded_requests_total` | counter | `outcome` | with `cluster` |" in text
