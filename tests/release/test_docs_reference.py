@@ -72,3 +72,13 @@ def test_the_metrics_reference_is_what_a_registry_exposes() -> None:
     assert "| `mcp_bridge_sessions_opened_total` | counter | `server`, `transport` | always |" in text
     assert "| `mcp_bridge_oauth_tokens_total` | counter | `outcome` | with `security.oauth` |" in text
     assert "| `mcp_bridge_forwarded_requests_total` | counter | `outcome` | with `cluster` |" in text
+
+
+def test_a_code_the_protocol_layer_gains_with_no_description_stops_the_generator(tmp_path: Path) -> None:
+    docs = generator()
+    codes = yaml.safe_load(docs.CODES.read_text())
+    del codes["SERVER_BUSY"]
+    docs.CODES = tmp_path / "codes.yaml"
+    docs.CODES.write_text(yaml.safe_dump(codes))
+    with pytest.raises(SystemExit, match="describe SERVER_BUSY"):
+        docs.errors_reference()
