@@ -3,10 +3,12 @@
 # mcp-bridge image: the daemon plus Node.js/npm (npx servers) and uv (uvx servers).
 #
 #   docker build -t mcp-bridge .
-#   docker run --rm -p 8080:8080 \
-#     -e MCP_BRIDGE_TOKEN=$(openssl rand -hex 32) -e MCP_BRIDGE_METRICS_TOKEN=$(openssl rand -hex 32) \
+#   export MCP_BRIDGE_TOKEN=$(openssl rand -hex 32) MCP_BRIDGE_METRICS_TOKEN=$(openssl rand -hex 32)
+#   docker run -d --name mcp-bridge -p 127.0.0.1:8080:8080 \
+#     -e MCP_BRIDGE_TOKEN -e MCP_BRIDGE_METRICS_TOKEN \
 #     --read-only --tmpfs /tmp:exec,mode=1777,size=1g --tmpfs /home/mcp:exec,mode=1777 \
-#     --stop-timeout 45 mcp-bridge
+#     --cap-drop ALL --security-opt no-new-privileges --stop-timeout 45 \
+#     mcp-bridge
 #
 # The default config (config/docker.yaml, at /etc/mcp-bridge/servers.yaml) binds
 # 0.0.0.0:8080 and requires both tokens; mount your own file over it to serve
@@ -45,7 +47,7 @@ RUN apt-get update \
     && rm -rf /var/lib/apt/lists/*
 
 # npm's settings live in its global config file, not in NPM_CONFIG_* variables:
-# servers get only a minimal environment (README "Server environment"), and
+# servers get only a minimal environment (docs/how-to/configure.md, "Server environment"), and
 # npx must find its cache under /tmp whatever the config passes on. The checks
 # below run npm as root, which creates /tmp/.npm: removed, or uid 10001's npx
 # fails with EACCES wherever /tmp is not a fresh mount (podman copies the
@@ -77,7 +79,7 @@ COPY config/docker.yaml /etc/mcp-bridge/servers.yaml
 # Everything the servers' tools write goes under /tmp (an emptyDir or tmpfs
 # when the root filesystem is read-only; it must allow exec: npx and uvx run
 # what they download). HOME is writable when it is a volume too. Only
-# variables that reach the servers (README "Server environment") set where:
+# variables that reach the servers (docs/how-to/configure.md, "Server environment") set where:
 # uv keeps its cache, tools and Pythons under the XDG directories
 # (/tmp/.cache/uv, /tmp/.local/share/uv/...), npm per /usr/local/etc/npmrc.
 # uv (SSL_CERT_FILE) and Node (NODE_EXTRA_CA_CERTS) trust the image's CA

@@ -116,7 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(main: Coroutine[Any, Any, None], loop: str) -> None:
     if loop == "uvloop":
-        import uvloop  # optional: measured mixed here (README, Performance)
+        import uvloop  # optional: measured mixed here (bench/RESULTS.md)
 
         uvloop.run(main)
     else:

@@ -43,7 +43,7 @@ KNOWN_METHODS = frozenset(
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 TRANSPORTS = ("sse", "streamable", "stateless")
 ERAS = ("legacy", "2026-07-28")
-# JSON-RPC's codes, the bridge's own (README, Errors) and MCP's (-32002 resource not
+# JSON-RPC's codes, the bridge's own (docs/reference/errors.md) and MCP's (-32002 resource not
 # found, -32042 URL elicitation required); any other code a server sends is `other`.
 ERROR_CODES = frozenset(
     {
@@ -412,7 +412,7 @@ class Forwarding:
     def collect(self) -> Iterator[Metric]:
         outcomes = CounterMetricFamily(
             f"{PREFIX}_forwarded_requests",
-            "Requests for sessions other replicas own, by outcome (README, Running several replicas).",
+            "Requests for sessions other replicas own, by outcome (docs/how-to/replicas.md).",
             labels=["outcome"],
         )
         for outcome in self.OUTCOMES:

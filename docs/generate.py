@@ -303,7 +303,7 @@ def errors_reference() -> str:
         "",
         "The codes the bridge puts in the JSON-RPC errors it sends itself (to a client, or to a",
         "server that asked something no session can answer). An error a server sends reaches its",
-        "client as the server sent it. The HTTP statuses each comes with are in the README's Errors.",
+        "client as the server sent it. The HTTP statuses each comes with are in [HTTP errors](http-errors.md).",
         "",
         "| Code | Name | Defined in | When |",
         "|---|---|---|---|",

@@ -235,7 +235,7 @@ class Rlimits(Struct, frozen=True):
     nice: Annotated[int, msgspec.Meta(ge=0, le=19)] | None = None
 
     def named(self) -> str:
-        """The limits set, as the README names them: for messages and logs."""
+        """The limits set, as docs/reference/config.md names them: for messages and logs."""
         values = ((name, getattr(self, name)) for name in self.__struct_fields__)
         return ", ".join(f"{name} {value:g}" if isinstance(value, float) else f"{name} {value}" for name, value in values if value is not None)
 
@@ -277,7 +277,7 @@ class Server(Struct, frozen=True):
     group: UserId | None = None  # and group; None: the user's own
     sandbox: Sandbox | None = None
     pool: Pool = Pool()
-    era: Literal["auto", "legacy", "modern"] = "auto"  # which protocol the process speaks (README, Protocol eras)
+    era: Literal["auto", "legacy", "modern"] = "auto"  # which protocol the process speaks (docs/explanation/eras.md)
     tools: Filter = Filter()  # which tools clients see and may call
     prompts: Filter = Filter()
     resources: Filter = Filter()  # by uri

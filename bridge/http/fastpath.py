@@ -72,7 +72,7 @@ _REQUEST_LINE = re.compile(rb"POST " + _TARGET.pattern + rb" HTTP/1\.1")
 # and tabs around it (linear: the trailing ones are given back once). Per field, what is left
 # is one lower() in a comprehension: a loop with a branch and a strip per field cost about
 # 4,500 instructions a field. llhttp (httptools) was measured against these regexes and was
-# not faster here (bench/headparse.py; README, Performance).
+# not faster here (bench/headparse.py; bench/RESULTS.md).
 _FIELDS = re.compile(rb"(?:\r\n[!#$%&'*+.^_`|~0-9A-Za-z-]+:[\t\x20-\x7e\x80-\xff]*)*")
 _FIELD = re.compile(rb"\r\n([^:]+):[\t ]*+((?:[^\r]*[^\r\t ])?)[\t ]*")  # one field of a block _FIELDS took
 _MCP = b"mcp"

@@ -13,7 +13,7 @@ from bridge.config.schema import Server
 from bridge.process import confine
 
 # What every server gets of the daemon's environment: a name, or a prefix ending in `*`.
-# Listed in the README ("Server environment").
+# Listed in the docs/how-to/configure.md, "Server environment".
 CHILD_ENV = (
     # to run at all: programs, user, shell, terminal, temporary files, time zone, locale
     "PATH", "HOME", "USER", "LOGNAME", "SHELL", "TERM", "TMPDIR", "TZ", "LANG", "LANGUAGE", "LC_*",

@@ -22,7 +22,7 @@ INVALID_REQUEST: Final = -32600
 METHOD_NOT_FOUND: Final = -32601
 INVALID_PARAMS: Final = -32602
 INTERNAL_ERROR: Final = -32603
-# Implementation-defined codes (-32000..-32099), documented in the README.
+# Implementation-defined codes (-32000..-32099), documented in docs/reference/errors.md.
 SERVER_EXITED: Final = -32000
 REQUEST_TIMEOUT: Final = -32001
 SERVER_UNAVAILABLE: Final = -32003
