@@ -154,3 +154,83 @@ def test_a_request_without_its_envelope_is_refused_with_its_id() -> None:
             stateless.envelope(msg)
         assert (refused.value.code, refused.value.status, refused.value.request_id) == (-32602, 400, rid)
         assert mcp.VERSION_KEY in refused.value.message and "initialize" in refused.value.message
+
+
+# ------------------------------------------------------------------ admit: every check, exact
+
+
+def request(method: str = "tools/list", version: str = "2026-07-28", **params: Any) -> dict[str, Any]:
+    meta = {mcp.VERSION_KEY: version, mcp.CAPABILITIES_KEY: {}}
+    if "level" in params:
+        meta[mcp.LOG_LEVEL_KEY] = params.pop("level")
+    return {"jsonrpc": "2.0", "id": 7, "method": method, "params": {**params, "_meta": meta}}
+
+
+def mirrored(msg: dict[str, Any], **over: Any) -> Headers:
+    fields = {"version": msg["params"]["_meta"][mcp.VERSION_KEY], "method": msg["method"], "name": msg["params"].get("name"), "params": {}}
+    return Headers(**{**fields, **over})
+
+
+def refusal(msg: dict[str, Any], sent: Headers, accept: str = "application/json, text/event-stream") -> StatelessError:
+    with pytest.raises(StatelessError) as info:
+        stateless.admit(msg, sent, accept, None)
+    assert info.value.request_id == 7
+    return info.value
+
+
+def test_a_request_whose_headers_mirror_its_body_is_admitted() -> None:
+    msg = request("tools/call", name="sql", arguments={})
+    assert stateless.admit(msg, mirrored(msg), "application/json, text/event-stream", None).version == "2026-07-28"
+
+
+@pytest.mark.parametrize(
+    ("over", "says"),
+    [
+        ({"repeated": "Mcp-Method"}, "Mcp-Method appears more than once"),
+        ({"version": "2025-11-25"}, "MCP-Protocol-Version '2025-11-25' does not match the body's '2026-07-28'"),
+        ({"method": "tools/list"}, "Mcp-Method 'tools/list' does not match the body's 'tools/call'"),
+        ({"name": "other"}, "Mcp-Name 'other' does not match the body's name 'sql'"),
+    ],
+)
+def test_a_header_that_does_not_mirror_the_body_is_32020(over: dict[str, Any], says: str) -> None:
+    msg = request("tools/call", name="sql", arguments={})
+    error = refusal(msg, mirrored(msg, **over))
+    assert (error.code, error.status, error.message) == (mcp.HEADER_MISMATCH, 400, f"header mismatch: {says}")
+
+
+def test_an_argument_a_header_must_mirror_needs_that_header() -> None:
+    msg = call(region="eu")
+    with pytest.raises(StatelessError, match="Mcp-Param-region is missing for argument region") as info:
+        check(msg, headers())
+    assert info.value.code == mcp.HEADER_MISMATCH
+
+
+def test_an_unsupported_version_is_32022_naming_the_supported_ones() -> None:
+    msg = request(version="2099-01-01")
+    error = refusal(msg, mirrored(msg))
+    assert error.code == mcp.UNSUPPORTED_VERSION and error.data["requested"] == "2099-01-01"
+    assert "2026-07-28" in error.data["supported"]
+
+
+@pytest.mark.parametrize("method", sorted(mcp.REMOVED))
+def test_a_method_the_revision_removed_is_32601(method: str) -> None:
+    msg = request(method)
+    error = refusal(msg, mirrored(msg))
+    assert (error.code, error.message) == (jsonrpc.METHOD_NOT_FOUND, f"method {method!r} was removed in protocol version 2026-07-28")
+
+
+def test_listen_needs_an_event_stream_and_other_requests_either_form() -> None:
+    listen = request(mcp.LISTEN)
+    error = refusal(listen, mirrored(listen), accept="application/json")
+    assert (error.code, error.status, error.message) == (jsonrpc.INVALID_REQUEST, 406, "subscriptions/listen needs Accept: text/event-stream")
+    listing = request()
+    assert stateless.admit(listing, mirrored(listing), "text/event-stream", None)
+    assert stateless.admit(listing, mirrored(listing), "application/json", None)
+    assert refusal(listing, mirrored(listing), accept="image/png").status == 406
+
+
+def test_a_log_level_that_does_not_exist_is_32602() -> None:
+    msg = request(level="loud")
+    error = refusal(msg, mirrored(msg))
+    assert error.code == jsonrpc.INVALID_PARAMS and "must be one of" in error.message
+    assert stateless.envelope(request(level="warning")).log_level == "warning"

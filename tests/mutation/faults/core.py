@@ -5,6 +5,7 @@ from __future__ import annotations
 from faults.fault import Fault
 
 TESTS = {
+    'bridge/core/cluster.py': ('tests/unit/test_cluster.py',),
     'bridge/core/mux/attribution.py': ('tests/unit/test_mux.py', 'tests/unit/test_mux_properties.py', 'tests/unit/test_policy_unit.py', 'tests/unit/test_mux_states.py'),
     'bridge/core/mux/mux.py': ('tests/unit/test_mux.py', 'tests/unit/test_mux_properties.py', 'tests/unit/test_policy_unit.py', 'tests/unit/test_mux_states.py'),
     'bridge/core/mux/notices.py': ('tests/unit/test_mux.py', 'tests/unit/test_mux_properties.py', 'tests/unit/test_policy_unit.py', 'tests/unit/test_mux_states.py'),
@@ -16,6 +17,13 @@ TESTS = {
 }
 
 FAULTS = [
+    Fault('cluster-principal-not-bound', 'bridge/core/cluster.py', 'message = f"{body}\\0{principal or \'\'}".encode()', 'message = body.encode()'),
+    Fault('cluster-mac-compared-plainly', 'bridge/core/cluster.py', 'if not any(hmac.compare_digest(mac, self._mac(key, body, principal)) for key in self._keys):', 'if not any(mac == self._mac(key, body, principal) for key in self._keys):'),
+    Fault('cluster-shortened-mac-accepted', 'bridge/core/cluster.py', 'if not any(hmac.compare_digest(mac, self._mac(key, body, principal)) for key in self._keys):', 'if not mac or not any(hmac.compare_digest(mac, self._mac(key, body, principal)[: len(mac)]) for key in self._keys):'),
+    Fault('cluster-previous-key-signs', 'bridge/core/cluster.py', 'for k in (key, previous_key) if k is not None)', 'for k in (previous_key, key) if k is not None)'),
+    Fault('cluster-second-hop-forwarded', 'bridge/core/cluster.py', '        if forwarded:\n            return Gone(', '        if False:\n            return Gone('),
+    Fault('cluster-dead-owner-forwarded', 'bridge/core/cluster.py', '        if owner in self._dead:', '        if False:'),
+    Fault('cluster-dead-epochs-unbounded', 'bridge/core/cluster.py', '        while len(self._dead) > DEAD_EPOCHS:', '        while False:'),
     Fault('mux-least-recent-session', 'bridge/core/mux/attribution.py', 'return max(candidates, key=lambda p: p.last_active), None', 'return min(candidates, key=lambda p: p.last_active), None'),
     Fault('mux-no-call-across-principals', 'bridge/core/mux/attribution.py', '    if len({p.principal for p in candidates}) != 1:', '    if not candidates:'),
     Fault('mux-no-call-ignores-capability', 'bridge/core/mux/attribution.py', 'if p.state is _READY and (wanted is None or can_handle(p.capabilities, wanted, msg))', 'if p.state is _READY'),

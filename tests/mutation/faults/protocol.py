@@ -5,6 +5,7 @@ from __future__ import annotations
 from faults.fault import Fault
 
 TESTS = {
+    'bridge/protocol/stateless.py': ('tests/unit/test_stateless.py',),
     'bridge/protocol/jsonrpc.py': ('tests/unit/test_jsonrpc.py', 'tests/unit/test_mux.py', 'tests/unit/test_mux_properties.py'),
 }
 
@@ -25,4 +26,14 @@ FAULTS = [
     Fault('rpc-sniff-escapes', 'bridge/protocol/jsonrpc.py', '"id"\\s*:\\s*(-?\\d+|"[^"\\\\]*")\\s*[,}]\')', '"id"\\s*:\\s*(-?\\d+|"[^"]*")\\s*[,}]\')'),
     Fault('rpc-method-not-string', 'bridge/protocol/jsonrpc.py', '        if msg["method"].__class__ is not str:', '        if False:'),
     Fault('rpc-response-null-id', 'bridge/protocol/jsonrpc.py', "    if not is_id(rid):\n        raise ProtocolError(INVALID_REQUEST, 'invalid response", "    if False:\n        raise ProtocolError(INVALID_REQUEST, 'invalid response"),
+    Fault('stateless-base64-not-canonical', 'bridge/protocol/stateless.py', 'return raw.decode() if base64.b64encode(raw).decode() == payload else None', 'return raw.decode()'),
+    Fault('stateless-repeated-header-taken', 'bridge/protocol/stateless.py', '    if headers.repeated is not None:\n        raise _mismatch(', '    if False:\n        raise _mismatch('),
+    Fault('stateless-version-header-unchecked', 'bridge/protocol/stateless.py', '    if headers.version != env.version:\n', '    if False:\n'),
+    Fault('stateless-method-header-unchecked', 'bridge/protocol/stateless.py', '    if headers.method != method:\n', '    if False:\n'),
+    Fault('stateless-name-header-unchecked', 'bridge/protocol/stateless.py', '        if value is not None and decode_header(headers.name) != value:', '        if False:'),
+    Fault('stateless-missing-param-header-taken', 'bridge/protocol/stateless.py', '            if sent is None:\n                raise _mismatch(', '            if False:\n                raise _mismatch('),
+    Fault('stateless-removed-method-served', 'bridge/protocol/stateless.py', '    if method in REMOVED:\n        raise removed(msg)', '    if False:\n        raise removed(msg)'),
+    Fault('stateless-unknown-version-served', 'bridge/protocol/stateless.py', '    if env.version not in STATELESS_VERSIONS:\n        raise unsupported(msg, env)', '    if False:\n        raise unsupported(msg, env)'),
+    Fault('stateless-listen-without-sse', 'bridge/protocol/stateless.py', '    if not sse and (method == LISTEN or not json):', '    if not sse and not json:'),
+    Fault('stateless-bad-level-taken', 'bridge/protocol/stateless.py', '(level is None or (level.__class__ is str and level in _LEVELS))', '(level is None or level.__class__ is str)'),
 ]  # fmt: skip
