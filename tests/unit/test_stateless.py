@@ -234,3 +234,20 @@ def test_a_log_level_that_does_not_exist_is_32602() -> None:
     error = refusal(msg, mirrored(msg))
     assert error.code == jsonrpc.INVALID_PARAMS and "must be one of" in error.message
     assert stateless.envelope(request(level="warning")).log_level == "warning"
+
+
+def test_a_state_lives_as_long_as_its_ttl_says() -> None:
+    import time
+
+    import jwt
+
+    before = time.time()
+    token = StateKeys().seal(State("park", None, "tools/call", "d", "demo"), 60)
+    expires = jwt.decode(token, options={"verify_signature": False})["exp"]
+    assert before + 60 <= expires <= time.time() + 62
+
+
+def test_a_retry_must_repeat_the_calls_params() -> None:
+    first = request_state.digest({"name": "sql", "arguments": {"query": "select 1"}})
+    assert request_state.digest({"name": "sql", "arguments": {"query": "select 2"}}) != first
+    assert request_state.digest({"name": "other", "arguments": {"query": "select 1"}}) != first

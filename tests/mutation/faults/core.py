@@ -5,6 +5,7 @@ from __future__ import annotations
 from faults.fault import Fault
 
 TESTS = {
+    'bridge/core/request_state.py': ('tests/unit/test_stateless.py',),
     'bridge/core/cluster.py': ('tests/unit/test_cluster.py',),
     'bridge/core/mux/attribution.py': ('tests/unit/test_mux.py', 'tests/unit/test_mux_properties.py', 'tests/unit/test_policy_unit.py', 'tests/unit/test_mux_states.py'),
     'bridge/core/mux/mux.py': ('tests/unit/test_mux.py', 'tests/unit/test_mux_properties.py', 'tests/unit/test_policy_unit.py', 'tests/unit/test_mux_states.py'),
@@ -104,4 +105,10 @@ FAULTS = [
     Fault('mux-hidden-unsubscribe-forwarded', 'bridge/core/mux/views.py', '    "resources/unsubscribe": Named("resources", "uri", None),\n', ''),
     Fault('mux-list-unfiltered', 'bridge/core/mux/views.py', '        result[field] = [item for item in items if not isinstance(item, dict) or view.admits(kind, item.get(key))]', '        pass'),
     Fault('mux-templates-by-uri', 'bridge/core/mux/views.py', '"resources/templates/list": ("resourceTemplates", "resources", "uriTemplate"),', '"resources/templates/list": ("resourceTemplates", "resources", "uri"),'),
+    Fault('state-previous-key-not-tried', 'bridge/core/request_state.py', '                continue  # perhaps sealed under the previous peer key', '                break'),
+    Fault('state-ttl-ignored', 'bridge/core/request_state.py', '"exp": int(time.time() + ttl) + 1,', '"exp": int(time.time() + 100 * ttl) + 1,'),
+    Fault('state-digest-counts-meta', 'bridge/core/request_state.py', 'if k not in ("_meta", "inputResponses", "requestState")}', 'if k not in ("inputResponses", "requestState")}'),
+    Fault('state-digest-ignores-params', 'bridge/core/request_state.py', '    return hashlib.sha256(jsonrpc.encode(salient)).hexdigest()', "    return hashlib.sha256(b'').hexdigest()"),
+    Fault('state-owner-not-sealed', 'bridge/core/request_state.py', '            claims["o"], claims["e"] = self._owner.address, self._owner.epoch', '            pass'),
+    Fault('state-expired-taken', 'bridge/core/request_state.py', '            except jwt.ExpiredSignatureError:\n                raise StatelessError(', "            except jwt.ExpiredSignatureError:\n                claims = jwt.decode(token, key, algorithms=['HS256'], options={'verify_exp': False})\n                break\n                raise StatelessError("),
 ]  # fmt: skip
