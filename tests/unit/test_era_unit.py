@@ -132,6 +132,10 @@ def test_configured_modern_waits_for_discover_and_refuses_what_waits_if_it_is_re
     assert outs[0].era is Era.MODERN and "configured era modern" in outs[0].reason
     (refused,) = delivered(outs)
     assert refused["id"] == 1 and refused["error"]["code"] == jsonrpc.SERVER_UNAVAILABLE
+    # and what comes after is refused at once, not held for a discover that will not come
+    (later,) = delivered(t.from_mux(req(2, "tools/list")))
+    assert later["id"] == 2 and later["error"]["code"] == jsonrpc.SERVER_UNAVAILABLE
+    assert t.from_mux(jsonrpc.notification("notifications/initialized")) == []
 
 
 def test_held_messages_are_bounded() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from faults.fault import Fault
 
 TESTS = {
+    'bridge/core/translator.py': ('tests/unit/test_era_unit.py',),
     'bridge/core/request_state.py': ('tests/unit/test_stateless.py',),
     'bridge/core/cluster.py': ('tests/unit/test_cluster.py',),
     'bridge/core/mux/attribution.py': ('tests/unit/test_mux.py', 'tests/unit/test_mux_properties.py', 'tests/unit/test_policy_unit.py', 'tests/unit/test_mux_states.py'),
@@ -111,4 +112,12 @@ FAULTS = [
     Fault('state-digest-ignores-params', 'bridge/core/request_state.py', '    return hashlib.sha256(jsonrpc.encode(salient)).hexdigest()', "    return hashlib.sha256(b'').hexdigest()"),
     Fault('state-owner-not-sealed', 'bridge/core/request_state.py', '            claims["o"], claims["e"] = self._owner.address, self._owner.epoch', '            pass'),
     Fault('state-expired-taken', 'bridge/core/request_state.py', '            except jwt.ExpiredSignatureError:\n                raise StatelessError(', "            except jwt.ExpiredSignatureError:\n                claims = jwt.decode(token, key, algorithms=['HS256'], options={'verify_exp': False})\n                break\n                raise StatelessError("),
+    Fault('translator-held-unbounded', 'bridge/core/translator.py', '        if len(self._held) >= MAX_HELD:', '        if False:'),
+    Fault('translator-rounds-unbounded', 'bridge/core/translator.py', '        if call.rounds > MAX_ROUNDS:', '        if False:'),
+    Fault('translator-inputs-unbounded', 'bridge/core/translator.py', 'elif inputs.__class__ is not dict or len(inputs) > MAX_INPUTS:', 'elif inputs.__class__ is not dict:'),
+    Fault('translator-parked-unbounded', 'bridge/core/translator.py', '        elif self._parked >= MAX_PARKED:', '        elif False:'),
+    Fault('translator-forgotten-still-parked', 'bridge/core/translator.py', '        if call.parked:\n            call.parked = False\n            self._parked -= 1\n', '        if call.parked:\n            call.parked = False\n'),
+    Fault('translator-empty-input-required-taken', 'bridge/core/translator.py', '        elif not inputs and state is None:', '        elif False:'),
+    Fault('translator-methodless-input-taken', 'bridge/core/translator.py', '        elif not all(r.__class__ is dict and isinstance(r.get("method"), str) for r in inputs.values()):', '        elif False:'),
+    Fault('translator-configured-modern-holds', 'bridge/core/translator.py', '        if self.era is Era.MODERN:  # configured so, but it did not answer server/discover\n            return self._refuse(msg)\n', ''),
 ]  # fmt: skip
