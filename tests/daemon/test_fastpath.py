@@ -37,7 +37,6 @@ from bridge.http.body import read_message
 from bridge.http.errors import HttpError
 from bridge.http.fastpath import parse_head
 from bridge.protocol.jsonrpc import MAX_DEPTH
-from bridge.protocol.media import quality
 
 SID = "0123456789abcdef0123456789abcdef"
 GOOD_HEAD = (
@@ -609,25 +608,6 @@ async def test_a_head_with_bare_lf_is_answered_at_once(daemon: Bridge, head: byt
         await wire.send(head)
         status, _, body = await wire.response()  # within the 10 s Wire allows
         assert status == 400, body
-
-
-@pytest.mark.parametrize(
-    ("accept", "sse", "json"),
-    [
-        ("application/json, text/event-stream", 1.0, 1.0),
-        ("text/event-stream;q=0, application/json", 0.0, 1.0),
-        ("Text/Event-Stream ; Q=0.5", 0.5, 0.0),
-        ("*/*", 1.0, 1.0),
-        ("text/*", 1.0, 0.0),
-        ("*/*;q=0.1, text/event-stream;q=0", 0.0, 0.1),  # the most specific range decides
-        ("text/*;q=0, text/event-stream", 1.0, 0.0),
-        ("application/jsonx, text/event-streams", 0.0, 0.0),  # not a substring match
-        ("text/event-stream;q=x, application/json;q=2", 0.0, 0.0),  # not a weight: refused
-        ("", 0.0, 0.0),
-    ],
-)
-def test_accept_media_ranges(accept: str, sse: float, json: float) -> None:
-    assert (quality(accept, "text/event-stream"), quality(accept, "application/json")) == (sse, json)
 
 
 @pytest.mark.parametrize(

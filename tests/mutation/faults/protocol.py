@@ -5,6 +5,7 @@ from __future__ import annotations
 from faults.fault import Fault
 
 TESTS = {
+    'bridge/protocol/media.py': ('tests/unit/test_media.py',),
     'bridge/protocol/stateless.py': ('tests/unit/test_stateless.py',),
     'bridge/protocol/jsonrpc.py': ('tests/unit/test_jsonrpc.py', 'tests/unit/test_mux.py', 'tests/unit/test_mux_properties.py'),
 }
@@ -36,4 +37,9 @@ FAULTS = [
     Fault('stateless-unknown-version-served', 'bridge/protocol/stateless.py', '    if env.version not in STATELESS_VERSIONS:\n        raise unsupported(msg, env)', '    if False:\n        raise unsupported(msg, env)'),
     Fault('stateless-listen-without-sse', 'bridge/protocol/stateless.py', '    if not sse and (method == LISTEN or not json):', '    if not sse and not json:'),
     Fault('stateless-bad-level-taken', 'bridge/protocol/stateless.py', '(level is None or (level.__class__ is str and level in _LEVELS))', '(level is None or level.__class__ is str)'),
+    Fault('media-later-equal-range-wins', 'bridge/protocol/media.py', '        if specificity > best:', '        if specificity >= best:', equivalent='only two ranges of one specificity for one type differ (text/event-stream;q=0, text/event-stream): a contradiction RFC 9110 leaves open'),
+    Fault('media-case-sensitive', 'bridge/protocol/media.py', '        media_range = media_range.strip().lower()', '        media_range = media_range.strip()'),
+    Fault('media-bad-weight-guessed', 'bridge/protocol/media.py', '                return 0.0  # not a weight: refuse the range rather than guess', '                return 1.0  # not a weight: refuse the range rather than guess'),
+    Fault('media-weight-over-one-taken', 'bridge/protocol/media.py', '            return q if 0.0 <= q <= 1.0 else 0.0', '            return q'),
+    Fault('media-substring-match', 'bridge/protocol/media.py', '        if media_range == media_type:', '        if media_type in media_range:'),
 ]  # fmt: skip
