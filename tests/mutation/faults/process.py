@@ -5,6 +5,7 @@ from __future__ import annotations
 from faults.fault import Fault
 
 TESTS = {
+    'bridge/process/env.py': ('tests/unit/test_child_env.py', 'tests/daemon/test_secrets.py'),
     'bridge/process/pool.py': ('tests/unit/test_pool_unit.py',),
 }
 
@@ -15,4 +16,9 @@ FAULTS = [
     Fault('pool-left-client-keeps-process', 'bridge/process/pool.py', '                self.give_back(future.result())', '                pass'),
     Fault('pool-warm-given-back-stopped', 'bridge/process/pool.py', '        if member.warm and self.active:', '        if False:'),
     Fault('pool-retry-after-fixed', 'bridge/process/pool.py', 'return max(1, math.ceil(self.settings.wait))', 'return 5'),
+    Fault('env-daemon-environment-leaks', 'bridge/process/env.py', '    env = {k: v for k, v in environ.items() if k in names or k.startswith(prefixes)}', '    env = dict(environ)'),
+    Fault('env-prefixes-ignored', 'bridge/process/env.py', '    prefixes = tuple(p[:-1] for p in patterns if p.endswith("*"))', '    prefixes = ()'),
+    Fault('env-inherit-env-ignored', 'bridge/process/env.py', '    patterns = CHILD_ENV + server.inherit_env', '    patterns = CHILD_ENV'),
+    Fault('env-daemon-over-server', 'bridge/process/env.py', '    env.update(server.env)', '    env = {**server.env, **env}'),
+    Fault('env-own-bin-shadows', 'bridge/process/env.py', 'env["PATH"] = f"{path}{os.pathsep}{own_bin}" if path else own_bin', 'env["PATH"] = f"{own_bin}{os.pathsep}{path}" if path else own_bin'),
 ]  # fmt: skip
