@@ -5,6 +5,7 @@ from __future__ import annotations
 from faults.fault import Fault
 
 TESTS = {
+    'bridge/config/mcpservers.py': ('tests/unit/test_mcpservers.py',),
     'bridge/config/load.py': ('tests/unit/test_config.py', 'tests/unit/test_policy_unit.py'),
     'bridge/config/schema.py': ('tests/unit/test_config.py', 'tests/unit/test_policy_unit.py'),
 }
@@ -57,4 +58,9 @@ FAULTS = [
     Fault('cfg-zero-positive', 'bridge/config/schema.py', 'PositiveInt = Annotated[int, msgspec.Meta(ge=1)]', 'PositiveInt = Annotated[int, msgspec.Meta(ge=0)]'),
     Fault('cfg-input-buffer-default', 'bridge/config/schema.py', 'else 16 * self.max_message_bytes', 'else self.max_message_bytes'),
     Fault('cfg-env-pattern-unanchored', 'bridge/config/schema.py', '[A-Za-z0-9_]*\\*?$")', '[A-Za-z0-9_]*\\*?")'),
+    Fault('mcpservers-remote-served', 'bridge/config/mcpservers.py', 'if entry.get("url") is not None or entry.get("type") in REMOTE_TYPES or entry.get("transportType") in REMOTE_TYPES:', 'if entry.get("url") is not None:'),
+    Fault('mcpservers-disabled-served', 'bridge/config/mcpservers.py', '        if entry.get("disabled") is True:', '        if False:'),
+    Fault('mcpservers-client-keys-kept', 'bridge/config/mcpservers.py', 'servers[name] = {k: v for k, v in entry.items() if k not in CLIENT_ONLY}', 'servers[name] = dict(entry)'),
+    Fault('mcpservers-other-keys-silent', 'bridge/config/mcpservers.py', '    notes = [f"{key}: ignored (only mcpServers is read from this file)" for key in data if key != KEY]', '    notes: list[str] = []'),
+    Fault('mcpservers-problems-in-yaml-terms', 'bridge/config/mcpservers.py', '        return KEY + problem[len("servers") :]', '        return problem'),
 ]  # fmt: skip
