@@ -453,20 +453,6 @@ def test_a_kept_session_takes_nothing_said_while_it_waits() -> None:
     assert spares.count == 0 and spares.take(("alice", b"{}")) is None and session.attached()
 
 
-def test_spares_are_bounded_taken_last_kept_first_and_give_way_oldest_first() -> None:
-    from bridge.gateway.sessions import Session, Spares
-
-    spares = Spares(3)
-    a, b, c, d = (Session("s", None, sid) for sid in "abcd")
-    assert spares.keep("k", a) and spares.keep("k", b) and spares.keep("j", c)
-    assert not spares.keep("k", d) and spares.count == 3  # full
-    assert spares.oldest() is a
-    assert spares.take("k") is b and spares.take("k") is a and spares.take("k") is None
-    spares.drop("j", c)
-    spares.drop("j", c)  # once only
-    assert spares.count == 0 and not spares and spares.all() == [] and spares.oldest() is None
-
-
 # --------------------------------------------------------------- MRTR
 
 
