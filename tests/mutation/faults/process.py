@@ -5,6 +5,7 @@ from __future__ import annotations
 from faults.fault import Fault
 
 TESTS = {
+    'bridge/process/confine.py': ('tests/unit/test_confine_unit.py',),
     'bridge/process/env.py': ('tests/unit/test_child_env.py', 'tests/daemon/test_secrets.py'),
     'bridge/process/pool.py': ('tests/unit/test_pool_unit.py',),
 }
@@ -21,4 +22,9 @@ FAULTS = [
     Fault('env-inherit-env-ignored', 'bridge/process/env.py', '    patterns = CHILD_ENV + server.inherit_env', '    patterns = CHILD_ENV'),
     Fault('env-daemon-over-server', 'bridge/process/env.py', '    env.update(server.env)', '    env = {**server.env, **env}'),
     Fault('env-own-bin-shadows', 'bridge/process/env.py', 'env["PATH"] = f"{path}{os.pathsep}{own_bin}" if path else own_bin', 'env["PATH"] = f"{own_bin}{os.pathsep}{path}" if path else own_bin'),
+    Fault('confine-oom-blamed-without-limit', 'bridge/process/confine.py', '    if oom_kills and rlimits.memory is not None:', '    if oom_kills:'),
+    Fault('confine-sigxcpu-ignored', 'bridge/process/confine.py', '    if code == -signal.SIGXCPU and rlimits.cpu_time is not None:', '    if False:'),
+    Fault('confine-sign-without-limit', 'bridge/process/confine.py', '            if getattr(rlimits, limit) is not None and any(sign in line for sign in signs):', '            if any(sign in line for sign in signs):'),
+    Fault('confine-under-shares-prefix', 'bridge/process/confine.py', '    return path == folder or path.startswith(folder.rstrip("/") + "/")', '    return path.startswith(folder.rstrip("/"))'),
+    Fault('confine-writable-not-exempt', 'bridge/process/confine.py', 'and _within(path, "/tmp") and not any(_within(path, w) for w in sandbox.writable)', 'and _within(path, "/tmp")'),
 ]  # fmt: skip
