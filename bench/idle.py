@@ -9,7 +9,7 @@ stay open:
   must get a comment at most `keepalive + 1 s` after the window opens, after
   the previous one, and before the window closes;
 - makes calls on random sessions at a steady rate (open loop) and reports
-  their latency p50/p90/p99 (issue 7's target: p99 under 50 ms, RSS under
+  their latency p50/p90/p99 (the target: p99 under 50 ms, RSS under
   400 MiB for 10,000 sessions).
 
 Reports JSON on stdout. This process raises its own open-file limit; with

@@ -58,7 +58,8 @@ WORKLOADS: dict[str, dict[str, Any]] = {
     "f": {"title": "1 session x 50 calls returning 1 MiB", "sessions": 1, "calls": 50, "inflight": 1, "out_bytes": MIB},
 }
 
-# Issue 7: the best correct anchor per workload (HTTP+SSE), and the targets.
+# The best correct other bridge per workload (HTTP+SSE, measured once with this
+# benchmark and quoted here), and the targets.
 ANCHORS = {
     "a": ("supergateway 4.0.0", 1200, 0.66, 155),
     "b": ("supergateway 4.0.0", 3080, 7.3, 174),
@@ -511,7 +512,7 @@ def one_run(wl_name: str, target_name: str, run_no: int, transport: str, args: a
 
 
 def render_rounds(records: list[dict[str, Any]]) -> str:
-    """RSS after each round on one daemon, and its growth after the second round (issue 7: under 5 MiB in d)."""
+    """RSS after each round on one daemon, and its growth after the second round (the target: under 5 MiB in d)."""
     lines = []
     for r in records:
         rounds = r.get("rounds")
@@ -615,8 +616,8 @@ def render(summary: dict[str, dict[str, dict[str, Any]]], targets: list[str], tr
 
 
 def render_goals(summary: dict[str, dict[str, dict[str, Any]]], transport: str) -> str:
-    """mcp-bridge against issue 7's targets (anchors are HTTP+SSE figures from the issue)."""
-    lines = [f"\nmcp-bridge against issue 7's targets ({TRANSPORTS[transport]}; anchors quoted from the issue, not measured here):"]
+    """mcp-bridge against its targets (the anchors are the quoted HTTP+SSE figures of ANCHORS)."""
+    lines = [f"\nmcp-bridge against its targets ({TRANSPORTS[transport]}; anchors quoted, not measured here):"]
     for wl, (who, rps, _p50, _rss) in ANCHORS.items():
         c = summary.get(wl, {}).get("bridge")
         if not c or not c["n"]:
@@ -637,7 +638,7 @@ def render_goals(summary: dict[str, dict[str, dict[str, Any]]], transport: str) 
 
 
 def render_transports(summaries: dict[str, dict[str, dict[str, dict[str, Any]]]]) -> str:
-    """mcp-bridge over each transport side by side, each against HTTP+SSE (issue 14: both
+    """mcp-bridge over each transport side by side, each against HTTP+SSE (the goal: both
     Streamable paths at least as fast and as cheap per call as HTTP+SSE on a, c and d)."""
     base = summaries.get("sse", {})
     head = f"{'transport':<17}{'req/s':>9}{'tgt us':>8}{'p50 ms':>9}{'noise':>7}{'err/mis':>9}   / HTTP+SSE: req/s  tgt us"

@@ -1,7 +1,7 @@
 """How the daemon's process is tuned: open files, the allocator, garbage collection.
 
 Each rule here was measured; the numbers, and the commands that give them, are in
-docs/design.md ("Process tuning").
+docs/design.md ("The process is tuned for many idle sessions").
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ def rss(pid: int) -> int:
 
 
 async def test_a_server_that_stops_reading_costs_a_bounded_buffer_and_is_restarted(bridge: Any) -> None:
-    """The issue's measurement: 300 x 1 MiB notifications to a server that stopped
+    """The measurement that set the bound: 300 x 1 MiB notifications to a server that stopped
     reading took the daemon from 44 to 357 MiB, with no log line or metric."""
     config = {
         "servers": {"f": {**faulty(), "restart": FAST_RESTART}},

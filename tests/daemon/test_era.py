@@ -145,7 +145,7 @@ async def test_tool_list_changes_reach_every_session(bridge, streamable):
         # The server sees the bridge's capabilities, asks, and the session cannot answer.
         ("shared", 0, "could not give the input"),
         # The server sees the client's own capabilities, and says what is missing (-32021);
-        # on a process from the warm pool too (issue 30: it saw the bridge's).
+        # on a process from the warm pool too (it once saw the bridge's).
         ("per-session", 0, "elicitation"),
         ("per-session", 1, "elicitation"),
     ],

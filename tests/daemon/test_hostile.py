@@ -1,4 +1,4 @@
-"""The hostile-input suite (issue 4): one running daemon takes everything a hostile
+"""The hostile-input suite: one running daemon takes everything a hostile
 client or server can throw at it while a well-behaved SDK session keeps working.
 
 One daemon (module-scoped `arena`) serves one shared fault server (`faulty`). A

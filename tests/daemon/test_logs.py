@@ -55,8 +55,8 @@ GARBAGE = {
     "binary": bytes(range(256)) + b"\r\n\r\n",
     "HTTP/2 preface": b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
     "after a good request": b"GET /healthz HTTP/1.1\r\n" + HOST + b"\r\nSECOND-MARKER\r\n\r\n",
-    # A head without CRLF CRLF: the fast path holds it until keepalive_timeout (issue 11,
-    # defect 5) and aiohttp never sees it; once it does, it is a bad_request too.
+    # A head without CRLF CRLF: a fast path that waits for one would hold it until
+    # keepalive_timeout and aiohttp would never see it; handed over, it is a bad_request too.
     "bare LF": b"GET /healthz HTTP/1.1\nHost: 127.0.0.1\n\n",
     "TLS on the plain port": tls_client_hello(),
 }

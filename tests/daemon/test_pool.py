@@ -1,5 +1,5 @@
-"""The process pool: warm starts, caps on processes, waits for a slot (issue 16); a warm
-per-session process serves a session of any protocol version (issue 30).
+"""The process pool: warm starts, caps on processes, waits for a slot; a warm
+per-session process serves a session of any protocol version.
 
 Real daemon, real server processes (tests/servers/faulty.py, which notes on
 stderr every initialize it answers, for whom, with which version and capabilities,
@@ -138,7 +138,7 @@ async def metric(b: Bridge, name: str, **labels: str) -> float:
 
 
 async def test_a_warm_process_is_probed_not_initialized_and_gets_its_sessions_own_initialize(bridge: Any) -> None:
-    """Issue 30: a warm process is started and shown to read its input (a ping answered), not
+    """A warm process is started and shown to read its input (a ping answered), not
     initialized; the session that takes it sends its own initialize, with its own version.
     Then the pool refills, and a process is never given to a second session."""
     config = {"servers": {"f": {**PER_SESSION, "pool": {"warm": 2}}}}
@@ -187,7 +187,7 @@ async def test_a_warm_process_is_probed_not_initialized_and_gets_its_sessions_ow
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
 async def test_every_protocol_version_is_served_by_a_warm_process_with_its_own_initialize(bridge: Any, transport: str) -> None:
-    """Issue 30: sessions asking 2025-06-18 (what many deployed clients send) got a cold
+    """Sessions asking 2025-06-18 (what many deployed clients send) got a cold
     process when the warm ones had been initialized at 2025-11-25. Each version now takes
     the warm process, and the server gets the session's version and capabilities as sent."""
     config = {"servers": {"f": {**PER_SESSION, "pool": {"warm": 1}}}}

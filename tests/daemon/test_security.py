@@ -1,4 +1,4 @@
-"""Access rules and limits (issue 4): who may talk to the bridge, and what it refuses.
+"""Access rules and limits: who may talk to the bridge, and what it refuses.
 
 The `Guard` rules are tested without HTTP; everything else runs the real daemon
 (conftest `bridge`) on an ephemeral loopback port with real server processes.

@@ -429,7 +429,7 @@ async def test_cancel_during_sampling(bridge):
 
 
 async def test_a_warm_per_session_process_offers_what_its_own_session_declared(bridge):
-    """Issue 30: a warm per-session process is initialized by its session's own initialize, so
+    """A warm per-session process is initialized by its session's own initialize, so
     a server that reads the capabilities (server-everything offers trigger-sampling-request
     only to a client that declared sampling) sees the session's, whatever version it asks."""
     cfg = config()

@@ -128,7 +128,7 @@ async def toggled(client: Client, tool: str) -> AsyncIterator[None]:
 
 
 async def test_resources_updated(mode: str, session: Opener) -> None:
-    """The issue's defect: per-session subscribers got no `resources/updated` at all."""
+    """The defect this guards: per-session subscribers got no `resources/updated` at all."""
     async with contextlib.AsyncExitStack() as stack:
         a = await stack.enter_async_context(session("A"))
         await a.session.subscribe_resource(URI_A)

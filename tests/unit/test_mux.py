@@ -1198,7 +1198,7 @@ def test_per_session_mode_initializes_a_stateless_sessions_process_itself() -> N
     assert answer["id"] == "d" and answer["result"] == INIT_RESULT
 
 
-# A per-session process started ahead of its session (the warm pool, issue 30).
+# A per-session process started ahead of its session (the warm pool).
 
 
 def warm_mux() -> tuple[Mux, Clock]:
