@@ -5,6 +5,7 @@ the config types gain with no description anywhere stops the generator."""
 from __future__ import annotations
 
 import importlib.util
+import re
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -82,3 +83,25 @@ def test_a_code_the_protocol_layer_gains_with_no_description_stops_the_generator
     docs.CODES.write_text(yaml.safe_dump(codes))
     with pytest.raises(SystemExit, match="describe SERVER_BUSY"):
         docs.errors_reference()
+
+
+# An HTTP status the bridge answers with: an `HttpError`, a `Refusal` or an aiohttp
+# response given one. 1xx-3xx are not errors.
+_STATUS = re.compile(r"(?:HttpError|Refusal)\(\s*([45]\d\d)\b|\bstatus=([45]\d\d)\b")
+
+
+def statuses_in(source: str) -> set[int]:
+    return {int(a or b) for a, b in _STATUS.findall(source)}
+
+
+def test_every_http_error_status_the_bridge_answers_with_is_in_the_reference() -> None:
+    """docs/reference/http-errors.md is written by hand; a status the code gains that it
+    lacks fails here (and a planted one is seen)."""
+    table = (ROOT / "docs" / "reference" / "http-errors.md").read_text()
+    documented = {int(line[2:5]) for line in table.splitlines() if line[:2] == "| " and line[2:5].isdigit()}
+    sent: set[int] = set()
+    for path in (ROOT / "bridge").rglob("*.py"):
+        sent |= statuses_in(path.read_text())
+    assert {400, 401, 403, 404, 413, 503} <= sent  # the scan sees the code's statuses
+    assert sent - documented == set(), f"statuses the bridge sends that docs/reference/http-errors.md lacks: {sorted(sent - documented)}"
+    assert statuses_in('raise HttpError(418, -32600, "teapot")') == {418}  # a planted one would be caught
