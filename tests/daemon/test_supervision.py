@@ -78,6 +78,25 @@ async def test_crash_mid_request_restarts(bridge: Any) -> None:
         assert status["servers"]["f"]["processes"][0]["pid"] == new
 
 
+async def test_what_a_server_leaves_in_its_group_dies_with_it(bridge: Any) -> None:
+    """A server that exits takes its process group along: a child it left running would
+    hold the server's pipes (its exit unseen) and its memory."""
+    async with bridge({"servers": {"f": {**faulty(), "restart": FAST_RESTART}}}) as b, RawSse(b.url("f")) as c:
+        await c.initialize()
+        orphan = int(text_of(await tool(c, "orphan", {"s": 60}, request_id="orphan")))
+        try:
+            assert pid_alive(orphan)
+            await tool(c, "crash", request_id="boom", timeout=5.0)
+            await b.wait_for("server_exited")
+            deadline = time.monotonic() + 5.0
+            while pid_alive(orphan) and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+            assert not pid_alive(orphan), "the server's child outlived it"
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(orphan, signal.SIGKILL)
+
+
 async def test_sigkill_during_call(bridge: Any) -> None:
     """Acceptance: SIGKILL the server during a call; the call errors within 1 s and a later call succeeds."""
     async with bridge({"servers": {"f": {**faulty(), "restart": FAST_RESTART}}}) as b, RawSse(b.url("f")) as c:

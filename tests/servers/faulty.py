@@ -97,6 +97,7 @@ TOOLS = [
         "inputSchema": {"type": "object", "properties": {"region": {"type": "string", "x-mcp-header": "Region"}}},
     },
     {"name": "crash", "description": "Exit with code 3 without replying.", "inputSchema": _schema()},
+    {"name": "orphan", "description": "Fork a child that sleeps `s` seconds in the server's group; reply with its pid.", "inputSchema": _schema(s="number")},
     {"name": "hang", "description": "Never reply.", "inputSchema": _schema()},
     {"name": "noise", "description": "Write N junk lines to stderr.", "inputSchema": _schema(lines="integer")},
     {"name": "garbage", "description": "Write junk to stdout, then reply.", "inputSchema": _schema()},
@@ -154,6 +155,12 @@ def call_tool(request_id: Any, name: str, args: JSON) -> None:
     elif name == "crash":
         sys.stderr.flush()
         os._exit(3)
+    elif name == "orphan":
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(float(args.get("s", 60)))
+            os._exit(0)
+        reply(request_id, text(str(pid)))
     elif name == "hang":
         note(f"hang {json.dumps(request_id)}")  # deliberately never answered
     elif name == "noise":

@@ -15,7 +15,6 @@ from bridge.config.schema import Filter
 from bridge.core.mux import CANCELLED_MEMORY, EARLY_NOTES, Abandoned, Broadcast, Discard, Mux, RestartServer, State, Timer, ToServer, ToSession
 from bridge.protocol import jsonrpc
 from bridge.protocol.jsonrpc import ProtocolError
-from bridge.protocol.mcp import LOG_LEVELS
 
 INIT_RESULT = {"protocolVersion": "2025-06-18", "capabilities": {"tools": {}}, "serverInfo": {"name": "s", "version": "1"}}
 
@@ -697,6 +696,11 @@ def test_the_server_log_level_is_the_most_verbose_any_session_wants() -> None:
     assert restore["method"] == "logging/setLevel" and restore["params"] == {"level": "warning"}
 
 
+# The spec's levels (RFC 5424's severities), least severe first: written out, not imported,
+# so that a change to the bridge's table shows here.
+LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
+
+
 def test_a_session_gets_log_messages_at_its_level_and_above_only() -> None:
     mux = ready_mux(*LOG_LEVELS)
     for sid in LOG_LEVELS:  # each session is named for the level it asks for
@@ -1167,10 +1171,14 @@ def test_a_stateless_session_is_asked_only_during_the_calls_2026_07_28_may_answe
     )
     assert mux.peer("modern").server_requests == {}  # nothing left waiting for an answer
     mux.from_server(jsonrpc.result(listing["id"], {"tools": []}))
-    # during tools/call the same question is the session's
-    mux.from_client("modern", req(2, "tools/call", name="t"))
-    asked = mux.from_server(req("s2", "sampling/createMessage", messages=[]))
-    assert [m["method"] for m in to_session(asked, "modern")] == ["sampling/createMessage"]
+    # during tools/call, prompts/get and resources/read the same question is the session's
+    for n, (method, params) in enumerate((("tools/call", {"name": "t"}), ("prompts/get", {"name": "p"}), ("resources/read", {"uri": "r:1"})), 2):
+        (call,) = to_server(mux.from_client("modern", req(n, method, **params)))
+        asked = mux.from_server(req(f"s{n}", "sampling/createMessage", messages=[]))
+        assert [m["method"] for m in to_session(asked, "modern")] == ["sampling/createMessage"], method
+        (answer,) = to_session(asked, "modern")
+        mux.from_client("modern", jsonrpc.result(answer["id"], {"role": "assistant", "content": {"type": "text", "text": "ok"}}))
+        mux.from_server(jsonrpc.result(call["id"], {}))
 
 
 def test_a_stateless_session_with_a_level_hears_its_calls_logs_and_sets_the_servers_level() -> None:

@@ -1,6 +1,6 @@
 """The faults of the mutation run, one module per layer of `bridge/`. Each holds `FAULTS`
-(what to plant) and `TESTS` (source module -> the test files a fault in it runs: the
-narrowest that should notice)."""
+(what to plant) and `TESTS` (source module -> the test files, or tests (`FILE::NAME`), a
+fault in it runs: the narrowest that should notice)."""
 
 from __future__ import annotations
 

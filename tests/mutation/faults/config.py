@@ -8,6 +8,7 @@ TESTS = {
     'bridge/config/mcpservers.py': ('tests/unit/test_mcpservers.py',),
     'bridge/config/load.py': ('tests/unit/test_config.py', 'tests/unit/test_policy_unit.py'),
     'bridge/config/schema.py': ('tests/unit/test_config.py', 'tests/unit/test_policy_unit.py'),
+    'bridge/config/jsonschema.py': ('tests/unit/test_config_schema.py',),
 }
 
 FAULTS = [
@@ -63,4 +64,10 @@ FAULTS = [
     Fault('mcpservers-client-keys-kept', 'bridge/config/mcpservers.py', 'servers[name] = {k: v for k, v in entry.items() if k not in CLIENT_ONLY}', 'servers[name] = dict(entry)'),
     Fault('mcpservers-other-keys-silent', 'bridge/config/mcpservers.py', '    notes = [f"{key}: ignored (only mcpServers is read from this file)" for key in data if key != KEY]', '    notes: list[str] = []'),
     Fault('mcpservers-problems-in-yaml-terms', 'bridge/config/mcpservers.py', '        return KEY + problem[len("servers") :]', '        return problem'),
+    # jsonschema.py
+    Fault('schema-extra-keys-allowed', 'bridge/config/jsonschema.py', 'out: dict[str, Any] = {"type": "object", "properties": properties, "additionalProperties": False}', 'out: dict[str, Any] = {"type": "object", "properties": properties}'),
+    Fault('schema-bounds-dropped', 'bridge/config/jsonschema.py', '            out[key] = value\n', '            pass\n'),
+    Fault('schema-nothing-required', 'bridge/config/jsonschema.py', '    if required:\n        out["required"] = required', '    if False:\n        out["required"] = required'),
+    Fault('schema-server-names-free', 'bridge/config/jsonschema.py', '    root["properties"]["servers"]["propertyNames"] = {"pattern": SERVER_NAME.pattern}\n', ''),
+    Fault('schema-no-interpolation', 'bridge/config/jsonschema.py', '    return {"anyOf": [kind, _INTERPOLATED]}', '    return kind'),
 ]  # fmt: skip

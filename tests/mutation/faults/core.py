@@ -1,4 +1,6 @@
-"""Faults in the mux and its tables."""
+"""Faults in the core: the mux and its tables, the era translator, cluster ids, request state.
+
+`bridge/core/mux/__init__.py` has none: it holds the mux's rules (a docstring) and re-exports."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ TESTS = {
     'bridge/core/mux/states.py': ('tests/unit/test_mux.py', 'tests/unit/test_mux_properties.py', 'tests/unit/test_policy_unit.py', 'tests/unit/test_mux_states.py'),
     'bridge/core/mux/turns.py': ('tests/unit/test_mux.py', 'tests/unit/test_mux_properties.py', 'tests/unit/test_policy_unit.py', 'tests/unit/test_mux_states.py'),
     'bridge/core/mux/views.py': ('tests/unit/test_mux.py', 'tests/unit/test_mux_properties.py', 'tests/unit/test_policy_unit.py', 'tests/unit/test_mux_states.py'),
+    'bridge/core/mux/actions.py': ('tests/unit/test_mux.py', 'tests/unit/test_mux_properties.py'),
 }
 
 FAULTS = [
@@ -120,4 +123,7 @@ FAULTS = [
     Fault('translator-empty-input-required-taken', 'bridge/core/translator.py', '        elif not inputs and state is None:', '        elif False:'),
     Fault('translator-methodless-input-taken', 'bridge/core/translator.py', '        elif not all(r.__class__ is dict and isinstance(r.get("method"), str) for r in inputs.values()):', '        elif False:'),
     Fault('translator-configured-modern-holds', 'bridge/core/translator.py', '        if self.era is Era.MODERN:  # configured so, but it did not answer server/discover\n            return self._refuse(msg)\n', ''),
+    # actions.py
+    Fault('actions-call-born-sent', 'bridge/core/mux/actions.py', '    sent: bool = False', '    sent: bool = True'),
+    Fault('actions-call-born-asked', 'bridge/core/mux/actions.py', '    asked: int = 0  # when', '    asked: int = 1  # when'),
 ]  # fmt: skip

@@ -6,6 +6,10 @@ from faults.fault import Fault
 
 TESTS: dict[str, tuple[str, ...]] = {
     'bridge/gateway/sessions.py': ('tests/unit/test_sessions_unit.py',),
+    'bridge/gateway/gateway.py': ('tests/daemon/test_security.py::test_session_belongs_to_its_token', 'tests/daemon/test_security.py::test_max_sessions_503', 'tests/daemon/test_principals.py', 'tests/daemon/test_operators.py', 'tests/daemon/test_drain.py', 'tests/daemon/test_bounds.py'),
+    'bridge/gateway/placement.py': ('tests/daemon/test_pool.py', 'tests/daemon/test_principals.py', 'tests/daemon/test_modern.py'),
+    'bridge/gateway/upstream.py': ('tests/daemon/test_bounds.py', 'tests/daemon/test_era.py', 'tests/daemon/test_confine.py', 'tests/daemon/test_supervision.py'),
+    'bridge/gateway/health.py': ('tests/daemon/test_principals.py', 'tests/daemon/test_operators.py'),
 }
 
 FAULTS: list[Fault] = [
@@ -14,4 +18,35 @@ FAULTS: list[Fault] = [
     Fault('spares-first-kept-taken-first', 'bridge/gateway/sessions.py', '        session = kept.pop()', '        session = kept.pop(0)'),
     Fault('spares-dropped-twice', 'bridge/gateway/sessions.py', '        if kept is not None and session in kept:', '        if kept is not None:'),
     Fault('spares-drop-miscounts', 'bridge/gateway/sessions.py', '                del self._by_kind[kind]\n            self.count -= 1', '                del self._by_kind[kind]'),
+    # gateway.py
+    Fault('gw-session-of-another-owner', 'bridge/gateway/gateway.py', '        if session is None or session.owner != owner:\n            return None', '        if session is None:\n            return None'),
+    Fault('gw-session-limit-ignored', 'bridge/gateway/gateway.py', '        if len(self.sessions) + self._opening >= self.max_sessions:\n            self.metrics.sessions_dropped["limit"] += 1\n            raise', '        if False:\n            self.metrics.sessions_dropped["limit"] += 1\n            raise'),
+    Fault('gw-draining-opens-sessions', 'bridge/gateway/gateway.py', 'if not self.accepting or (self.draining and session.addressed):', 'if not self.accepting:'),
+    Fault('gw-end-session-calls-unanswered', 'bridge/gateway/gateway.py', '            session.deliver(encode(error), request_id, True)\n', ''),
+    Fault('gw-ended-counted-as-other', 'bridge/gateway/gateway.py', '        reason = session.ending or reason\n', ''),
+    Fault('gw-restart-no-wait', 'bridge/gateway/gateway.py', '            while (now := time.monotonic()) < deadline:', '            while False:'),
+    Fault('gw-attached-reaped-idle', 'bridge/gateway/gateway.py', 'if s.last_seen < idle_before and not s.attached()]', 'if s.last_seen < idle_before]'),
+    Fault('gw-drain-closes-calling', 'bridge/gateway/gateway.py', '            if self.session_inflight(session):\n                calling[session] = now\n            elif', '            if False:\n                calling[session] = now\n            elif'),
+    Fault('gw-drain-no-follow-up-wait', 'bridge/gateway/gateway.py', 'return bool(self.sessions) or self.last_request > quiet_since or', 'return bool(self.sessions) or'),
+    Fault('gw-slow-kept', 'bridge/gateway/gateway.py', '        if slow:\n            self._close_slow(slow)\n        if flush:', '        if flush:'),
+    Fault('gw-audit-timeout-as-error', 'bridge/gateway/gateway.py', 'outcome = "timeout" if code == jsonrpc.REQUEST_TIMEOUT else "error"', 'outcome = "error"'),
+    Fault('gw-throttled-taken', 'bridge/gateway/gateway.py', '                    self.log.info("rate_limited", principal=session.owner, limit=exc.limit, calls=calls, suppressed=held)\n                raise', '                    self.log.info("rate_limited", principal=session.owner, limit=exc.limit, calls=calls, suppressed=held)'),
+    # placement.py
+    Fault('place-retiring-not-cancelled', 'bridge/gateway/placement.py', '        retiring = self._retiring.pop(session.owner, None)\n        if retiring is not None:\n            retiring.cancel()\n', ''),
+    Fault('place-principal-gets-a-second-process', 'bridge/gateway/placement.py', '        if existing is not None:  # another of its sessions got one while this one waited', '        if False:  # another of its sessions got one while this one waited'),
+    Fault('place-per-session-process-kept', 'bridge/gateway/placement.py', '    def released(self, session: Session, upstream: Upstream) -> None:\n        self.host.stop_later(upstream)', '    def released(self, session: Session, upstream: Upstream) -> None:\n        pass'),
+    Fault('place-principal-retired-with-sessions', 'bridge/gateway/placement.py', '        if upstream is None or upstream.mux.sessions():\n            return\n        del self.by_principal[principal]', '        if upstream is None:\n            return\n        del self.by_principal[principal]'),
+    Fault('place-listeners-across-principals', 'bridge/gateway/placement.py', 'and method in peer.notices and peer.principal in principals:', 'and method in peer.notices:'),
+    Fault('place-missing-command-ready', 'bridge/gateway/placement.py', '            return f"command {host.server.command!r} not found"', '            return None'),
+    # upstream.py
+    Fault('up-stall-not-restarted', 'bridge/gateway/upstream.py', '        self.supervisor.restart(f"server stopped reading its input for {limits.server_input_stall:g}s")', '        pass'),
+    Fault('up-limit-kill-uncounted', 'bridge/gateway/upstream.py', '                self.gateway.metrics.limit_kills[cause.limit] += 1\n', ''),
+    Fault('up-bad-line-stops-reading', 'bridge/gateway/upstream.py', '            self._log.warning("server_line_skipped", reason=exc.message, size=len(line), pid=self._pid())\n            return', '            raise'),
+    Fault('up-modern-takes-turns', 'bridge/gateway/upstream.py', '                        self.mux.set_limits(attribution_window=0.0)', '                        pass'),
+    Fault('up-identity-not-renewed', 'bridge/gateway/upstream.py', '        if init is not self._identity_of:', '        if self._identity_of is None and init is not None:'),
+    # health.py
+    Fault('health-principal-sees-all-sessions', 'bridge/gateway/health.py', 'sessions=sum(1 for s in gateway.sessions.values() if s.owner == principal),', 'sessions=len(gateway.sessions),'),
+    Fault('health-principal-sees-all-calls', 'bridge/gateway/health.py', '        in_flight=sum(serving.values()),', '        in_flight=gateway.inflight(),'),
+    Fault('health-admin-no-stderr', 'bridge/gateway/health.py', 'stderr_tail=last.stderr_tail() if last is not None else []', 'stderr_tail=[]'),
+    Fault('health-warm-misreported', 'bridge/gateway/health.py', '        warm=upstream.warm and upstream in upstream.gateway.pool.warm,', '        warm=upstream.warm,'),
 ]  # fmt: skip

@@ -4,6 +4,24 @@ from __future__ import annotations
 
 from faults.fault import Fault
 
-TESTS: dict[str, tuple[str, ...]] = {}
+TESTS: dict[str, tuple[str, ...]] = {
+    'bridge/metrics.py': ('tests/daemon/test_metrics.py',),
+    'bridge/logs.py': ('tests/daemon/test_logs.py',),
+}
 
-FAULTS: list[Fault] = []  # fmt: skip
+FAULTS: list[Fault] = [
+    # metrics.py
+    Fault('metrics-method-label-unbounded', 'bridge/metrics.py', '    if isinstance(method, str) and (method in KNOWN_METHODS or method == "response"):', '    if isinstance(method, str):'),
+    Fault('metrics-code-label-unbounded', 'bridge/metrics.py', 'return str(code) if code.__class__ is int and code in ERROR_CODES else "other"', 'return str(code)'),
+    Fault('metrics-bucket-bound-exclusive', 'bridge/metrics.py', 'self.buckets[bisect.bisect_left(LATENCY_BUCKETS, seconds)] += 1', 'self.buckets[bisect.bisect_right(LATENCY_BUCKETS, seconds)] += 1'),
+    Fault('metrics-buckets-not-cumulative', 'bridge/metrics.py', '            running += n\n', '            running = n\n'),
+    Fault('metrics-exited-cpu-forgotten', 'bridge/metrics.py', '        self._cpu_exited += sum(cpu for key, cpu in self._cpu_seen.items() if key not in seen)\n', ''),
+    Fault('metrics-stateless-sessions-counted', 'bridge/metrics.py', 'return sum(self.sessions_opened.values()) - self.sessions_opened["stateless"]', 'return sum(self.sessions_opened.values())'),
+    # logs.py
+    Fault('logs-throttle-count-kept', 'bridge/logs.py', '        held, self.suppressed = self.suppressed, 0', '        held = self.suppressed'),
+    Fault('logs-bad-request-bytes-quoted', 'bridge/logs.py', '    text = _QUOTED.split(" ".join(exc.message.split()), 1)[0]', '    text = " ".join(exc.message.split())'),
+    Fault('logs-bad-request-traceback', 'bridge/logs.py', '        if not isinstance(exc, HttpProcessingError):\n            return True', '        if True:\n            return True'),
+    Fault('logs-thread-traceback-raw', 'bridge/logs.py', '    threading.excepthook = _thread_died\n', ''),
+    Fault('logs-stamp-local-time', 'bridge/logs.py', 'text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole))', 'text = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(whole))'),
+    Fault('logs-stamp-stale-second', 'bridge/logs.py', '        if whole != second:', '        if second < 0:'),
+]  # fmt: skip

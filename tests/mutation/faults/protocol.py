@@ -1,4 +1,4 @@
-"""Faults in JSON-RPC framing and classification."""
+"""Faults in the protocol layer: JSON-RPC, media types, 2026-07-28 checks, the protocol's constants."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ TESTS = {
     'bridge/protocol/media.py': ('tests/unit/test_media.py',),
     'bridge/protocol/stateless.py': ('tests/unit/test_stateless.py',),
     'bridge/protocol/jsonrpc.py': ('tests/unit/test_jsonrpc.py', 'tests/unit/test_mux.py', 'tests/unit/test_mux_properties.py'),
+    'bridge/protocol/mcp.py': ('tests/unit/test_stateless.py', 'tests/unit/test_mux.py'),
 }
 
 FAULTS = [
@@ -42,4 +43,8 @@ FAULTS = [
     Fault('media-bad-weight-guessed', 'bridge/protocol/media.py', '                return 0.0  # not a weight: refuse the range rather than guess', '                return 1.0  # not a weight: refuse the range rather than guess'),
     Fault('media-weight-over-one-taken', 'bridge/protocol/media.py', '            return q if 0.0 <= q <= 1.0 else 0.0', '            return q'),
     Fault('media-substring-match', 'bridge/protocol/media.py', '        if media_range == media_type:', '        if media_type in media_range:'),
+    # mcp.py
+    Fault('mcp-oldest-version-dropped', 'bridge/protocol/mcp.py', 'PROTOCOL_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")', 'PROTOCOL_VERSIONS = ("2025-03-26", "2025-06-18", "2025-11-25")'),
+    Fault('mcp-read-not-mrtr', 'bridge/protocol/mcp.py', 'MRTR_METHODS: Final = frozenset({"tools/call", "prompts/get", "resources/read"})', 'MRTR_METHODS: Final = frozenset({"tools/call", "prompts/get"})'),
+    Fault('mcp-level-order', 'bridge/protocol/mcp.py', 'LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")', 'LOG_LEVELS = ("debug", "info", "warning", "notice", "error", "critical", "alert", "emergency")'),
 ]  # fmt: skip
