@@ -168,6 +168,27 @@ async def test_a_stateless_request_during_the_drain_is_served(bridge: Any) -> No
         assert not b.named("drain_timeout")
 
 
+async def test_a_request_just_before_the_drain_holds_it_for_its_follow_up(bridge: Any) -> None:
+    """A 2026-07-28 request leaves no session behind once answered (per session, not even a
+    kept one), but its client's next request may follow within DRAIN_QUIET_S. So a drain
+    begun just after it waits that long, and serves the follow-up."""
+    from test_modern import headers_for, post, request
+
+    async with bridge({"servers": {"demo": demo(mode="per-session")}, "limits": {"drain_timeout": "10s"}}) as b:
+        discover = request("server/discover")
+        assert (await post(b.url("demo", "mcp"), discover, headers_for(discover))).status == 200
+        asked = time.monotonic()
+        mark = len(b.events)
+        b.proc.send_signal(signal.SIGTERM)
+        await b.wait_for("draining", start=mark)
+        follow_up = request("tools/call", {"name": "echo", "arguments": {"text": "next"}}, rid=2)
+        await asyncio.sleep(max(0.0, asked + 0.2 - time.monotonic()))  # the client's think time, well within 0.5 s
+        served = await post(b.url("demo", "mcp"), follow_up, headers_for(follow_up))
+        assert served.status == 200 and served.final()["result"]["content"][0]["text"] == "next"
+        async with asyncio.timeout(10):
+            assert await b.proc.wait() == 0
+
+
 # ---------------------------------------------------------------- idle: no waiting
 
 

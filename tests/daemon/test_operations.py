@@ -489,6 +489,19 @@ async def test_readyz_names_crash_looping_server(bridge: Any) -> None:
         assert st["servers"]["ok"]["ready"] is True
 
 
+async def test_readyz_names_a_per_session_server_whose_command_is_missing(bridge: Any) -> None:
+    """A per-session server has no process until a session comes: /readyz still says now
+    that none could start, rather than each session finding out."""
+    missing = "/nonexistent/mcp-server-for-readyz"
+    config = {"servers": {"ok": faulty(), "gone": {"command": missing, "mode": "per-session"}}}
+    async with bridge(config) as b, RawSse(b.url("ok")) as c:
+        await c.initialize()
+        assert text_of(await tool(c, "echo", {"text": "up"})) == "up"  # served: `ok` is ready
+        status, body = await get_json(b, "/readyz")
+        assert status == 503, body
+        assert body["servers"] == {"gone": f"command {missing!r} not found"}, body
+
+
 async def test_status_shared_and_per_session(bridge: Any) -> None:
     config = {
         "servers": {

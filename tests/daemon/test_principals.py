@@ -54,6 +54,29 @@ async def test_per_principal_mode_gives_each_principal_its_own_process(bridge: A
         assert b.named("server_retired")[-1]["principal"] == "bob"
 
 
+async def test_a_principals_process_retires_idle_timeout_after_its_last_session_not_its_first(bridge: Any) -> None:
+    """A session that comes back while its principal's process waits to retire cancels that
+    retirement: the process retires principal_idle_timeout after the session that ends last."""
+    config = two_tokens({**faulty(), "mode": "per-principal", "principal_idle_timeout": "2s"})
+    async with bridge(config) as b:
+        async with RawSse(b.url("f"), bearer(ALICE)) as a1:
+            await a1.initialize()
+            pid = await server_pid(a1)
+        first_left = loop_time()
+        await asyncio.sleep(1.0)  # back after half the idle timeout
+        async with RawSse(b.url("f"), bearer(ALICE)) as a2:
+            await a2.initialize()
+            assert await server_pid(a2) == pid
+        last_left = loop_time()
+        await b.wait_for("server_retired", where=lambda e: e["principal"] == "alice", timeout=10)
+        retired = loop_time()
+        assert retired - last_left >= 1.8, f"retired {retired - first_left:.1f}s after the first session left, {retired - last_left:.1f}s after the last"
+
+
+def loop_time() -> float:
+    return asyncio.get_running_loop().time()
+
+
 def _log(marker: str) -> str:
     return json.dumps({"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": "info", "data": marker}})
 

@@ -6,8 +6,12 @@ from faults.fault import Fault
 
 TESTS: dict[str, tuple[str, ...]] = {
     'bridge/gateway/sessions.py': ('tests/unit/test_sessions_unit.py',),
-    'bridge/gateway/gateway.py': ('tests/daemon/test_security.py::test_session_belongs_to_its_token', 'tests/daemon/test_security.py::test_max_sessions_503', 'tests/daemon/test_principals.py', 'tests/daemon/test_operators.py', 'tests/daemon/test_drain.py', 'tests/daemon/test_bounds.py'),
-    'bridge/gateway/placement.py': ('tests/daemon/test_pool.py', 'tests/daemon/test_principals.py', 'tests/daemon/test_modern.py'),
+    'bridge/gateway/gateway.py': ('tests/daemon/test_security.py::test_session_belongs_to_its_token', 'tests/daemon/test_security.py::test_max_sessions_503', 'tests/daemon/test_streamable.py::test_a_session_whose_client_holds_a_stream_open_is_never_reaped_as_idle', 'tests/daemon/test_policy.py::test_every_outcome_is_audited_once_without_arguments_or_results', 'tests/daemon/test_operations.py::test_slow_session_logged_once', 'tests/daemon/test_principals.py', 'tests/daemon/test_operators.py', 'tests/daemon/test_drain.py', 'tests/daemon/test_bounds.py'),
+    'bridge/gateway/placement.py': (
+        'tests/unit/test_placement_unit.py',
+        'tests/daemon/test_operations.py::test_readyz_names_a_per_session_server_whose_command_is_missing',
+        'tests/daemon/test_pool.py', 'tests/daemon/test_principals.py', 'tests/daemon/test_modern.py',
+    ),
     'bridge/gateway/upstream.py': ('tests/daemon/test_bounds.py', 'tests/daemon/test_era.py', 'tests/daemon/test_confine.py', 'tests/daemon/test_supervision.py'),
     'bridge/gateway/health.py': ('tests/daemon/test_principals.py', 'tests/daemon/test_operators.py'),
 }
