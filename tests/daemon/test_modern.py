@@ -107,6 +107,28 @@ def error_of(answer: Answer) -> dict[str, Any]:
 # --------------------------------------------------------------- discovery
 
 
+async def test_an_answer_names_the_server_that_gave_it_after_a_restart_too(bridge):
+    """The serverInfo a 2026-07-28 answer carries is the running process's: a server
+    restarted as a new version (an `npx` package updated, say) is named as that version."""
+    async with bridge(shared(f=faulty(FAULTY_PID_VERSION="1"))) as b:
+        url = b.url("f", "mcp")
+
+        async def version_and_pid() -> tuple[str, str]:
+            msg = request("tools/call", {"name": "pid", "arguments": {}})
+            result = (await post(url, msg, headers_for(msg))).final()["result"]
+            return result["_meta"]["io.modelcontextprotocol/serverInfo"]["version"], result["content"][0]["text"]
+
+        version, pid = await version_and_pid()
+        assert version == f"1.0.{pid}"
+        crash = request("tools/call", {"name": "crash", "arguments": {}}, rid=2)
+        await post(url, crash, headers_for(crash))
+        await b.wait_for("server_started", where=lambda e: str(e["pid"]) != pid)
+        async with asyncio.timeout(10):
+            while (again := await version_and_pid())[1] == pid:
+                pass
+        assert again[0] == f"1.0.{again[1]}" != version
+
+
 async def test_discover_from_the_legacy_servers_initialize(bridge):
     async with bridge(shared(demo=demo())) as b:
         msg = request("server/discover")

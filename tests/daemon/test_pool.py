@@ -167,6 +167,9 @@ async def test_a_warm_process_is_probed_not_initialized_and_gets_its_sessions_ow
             assert len(b.server_pids()) == 3
             assert await metric(b, "mcp_bridge_pool_sessions_total", server="f", source="warm") == 1
             assert await metric(b, "mcp_bridge_pool_processes", server="f", state="warm") == 2
+            _, status = await get_json(b, "/status")
+            warm_now = {p["pid"]: p["warm"] for p in status["servers"]["f"]["processes"]}
+            assert warm_now[pid] is False and sorted(warm_now.values()) == [False, True, True], warm_now  # taken: warm no more
         finally:
             await c.close()
 

@@ -21,6 +21,7 @@ Environment switches:
   FAULTY_NO_INIT=1         never answer initialize (init timeouts)
   FAULTY_INIT_ERROR=1      answer initialize with error -32602 (a version it refuses)
   FAULTY_SILENT_DISCOVER=1 never answer server/discover (a legacy server the era probe must wait out)
+  FAULTY_PID_VERSION=1     say `1.0.<pid>` as serverInfo.version (each process a new version)
 """
 
 from __future__ import annotations
@@ -306,7 +307,7 @@ def handle(message: JSON) -> None:
             {
                 "protocolVersion": answered,
                 "capabilities": {"tools": {}},
-                "serverInfo": {"name": "faulty", "version": "1.0.0"},
+                "serverInfo": {"name": "faulty", "version": f"1.0.{os.getpid()}" if os.environ.get("FAULTY_PID_VERSION") == "1" else "1.0.0"},
             },
         )
     elif method == "server/discover" and os.environ.get("FAULTY_SILENT_DISCOVER") == "1":

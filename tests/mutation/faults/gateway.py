@@ -12,7 +12,7 @@ TESTS: dict[str, tuple[str, ...]] = {
         'tests/daemon/test_operations.py::test_readyz_names_a_per_session_server_whose_command_is_missing',
         'tests/daemon/test_pool.py', 'tests/daemon/test_principals.py', 'tests/daemon/test_modern.py',
     ),
-    'bridge/gateway/upstream.py': ('tests/daemon/test_bounds.py', 'tests/daemon/test_era.py', 'tests/daemon/test_confine.py', 'tests/daemon/test_supervision.py'),
+    'bridge/gateway/upstream.py': ('tests/daemon/test_modern.py::test_an_answer_names_the_server_that_gave_it_after_a_restart_too', 'tests/daemon/test_bounds.py', 'tests/daemon/test_era.py', 'tests/daemon/test_confine.py', 'tests/daemon/test_supervision.py'),
     'bridge/gateway/health.py': ('tests/daemon/test_principals.py', 'tests/daemon/test_operators.py'),
 }
 
@@ -39,7 +39,7 @@ FAULTS: list[Fault] = [
     Fault('place-retiring-not-cancelled', 'bridge/gateway/placement.py', '        retiring = self._retiring.pop(session.owner, None)\n        if retiring is not None:\n            retiring.cancel()\n', ''),
     Fault('place-principal-gets-a-second-process', 'bridge/gateway/placement.py', '        if existing is not None:  # another of its sessions got one while this one waited', '        if False:  # another of its sessions got one while this one waited'),
     Fault('place-per-session-process-kept', 'bridge/gateway/placement.py', '    def released(self, session: Session, upstream: Upstream) -> None:\n        self.host.stop_later(upstream)', '    def released(self, session: Session, upstream: Upstream) -> None:\n        pass'),
-    Fault('place-principal-retired-with-sessions', 'bridge/gateway/placement.py', '        if upstream is None or upstream.mux.sessions():\n            return\n        del self.by_principal[principal]', '        if upstream is None:\n            return\n        del self.by_principal[principal]'),
+    Fault('place-principal-retired-with-sessions', 'bridge/gateway/placement.py', '        if upstream is None or upstream.mux.sessions():\n            return\n        del self.by_principal[principal]', '        if upstream is None:\n            return\n        del self.by_principal[principal]', equivalent='the retirement timer is set only when the process has no session and cancelled by at_hand, which every new session of the principal passes through first, so it never fires with a session open'),
     Fault('place-listeners-across-principals', 'bridge/gateway/placement.py', 'and method in peer.notices and peer.principal in principals:', 'and method in peer.notices:'),
     Fault('place-missing-command-ready', 'bridge/gateway/placement.py', '            return f"command {host.server.command!r} not found"', '            return None'),
     # upstream.py
