@@ -640,6 +640,21 @@ def sessions_shown(server: str) -> str:
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium (Debian package chromium)")
+async def test_status_page_assets_are_served_to_anyone_locked_down(bridge):
+    """The page and its assets hold nothing of the daemon, so no token is needed; each comes
+    with headers that let it run only its own script, never inside another site's frame,
+    never sniffed as another type, and never tell another site where it came from."""
+    async with bridge(admin_config()) as b, aiohttp.ClientSession() as http:
+        for path, kind in (("/ui", "text/html"), ("/ui/app.js", "text/javascript"), ("/ui/app.css", "text/css")):
+            async with http.get(b.base + path) as resp:
+                assert resp.status == 200 and resp.content_type == kind, path
+                csp = {d.split()[0]: d.split()[1:] for d in resp.headers["Content-Security-Policy"].split("; ")}
+                assert csp["default-src"] == ["'none'"] and csp["script-src"] == ["'self'"], csp
+                assert csp["frame-ancestors"] == csp["form-action"] == csp["base-uri"] == ["'none'"], csp
+                assert resp.headers["X-Content-Type-Options"] == "nosniff"
+                assert resp.headers["Referrer-Policy"] == "no-referrer"
+
+
 async def test_status_page_in_a_browser(bridge, tmp_path: Path):
     config = admin_config()
     config["servers"]["private"] = {"command": PY, "args": ["-m", "bridge.demo_server"]}

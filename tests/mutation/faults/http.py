@@ -8,7 +8,7 @@ TESTS = {
     'bridge/http/access.py': ('tests/daemon/test_security.py', 'tests/daemon/test_app.py'),
     'bridge/http/body.py': ('tests/daemon/test_fastpath.py',),
     'bridge/http/forward.py': ('tests/unit/test_cluster.py', 'tests/daemon/test_replicas.py'),
-    'bridge/http/errors.py': ('tests/daemon/test_fastpath.py',),
+    'bridge/http/errors.py': ('tests/daemon/test_modern.py::test_a_sessionless_request_without_the_envelope_is_a_modern_one', 'tests/daemon/test_fastpath.py'),
     'bridge/http/streams.py': ('tests/daemon/test_sse_transport.py',),
     'bridge/http/state.py': ('tests/daemon/test_security.py', 'tests/daemon/test_fastpath.py'),
     'bridge/http/reply.py': ('tests/daemon/test_streamable.py',),

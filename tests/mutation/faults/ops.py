@@ -6,7 +6,7 @@ from faults.fault import Fault
 
 TESTS: dict[str, tuple[str, ...]] = {
     'bridge/ops/admin.py': ('tests/daemon/test_operators.py',),
-    'bridge/ops/statuspage.py': ('tests/daemon/test_operators.py',),
+    'bridge/ops/statuspage.py': ('tests/daemon/test_operators.py::test_status_page_assets_are_served_to_anyone_locked_down', 'tests/daemon/test_operators.py'),
 }
 
 FAULTS: list[Fault] = [
