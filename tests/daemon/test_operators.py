@@ -569,6 +569,9 @@ async def test_ctl_every_action(bridge, tmp_path: Path):
             assert listed["principal"] == "alice" and listed["transport"] == "streamable", listed
             code, out, err = await ctl(b, admin, "sessions", "--server", "demo")
             assert code == 0 and listed["id"] in out and "alice" in out, (out, err)
+            for flag, value in (("--server", "other"), ("--principal", "bob")):  # filters the admin API applies
+                code, out, err = await ctl(b, admin, "sessions", flag, value, "--json")
+                assert code == 0 and json.loads(out)["sessions"] == [], (flag, out, err)
 
             for asked in (listed["id"], listed["id"][:12]):
                 code, out, err = await ctl(b, user, "end", asked)

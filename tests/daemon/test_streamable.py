@@ -1024,3 +1024,19 @@ async def test_a_session_whose_client_holds_a_stream_open_is_never_reaped_as_idl
             response, _ = await streaming.request("tools/call", {"name": "echo", "arguments": {"text": "still here"}})
             assert text_of(response) == "still here"
             assert (await sse.request("tools/call", sse_call("echo", {"text": "here too"})))["result"]["content"][0]["text"] == "here too"
+
+
+@pytest.mark.parametrize("path", ["fast", "aiohttp"])
+async def test_an_initialize_answered_as_a_stream_names_its_session_on_either_path(bridge: Bridge, path: str) -> None:
+    """A client that prefers the stream gets its initialize answered as one, with the new
+    session's id in that stream's head (a chunked body goes by aiohttp's path)."""
+    from test_modern import post
+    from test_operations import INIT
+
+    async with bridge({"servers": {"demo": demo()}}) as b:
+        headers = {"Accept": "text/event-stream, application/json;q=0.5", "Content-Type": "application/json"}
+        answer = await post(b.url("demo", "mcp"), INIT, headers, path)
+        assert answer.status == 200 and answer.content_type == "text/event-stream", answer.body
+        assert answer.final()["result"]["protocolVersion"] == "2025-06-18"
+        assert answer.headers.get("Mcp-Session-Id"), dict(answer.headers)
+        assert answer.headers["Cache-Control"] == "no-cache" and answer.headers["X-Accel-Buffering"] == "no"

@@ -1,0 +1,65 @@
+"""The one part of an answer that waits (bridge/http/reply.py `later`): what its step raises
+becomes the reply's error, a bug a 500 (-32603) and never a hang, and the client going
+cancels it. A reply that records what it is told stands in for both HTTP paths."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from bridge.http.errors import HttpError
+from bridge.http.reply import chunk, later
+from bridge.protocol import jsonrpc
+
+
+class _Reply:
+    def __init__(self) -> None:
+        self.errors: list[HttpError] = []
+        self.left: Callable[[], object] | None = None
+
+    def error(self, exc: HttpError) -> None:
+        self.errors.append(exc)
+
+    def watch(self, left: Callable[[], object]) -> None:
+        self.left = left
+
+
+async def test_a_bug_in_a_waiting_step_is_a_500_not_a_hang() -> None:
+    async def step() -> None:
+        raise RuntimeError("a bug")
+
+    reply = _Reply()
+    await later(reply, step(), "test")  # type: ignore[arg-type]
+    (error,) = reply.errors
+    assert (error.status, error.code) == (500, jsonrpc.INTERNAL_ERROR)
+
+
+async def test_a_refusal_in_a_waiting_step_is_the_answer() -> None:
+    async def step() -> None:
+        raise HttpError(503, "no process in time", jsonrpc.SERVER_UNAVAILABLE)
+
+    reply = _Reply()
+    await later(reply, step(), "test")  # type: ignore[arg-type]
+    assert [(e.status, e.message) for e in reply.errors] == [(503, "no process in time")]
+
+
+async def test_the_client_going_cancels_the_step() -> None:
+    started, never = asyncio.Event(), asyncio.Event()
+
+    async def step() -> None:
+        started.set()
+        await never.wait()
+
+    reply = _Reply()
+    task = later(reply, step(), "test")  # type: ignore[arg-type]
+    async with asyncio.timeout(5):
+        await started.wait()
+    assert reply.left is not None
+    reply.left()  # the client went
+    async with asyncio.timeout(5):
+        await task
+    assert task.done() and not task.cancelled() and reply.errors == []  # returned, not re-raised: no frame kept
+
+
+def test_a_chunk_names_its_size_in_hex() -> None:
+    assert chunk(b"x" * 26) == b"1a\r\n" + b"x" * 26 + b"\r\n"
