@@ -1040,3 +1040,21 @@ async def test_an_initialize_answered_as_a_stream_names_its_session_on_either_pa
         assert answer.final()["result"]["protocolVersion"] == "2025-06-18"
         assert answer.headers.get("Mcp-Session-Id"), dict(answer.headers)
         assert answer.headers["Cache-Control"] == "no-cache" and answer.headers["X-Accel-Buffering"] == "no"
+
+
+@pytest.mark.parametrize("path", ["fast", "aiohttp"])
+async def test_a_request_that_is_not_valid_json_rpc_is_refused_naming_its_id(bridge: Bridge, path: str) -> None:
+    """400 / -32600 with the request's id when it can be read, so the client can tell which
+    of its requests was refused; nothing of it reaches the server."""
+    from test_modern import post
+    from test_operations import INIT
+
+    async with bridge({"servers": {"demo": demo()}}) as b:
+        url = b.url("demo", "mcp")
+        plain = {"Accept": "application/json", "Content-Type": "application/json"}
+        opened = await post(url, INIT, plain, path)
+        session = {**plain, "Mcp-Session-Id": opened.headers["Mcp-Session-Id"], "MCP-Protocol-Version": "2025-06-18"}
+        bad = {"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": ["not", "an", "object"]}
+        refused = await post(url, bad, session, path)
+        assert refused.status == 400, refused.body
+        assert refused.json()["id"] == 7 and refused.json()["error"]["code"] == -32600, refused.body

@@ -10,7 +10,7 @@ TESTS: dict[str, tuple[str, ...]] = {
     'bridge/ctl.py': ('tests/daemon/test_operators.py::test_ctl_every_action',),
     'bridge/runtime.py': ('tests/unit/test_runtime.py',),
     'bridge/__main__.py': ('tests/daemon/test_supervision.py::test_check_bad_config_lists_every_problem',),
-    'bridge/demo_server.py': ('tests/daemon/test_sse_transport.py',),
+    'bridge/demo_server.py': ('tests/interop/test_interop_sdk.py::test_demo_server_basics',),
 }
 
 FAULTS: list[Fault] = [

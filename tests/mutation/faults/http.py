@@ -12,6 +12,8 @@ TESTS = {
     'bridge/http/streams.py': ('tests/daemon/test_streamable.py::test_an_initialize_answered_as_a_stream_names_its_session_on_either_path', 'tests/daemon/test_sse_transport.py'),
     'bridge/http/state.py': (
         'tests/daemon/test_sse_transport.py::test_unknown_server_404',
+        'tests/daemon/test_streamable.py::test_a_request_that_is_not_valid_json_rpc_is_refused_naming_its_id',
+        'tests/daemon/test_operations.py::test_refusals_at_an_mcp_endpoint_count_as_errors_sent_on_either_http_path',
         'tests/daemon/test_principals.py::test_calls_in_flight_are_capped_per_principal_across_transports',
         'tests/daemon/test_security.py', 'tests/daemon/test_fastpath.py',
     ),
