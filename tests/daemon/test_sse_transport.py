@@ -479,3 +479,40 @@ def test_bytes_the_socket_has_not_taken_count_too() -> None:
         assert session.deliver(message, None, False), n
         session.flush()
     assert not session.deliver(message, None, False)  # a fourth: over 1000 bytes behind
+
+
+async def test_a_post_names_only_an_http_sse_session(bridge: Bridge) -> None:
+    """A Streamable session's id on the HTTP+SSE messages endpoint is an unknown session."""
+    from test_modern import post
+    from test_operations import INIT
+
+    async with bridge({"servers": {"f": faulty()}}) as b:
+        opened = await post(b.url("f", "mcp"), INIT, {"Accept": "application/json", "Content-Type": "application/json"})
+        streamable_id = opened.headers["Mcp-Session-Id"]
+        async with aiohttp.ClientSession() as http:
+            url = f"{b.base}/servers/f/messages?session_id={streamable_id}"
+            async with http.post(url, json={"jsonrpc": "2.0", "id": 1, "method": "ping"}) as resp:
+                assert resp.status == 404, await resp.text()
+
+
+async def test_a_post_whose_session_ends_while_its_body_arrives_is_refused(bridge: Bridge) -> None:
+    """The fast path finds the session from the head; if it ends before the body is in (its
+    stream closed, an administrator), the POST is refused as for an unknown session, and
+    nothing of it is routed."""
+    from test_operations import raw_answer, raw_request
+
+    async with bridge({"servers": {"f": faulty()}}) as b, RawSse(b.url("f")) as c:
+        await c.initialize()
+        body = json.dumps({"jsonrpc": "2.0", "id": "late", "method": "tools/call", "params": call("echo", {"text": "x"})}).encode()
+        reader, writer = await asyncio.open_connection("127.0.0.1", b.port)
+        try:
+            request = raw_request("POST", f"/servers/f/messages?session_id={c.session_id}", body, "Content-Type: application/json")
+            writer.write(request[: len(request) - len(body) // 2])  # the head and half the body
+            await writer.drain()
+            async with aiohttp.ClientSession() as http, http.delete(f"{b.base}/admin/sessions/{c.session_id}") as resp:
+                assert resp.status == 200, await resp.text()
+            writer.write(request[len(request) - len(body) // 2 :])
+            status, _, answer = await raw_answer(reader)
+            assert status == 404 and json.loads(answer)["error"]["message"] == "unknown session", answer
+        finally:
+            writer.close()
