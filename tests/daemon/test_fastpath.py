@@ -150,6 +150,8 @@ TARGETS = st.sampled_from(
 @example(method="POST", target="/servers/demo/mcp", version="HTTP/1.1",
          fields=[("Host", ": ", "a"), ("MCP-PARAM-region", ":", " eu "), ("mcp-param-", ": ", "x"), ("X-Forwarded-For", ": ", "1"),
                  ("X-Forwarded-For", ": ", "2")], eol="\r\n")  # fmt: skip
+@example(method="POST", target="/servers/demo/messages?session_id=ab", version="HTTP/1.1",
+         fields=[("Host", ": ", "a"), ("Connection", ": ", "Close, Upgrade"), ("Upgrade", ": ", "h2c")], eol="\r\n")  # fmt: skip
 def test_what_the_fast_path_takes_aiohttp_reads_the_same(
     method: str, target: str, version: str, fields: list[tuple[str, str, str]], eol: str
 ) -> None:
