@@ -1058,3 +1058,53 @@ async def test_a_request_that_is_not_valid_json_rpc_is_refused_naming_its_id(bri
         refused = await post(url, bad, session, path)
         assert refused.status == 400, refused.body
         assert refused.json()["id"] == 7 and refused.json()["error"]["code"] == -32600, refused.body
+
+
+async def test_a_post_without_accept_is_answered_as_one_json_body(bridge: Bridge) -> None:
+    """No Accept says any form will do: the one that needs no stream (not a 406)."""
+    from test_operations import INIT, raw_answer, raw_request
+
+    async with bridge({"servers": {"demo": demo()}}) as b:
+        reader, writer = await asyncio.open_connection("127.0.0.1", b.port)
+        try:
+            writer.write(raw_request("POST", "/servers/demo/mcp", json.dumps(INIT).encode(), "Content-Type: application/json"))
+            status, headers, body = await raw_answer(reader)
+        finally:
+            writer.close()
+        assert status == 200 and headers["content-type"].startswith("application/json"), (status, body)
+        assert json.loads(body)["result"]["protocolVersion"] == "2025-06-18"
+
+
+async def test_a_session_whose_initialize_the_server_refuses_is_not_kept(bridge: Bridge) -> None:
+    """Per session, the client's own initialize reaches its server; refused there, the
+    session it would have opened is gone: its id is unknown and nothing is left open."""
+    from test_modern import post
+    from test_operations import INIT
+
+    config = {"servers": {"f": {**faulty(FAULTY_INIT_ERROR="1"), "mode": "per-session"}}}
+    async with bridge(config) as b:
+        plain = {"Accept": "application/json", "Content-Type": "application/json"}
+        refused = await post(b.url("f", "mcp"), INIT, plain)
+        assert refused.json()["error"]["code"] == -32602, refused.body
+        session_id = refused.headers.get("Mcp-Session-Id")
+        if session_id is not None:
+            ping = {"jsonrpc": "2.0", "id": 2, "method": "ping"}
+            again = await post(b.url("f", "mcp"), ping, {**plain, "Mcp-Session-Id": session_id})
+            assert again.status == 404, again.body
+        closed = await b.wait_for("session_closed")
+        assert closed["reason"] == "initialize failed"
+
+
+async def test_a_stream_under_way_outlives_the_idle_timeout(bridge: Bridge) -> None:
+    """keepalive_timeout closes idle connections; one whose answer is still streaming is busy."""
+    from test_modern import post
+    from test_operations import INIT
+
+    config = {"servers": {"demo": demo()}, "limits": {"keepalive_timeout": "1s"}}
+    async with bridge(config) as b:
+        plain = {"Accept": "application/json", "Content-Type": "application/json"}
+        opened = await post(b.url("demo", "mcp"), INIT, plain)
+        session = {**plain, "Accept": "text/event-stream", "Mcp-Session-Id": opened.headers["Mcp-Session-Id"], "MCP-Protocol-Version": "2025-06-18"}
+        slow = {"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "countdown", "arguments": {"steps": 5, "interval_ms": 500}}}
+        answer = await post(b.url("demo", "mcp"), slow, session)  # 2.5 s of stream, 0.5 s between events
+        assert answer.status == 200 and answer.final()["result"]["content"][0]["text"] == "done", answer.body
