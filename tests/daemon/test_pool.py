@@ -566,3 +566,22 @@ async def test_a_reload_that_raises_max_processes_lets_a_waiting_session_in(brid
         finally:
             await c.close()
             await a.close()
+
+
+@pytest.mark.parametrize("path", ["fast", "aiohttp"])
+async def test_a_session_refused_for_want_of_a_process_is_an_error_sent_on_either_path(bridge: Bridge, path: str) -> None:
+    """The 503 a Streamable initialize gets when no process comes within pool.wait is a
+    JSON-RPC error sent to its client: counted in mcp_bridge_errors_total whichever path
+    (a chunked body is aiohttp's) answered it."""
+    from test_operations import INIT
+
+    config = {"servers": {"f": {**PER_SESSION, "pool": {"max": 1, "wait": "0.2s"}}}}
+    async with bridge(config) as b:
+        holder = await sse_session(b, "f")
+        try:
+            answer = await post(b.url("f", "mcp"), INIT, {"Accept": "application/json", "Content-Type": "application/json"}, path)
+            assert answer.status == 503 and answer.headers["Retry-After"] == "1", answer.body
+            code = answer.json()["error"]["code"]
+            assert await metric(b, "mcp_bridge_errors_total", code=str(code), server="f") == 1
+        finally:
+            await holder.close()
