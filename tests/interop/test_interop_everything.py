@@ -357,25 +357,21 @@ async def test_twenty_sessions_default_ids_responses_and_progress(bridge):
         assert len(set.intersection(*ids)) >= 4, ids
 
 
-async def test_twenty_sessions_server_requests_reach_their_own_session(bridge):
+@pytest.mark.parametrize("roots", [None, ["file:///tmp/everything-root"]], ids=["no-roots", "roots"])
+async def test_twenty_sessions_server_requests_reach_their_own_session(bridge, roots):
     """Each of 20 concurrent sessions triggers sampling: each callback must see only its own prompt,
-    and each tool result must carry its own session's answer."""
-    # What is tested is the routing among 20 sessions, whose premise is a question within the
-    # call's attribution window (docs/explanation/sharing.md says what is outside it). On a
-    # loaded two-core machine server-everything's question has come later than the default
-    # 250 ms: then each question reaches the next session (seen in CI: 18 of 20). A call here
-    # asks soon after it is written, and the next goes when it has asked, so the wide window
-    # costs nothing while the server is prompt.
-    cfg = config()
-    cfg["servers"]["everything"]["attribution_window"] = "5s"
-    async with bridge(cfg) as b:
+    and each tool result must carry its own session's answer. server-everything also asks for
+    roots of its own accord (350 ms after `initialized`, and again whenever a session with roots
+    joins): landing in a call's window, such a request must not pass that call's question on
+    to the next session."""
+    async with bridge(config()) as b:
 
         async def body(c: Client, i: int):
             result = await c.session.call_tool("trigger-sampling-request", {"prompt": f"prompt of s{i}"})
             own = f"s{i} answers: Resource trigger-sampling-request context: prompt of s{i}"
             return _sampled_answer(result) == own, [prompt_text(p) for p in c.sampled], c
 
-        results = await gather_sessions(b.url("everything"), N_SESSIONS, body, sampling=_answer)
+        results = await gather_sessions(b.url("everything"), N_SESSIONS, body, sampling=_answer, roots=roots)
         wrong_answer = [c.name for ok, _, c in results if not ok]
         foreign = {c.name: seen for _, seen, c in results if seen != [f"Resource trigger-sampling-request context: prompt of {c.name}"]}
         assert not wrong_answer and not foreign, (

@@ -484,6 +484,38 @@ def test_a_call_that_already_asked_gets_the_next_request() -> None:
     assert [a.session for a in third] == ["b"]  # the latest asker
 
 
+@pytest.mark.parametrize("caps", [{}, {"roots": {}}], ids=["session-cannot-answer", "session-answers"])
+def test_a_roots_request_in_a_window_does_not_end_it(caps: dict[str, Any]) -> None:
+    """A server asks for roots of its own accord (after `initialized`, after a list change:
+    server-everything does both), so one that lands in a call's window is no sign the call
+    asked. Were the window to end, the held call would go, and the first call's own question
+    would reach its session (seen with 20 sessions sampling at once on a loaded machine)."""
+    mux = ready_mux("a", "b", capabilities={"a": {"sampling": {}, **caps}, "b": {"sampling": {}}}, attribution_window=0.25)
+    (first,) = to_server(mux.from_client("a", req(1, "tools/call", who="a")))
+    assert to_server(mux.from_client("b", req(1, "tools/call", who="b"))) == []
+    actions = mux.from_server(req("r1", "roots/list"))
+    if caps:
+        assert [(a.session, a.message["method"]) for a in actions if isinstance(a, ToSession)] == [("a", "roots/list")]
+    else:
+        assert [m["error"]["code"] for m in to_server(actions)] == [jsonrpc.METHOD_NOT_FOUND]
+    assert [m for m in to_server(actions) if "method" in m] == []  # b still waits
+    asked = mux.from_server(sample("s1"))
+    assert [(a.session, a.related) for a in asked if isinstance(a, ToSession)] == [("a", 1)]
+    assert [m["params"]["who"] for m in to_server(asked)] == ["b"]  # a asked: b's turn
+
+
+def test_a_question_its_session_cannot_answer_does_not_end_a_window() -> None:
+    """The server is refused it; whether it came from that call is unknown, so the call may
+    still ask what its session can answer, and the next call waits for that."""
+    mux = ready_mux("a", "b", capabilities={"a": {"sampling": {}}, "b": {"sampling": {}}}, attribution_window=0.25)
+    to_server(mux.from_client("a", req(1, "tools/call", who="a")))
+    mux.from_client("b", req(1, "tools/call", who="b"))
+    refused = to_server(mux.from_server(req("e1", "elicitation/create", message="?", requestedSchema={})))
+    assert [m.get("error", {}).get("code") for m in refused] == [jsonrpc.METHOD_NOT_FOUND]
+    asked = mux.from_server(sample("s1"))
+    assert [a.session for a in asked if isinstance(a, ToSession)] == ["a"]
+
+
 def test_without_a_window_the_most_recent_caller_is_asked() -> None:
     mux = ready_mux("a", "b", capabilities=SAMPLERS)
     mux.from_client("a", req(1, "tools/call"))

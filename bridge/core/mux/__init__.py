@@ -33,12 +33,14 @@ checks rules 1-6 and 9 together, with two principals, as a state machine.
    `attribution_window` of a call's start belongs to that call. For that to
    name one call, calls that may lead to a question take turns (`_take_turn`)
    while some session can be asked: one from a session that can be asked goes
-   alone, once no call is in its window, and holds the others until it asks,
-   finishes or has had its window; calls of sessions that cannot be asked go
-   together (a question then reaches nobody), but not beside one that may be
-   asked. Held calls take turns by principal (the one served least recently
-   goes next), so one principal's queue delays another's by one window at
-   most. A question in the window of a call whose session cannot answer it
+   alone, once no call is in its window, and holds the others until its
+   session is asked something, it finishes or has had its window (a
+   `roots/list`, which servers send of their own accord, and a question its
+   session cannot answer are no sign it asked: its window goes on); calls of
+   sessions that cannot be asked go together (a question then reaches
+   nobody), but not beside one that may be asked. Held calls take turns by
+   principal (the one served least recently goes next), so one principal's
+   queue delays another's by one window at most. A question in the window of a call whose session cannot answer it
    gets the server an error; whether the call needs it is the server's to say,
    and when a stateless session's call that did not declare the capability
    then fails (an error, or a result marked `isError`), its answer is -32021

@@ -867,12 +867,12 @@ class Mux:
             return [ToServer(jsonrpc.error(server_id, jsonrpc.METHOD_NOT_FOUND, f"no connected client can handle {method}"))]
         if peer.state is _STATELESS and call is not None and call.method not in MRTR_METHODS:
             # Only these end in input_required: a question during another is the server's error.
-            call.asked = next(self._seq)
             refusal = f"{method} during {call.method}: 2026-07-28 asks the client only during tools/call, prompts/get and resources/read"
             return [ToServer(jsonrpc.error(server_id, jsonrpc.METHOD_NOT_FOUND, refusal))]
         related = None
         if call is not None:
-            call.asked = next(self._seq)
+            if method != "roots/list":  # servers ask for roots of their own accord: no sign the call asked
+                call.asked = next(self._seq)
             related = call.client_id
         downstream_id = next(self._ids)
         params = msg.get("params")
@@ -888,7 +888,8 @@ class Mux:
     def _missing_capability(self, method: str, call: Call | None) -> None:
         """A server request its session cannot answer (the server is refused it), from `call`
         (the one attributed it), or with none attributed, from the one call in flight, if
-        only one is. Whether the call needs it is the server's to say: if a stateless
+        only one is. Its window goes on: only a question put to its session ends it (rule
+        4). Whether the call needs it is the server's to say: if a stateless
         session's call that did not declare the capability then fails, it fails with the
         2026-07-28 error that says which (see `_server_response`); a server that asks for
         several capabilities and goes on with those it gets is answered as it answers."""
@@ -900,7 +901,6 @@ class Mux:
             if len(sent) != 1:
                 return
             (call,) = sent
-        call.asked = next(self._seq)  # its window is over: it asked
         peer = self._peers[caller(call)[0]]
         if peer.state is _STATELESS and wanted not in peer.capabilities:
             self._refused.setdefault(call.upstream_id, set()).add(wanted)
