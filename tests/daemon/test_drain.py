@@ -79,7 +79,7 @@ async def test_a_call_answered_during_the_drain_reaches_an_sdk_client(bridge: An
 
         signaller = asyncio.create_task(signal_when_in_flight())
         if transport == "2026-07-28":
-            async with McpClient(b.url("demo", "mcp"), mode="2026-07-28") as client:
+            async with McpClient(b.url("demo", "mcp"), mode="2026-07-28", read_timeout_seconds=30) as client:
                 result = await client.call_tool("countdown", arguments)
         else:
             url = b.url("demo", "mcp" if transport == "streamable" else "sse")
@@ -288,7 +288,11 @@ async def test_a_server_that_ignores_its_input_ending_and_sigterm_is_stopped_wit
     async with asyncio.timeout(10):
         await ready.wait()
     started = time.monotonic()
-    code = await child.stop(1.0)
+    try:
+        async with asyncio.timeout(5):  # a stop that never escalates must fail here, not hang
+            code = await child.stop(1.0)
+    finally:
+        child.signal_group(signal.SIGKILL)  # none left, whatever happened (gone already: nothing)
     took = time.monotonic() - started
     assert code == -signal.SIGKILL, code
     assert 0.9 <= took < 1.3, f"stopped in {took:.2f}s; shutdown_timeout is 1s"

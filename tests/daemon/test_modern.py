@@ -34,6 +34,12 @@ EVERYTHING = {"command": "node", "args": [str(EVERYTHING_JS), "stdio"]}
 PATHS = ["fast", "aiohttp"]
 
 
+def sdk_client(server: str, **kwargs: Any) -> Client:
+    """The official client, every request bounded: an answer that never comes (one under
+    another id) fails the test instead of hanging it."""
+    return Client(server, read_timeout_seconds=30, **kwargs)
+
+
 def shared(**servers: dict[str, Any]) -> dict[str, Any]:
     return {"servers": {name: {"mode": "shared", **cfg} for name, cfg in servers.items()}}
 
@@ -274,6 +280,10 @@ async def test_mcp_param_headers_are_checked_for_tools_that_declare_them(bridge,
         assert answer.status == 400 and error_of(answer)["code"] == -32020
         answer = await post(url, routed, headers_for(routed, Mcp_Param_Region="us-west1"), path)
         assert answer.status == 200 and answer.json()["result"]["content"][0]["text"] == "us-west1"
+        twice = CIMultiDict(headers_for(routed, Mcp_Param_Region="us-west1"))
+        twice.add("Mcp-Param-Region", "us-west1")  # the same value twice is still two values
+        answer = await post(url, routed, twice, path)  # type: ignore[arg-type]
+        assert answer.status == 400 and error_of(answer) == {"code": -32020, "message": "header mismatch: Mcp-Param-Region appears more than once"}
         # a name that is not a string is refused as a mismatch (not a 500), once tools are known
         listed = request("tools/call", {"name": ["routed"], "arguments": {}})
         answer = await post(url, listed, headers_for(listed), path)
@@ -289,7 +299,7 @@ async def test_mcp_param_headers_are_checked_for_tools_that_declare_them(bridge,
 @pytest.mark.parametrize("mode", [MODERN, "auto"])
 async def test_sdk_client_against_the_demo_server(bridge, mode):
     async with bridge(shared(demo=demo())) as b:
-        async with Client(b.url("demo", "mcp"), mode=mode) as client:
+        async with sdk_client(b.url("demo", "mcp"), mode=mode) as client:
             assert client.session.discover_result is not None or mode == MODERN
             names = {t.name for t in (await client.list_tools()).tools}
             assert {"echo", "add", "countdown"} <= names
@@ -308,7 +318,7 @@ async def test_sdk_client_against_the_demo_server(bridge, mode):
 @pytest.mark.parametrize("mode", [MODERN, "auto"])
 async def test_sdk_client_against_server_everything(bridge, mode):
     async with bridge(shared(everything=EVERYTHING)) as b:
-        async with Client(b.url("everything", "mcp"), mode=mode) as client:
+        async with sdk_client(b.url("everything", "mcp"), mode=mode) as client:
             echoed = await client.call_tool("echo", {"message": "hello"})
             assert "hello" in echoed.content[0].text
             summed = await client.call_tool("get-sum", {"a": 2, "b": 3})
@@ -319,7 +329,7 @@ async def test_sdk_client_against_server_everything(bridge, mode):
 
 async def test_legacy_sessions_still_work_beside_modern_requests(bridge):
     async with bridge(shared(demo=demo())) as b:
-        async with Client(b.url("demo", "mcp"), mode="legacy") as legacy, Client(b.url("demo", "mcp"), mode=MODERN) as modern:
+        async with sdk_client(b.url("demo", "mcp"), mode="legacy") as legacy, sdk_client(b.url("demo", "mcp"), mode=MODERN) as modern:
             a, c = await asyncio.gather(legacy.call_tool("echo", {"text": "old"}), modern.call_tool("echo", {"text": "new"}))
             assert a.content[0].text == "old" and c.content[0].text == "new"
         async with aiohttp.ClientSession() as http, http.get(f"{b.base}/metrics") as resp:
@@ -493,7 +503,7 @@ async def answer_roots(ctx: Any) -> types.ListRootsResult:
 
 def answering_client(url: str) -> Client:
     """A 2026-07-28 client that answers sampling, elicitation and roots."""
-    return Client(
+    return sdk_client(
         url, mode=MODERN, sampling_callback=answer_sampling, elicitation_callback=answer_elicitation, list_roots_callback=answer_roots
     )
 
@@ -501,7 +511,7 @@ def answering_client(url: str) -> Client:
 @pytest.mark.parametrize("mode", [MODERN, "auto"])
 async def test_sampling_through_input_required(bridge, mode):
     async with bridge(shared(demo=demo())) as b:
-        async with Client(b.url("demo", "mcp"), mode=mode, sampling_callback=answer_sampling) as client:
+        async with sdk_client(b.url("demo", "mcp"), mode=mode, sampling_callback=answer_sampling) as client:
             result = await client.call_tool("sample", {"prompt": "what is 2+2"})
             assert result.content[0].text == "sampled: what is 2+2", result
             assert (await client.call_tool("echo", {"text": "after"})).content[0].text == "after"
@@ -790,6 +800,23 @@ async def test_a_call_whose_session_ended_before_its_answer_is_answered_as_ended
         await b.wait_for("session_too_slow", timeout=5)
 
 
+@pytest.mark.parametrize("path", PATHS)
+async def test_a_question_its_server_withdraws_at_once_is_not_asked(bridge, path):
+    """A legacy server that asks and withdraws the question in one breath (its own
+    notifications/cancelled naming it): the 2026-07-28 client is not asked it (an
+    input_required naming a question nobody waits for), and the call's answer comes."""
+    async with bridge(shared(f=faulty())) as b:
+        ask = {"jsonrpc": "2.0", "id": "w1", "method": "sampling/createMessage", "params": {"messages": [], "maxTokens": 1}}
+        withdraw = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": "w1"}}
+        arguments = {"lines": [json.dumps(ask), json.dumps(withdraw)], "ms": 300}
+        call = request("tools/call", {"name": "emit", "arguments": arguments}, rid=7, capabilities={"sampling": {}})
+        answer = await post(b.url("f", "mcp"), call, headers_for(call), path)
+        assert answer.status == 200, answer.body
+        final = answer.final()
+        assert final["id"] == 7 and final["result"]["resultType"] == "complete", final
+        assert final["result"]["content"] == [{"type": "text", "text": "ok"}]
+
+
 def fixture(**extra: Any) -> dict[str, Any]:
     """The conformance suite's fixture tools as a legacy server: its questions have string ids."""
     return {"command": PY, "args": [str(SERVERS / "conformance_fixture.py")], **extra}
@@ -874,7 +901,7 @@ async def test_a_sessionless_request_without_the_envelope_is_a_modern_one(bridge
         listing = {"jsonrpc": "2.0", "id": "s1", "method": "tools/list"}
         answer = await post(url, listing, {**plain, "Mcp-Session-Id": "no-such-session", "MCP-Protocol-Version": "2025-11-25"}, path)
         assert answer.status == 404 and answer.json()["id"] == "s1", answer.body
-        async with Client(url, mode="legacy") as legacy:
+        async with sdk_client(url, mode="legacy") as legacy:
             assert (await legacy.call_tool("echo", {"text": "old"})).content[0].text == "old"
 
 
@@ -935,7 +962,7 @@ async def test_log_messages_only_at_the_requested_level_and_progress_on_the_call
         async def on_log(params: types.LoggingMessageNotificationParams) -> None:
             heard.append(params)
 
-        async with Client(url, mode=MODERN, log_level="warning", logging_callback=on_log) as client:
+        async with sdk_client(url, mode=MODERN, log_level="warning", logging_callback=on_log) as client:
             await client.call_tool("log", {"level": "info", "message": "too quiet"})
             await client.call_tool("log", {"level": "error", "message": "loud enough"})
             assert [p.data for p in heard] == ["loud enough"]
@@ -946,7 +973,7 @@ async def test_log_messages_only_at_the_requested_level_and_progress_on_the_call
 
             done = await client.call_tool("countdown", {"steps": 3, "interval_ms": 10}, progress_callback=on_progress)
             assert done.content[0].text == "done" and steps == [1, 2, 3]
-        async with Client(url, mode=MODERN, logging_callback=on_log) as quiet:
+        async with sdk_client(url, mode=MODERN, logging_callback=on_log) as quiet:
             await quiet.call_tool("log", {"level": "emergency", "message": "unasked"})
         assert [p.data for p in heard] == ["loud enough"]  # no logLevel in _meta: no log messages
 
@@ -978,7 +1005,7 @@ async def test_listen_acknowledges_then_streams_only_what_was_asked(bridge):
 
     async with bridge(shared(demo=demo())) as b:
         url = b.url("demo", "mcp")
-        async with Client(url, mode=MODERN) as client, Client(url, mode=MODERN) as other:
+        async with sdk_client(url, mode=MODERN) as client, sdk_client(url, mode=MODERN) as other:
             async with client.listen(tools_list_changed=True, resource_subscriptions=["demo://counter"]) as sub:
                 assert sub.honored.tools_list_changed and sub.honored.resource_subscriptions == ["demo://counter"]
                 assert not sub.honored.prompts_list_changed
@@ -1003,7 +1030,7 @@ async def test_listen_stream_closed_while_updates_arrive(bridge):
                 updates.append(message)
                 updated.set()
 
-        async with Client(url, mode="legacy", message_handler=on_message) as legacy, Client(url, mode=MODERN) as bumper:
+        async with sdk_client(url, mode="legacy", message_handler=on_message) as legacy, sdk_client(url, mode=MODERN) as bumper:
             await legacy.session.subscribe_resource("demo://counter")
             for round_ in range(2):
                 async with aiohttp.ClientSession() as http, http.post(url, json=listen, headers=headers_for(listen)) as resp:
@@ -1050,7 +1077,7 @@ async def test_twenty_modern_and_twenty_legacy_clients_on_one_shared_process(bri
             async def on_progress(progress: float, total: float | None, message: str | None) -> None:
                 steps.append(progress)
 
-            async with Client(url, mode=MODERN, sampling_callback=llm) as client:
+            async with sdk_client(url, mode=MODERN, sampling_callback=llm) as client:
                 async with asyncio.timeout(30):
                     await barrier.wait()
                 echoed = await client.call_tool("echo", {"text": f"echo {name}"})
@@ -1082,7 +1109,7 @@ async def test_other_modes(bridge, mode):
     """Per-session: each modern request is a session with a process of its own, which the
     bridge initializes itself; per-principal: the principal's process."""
     async with bridge({"servers": {"demo": demo(mode=mode)}}) as b:
-        async with Client(b.url("demo", "mcp"), mode="auto", sampling_callback=answer_sampling) as client:
+        async with sdk_client(b.url("demo", "mcp"), mode="auto", sampling_callback=answer_sampling) as client:
             assert client.session.discover_result is not None
             assert (await client.call_tool("echo", {"text": mode})).content[0].text == mode
             assert (await client.call_tool("sample", {"prompt": "q"})).content[0].text == "sampled: q"
@@ -1123,7 +1150,7 @@ async def test_sdk_client_against_mcp_server_time(bridge):
     from support.sdk import TIME_SERVER
 
     async with bridge(shared(time=TIME_SERVER)) as b:
-        async with Client(b.url("time", "mcp"), mode=MODERN) as client:
+        async with sdk_client(b.url("time", "mcp"), mode=MODERN) as client:
             assert {"get_current_time", "convert_time"} <= {t.name for t in (await client.list_tools()).tools}
             now = await client.call_tool("get_current_time", {"timezone": "UTC"})
             assert json.loads(now.content[0].text)["timezone"] == "UTC"

@@ -25,6 +25,7 @@ from typing import Any
 
 import aiohttp
 import jwt
+import pytest
 import test_modern as modern
 from multidict import CIMultiDict
 from support.daemon import Bridge, demo, faulty, pid_alive, run_bridge
@@ -471,11 +472,12 @@ async def cut_off(via: Bridge, request: bytes, owner: Bridge, under_way: Any) ->
         writer.close()
 
 
-async def test_an_owner_dying_mid_answer_ends_the_clients_answer_as_broken(tmp_path: Path) -> None:
+@pytest.mark.parametrize("path", ["fast", "aiohttp"])
+async def test_an_owner_dying_mid_answer_ends_the_clients_answer_as_broken(tmp_path: Path, path: str) -> None:
     """SIGKILL the owner while a forwarded answer is under way: the client through another
     replica sees it cut short, as HTTP says an answer is broken (the connection closes before
     its end), never as a complete one. A JSON body stops short of its Content-Length; an SSE
-    stream (chunked) has no last chunk."""
+    stream (chunked) has no last chunk. On either HTTP path of the replica forwarding."""
     config = {"servers": {"f": faulty(), "demo": demo()}, "limits": {"max_message_bytes": "32MiB"}}
     big = 16 << 20  # more than the kernel's buffers between owner and client hold: the owner dies mid-write
     async with replicas(tmp_path, n=3, config=config, killed=(0, 1)) as (a, c, b):
@@ -486,7 +488,7 @@ async def test_an_owner_dying_mid_answer_ends_the_clients_answer_as_broken(tmp_p
             async with RawStreamable(owner.url(server, "mcp")) as client:
                 await client.initialize()
             fields = (f"{SESSION}: {client.session_id}", f"MCP-Protocol-Version: {client.protocol_version}", f"Accept: {accept}")
-            request = raw_post(b, json.dumps(body).encode(), *fields, server=server)
+            request = raw_post(b, json.dumps(body).encode(), *fields, server=server, chunked=path == "aiohttp")
             raw, closed = await cut_off(b, request, owner, under_way)
             status, fields_got, rest = head_of(raw)
             assert status == 200, raw[:300]
@@ -672,8 +674,12 @@ async def test_an_mrtr_retry_already_forwarded_is_never_forwarded_again(tmp_path
 HOP_BY_HOP_FIELDS = ("X-Secret: s", "Keep-Alive: timeout=5", "TE: trailers", "Proxy-Authorization: Basic eDp5", "Upgrade: h2c", "Proxy-Connection: keep-alive")
 
 
-def raw_post(b: Bridge, body: bytes, *fields: str, server: str = "demo") -> bytes:
-    head = [f"POST /servers/{server}/mcp HTTP/1.1", f"Host: 127.0.0.1:{b.port}", f"Content-Length: {len(body)}", *fields]
+def raw_post(b: Bridge, body: bytes, *fields: str, server: str = "demo", chunked: bool = False) -> bytes:
+    """A POST as bytes; `chunked` sends its body in chunks, which only aiohttp's path reads."""
+    framing = "Transfer-Encoding: chunked" if chunked else f"Content-Length: {len(body)}"
+    head = [f"POST /servers/{server}/mcp HTTP/1.1", f"Host: 127.0.0.1:{b.port}", framing, *fields]
+    if chunked:
+        body = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
     return ("\r\n".join(head) + "\r\n\r\n").encode() + body
 
 

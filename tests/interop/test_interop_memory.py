@@ -73,7 +73,7 @@ async def session(url_of: dict[str, str], transport: str) -> Any:
     """Something with `call_tool(name, arguments)`: an SDK session over HTTP+SSE or Streamable
     HTTP, or the 2026-07-28 client (each call a request of its own)."""
     if transport == "2026-07-28":
-        async with ModernClient(url_of["mcp"], mode="2026-07-28") as modern:
+        async with ModernClient(url_of["mcp"], mode="2026-07-28", read_timeout_seconds=30) as modern:
             yield modern
     else:
         async with connect(url_of["mcp" if transport == "streamable" else "sse"], streamable=transport == "streamable") as client:

@@ -5,7 +5,8 @@ for the same code to within about 0.2%, however busy the machine is; timings wou
 
 A count depends on the interpreter and the libraries on the per-call path, so the check
 runs where they are the versions the baselines were taken with (recorded beside them) and
-skips elsewhere, saying which differ. Needs valgrind (.ci/run installs it).
+skips elsewhere, saying which differ. Needs valgrind (.ci/run installs it). And
+bench/RESULTS.md is what the recorded figures render.
 """
 
 from __future__ import annotations
@@ -46,3 +47,10 @@ def test_instructions_per_call_stay_within_two_percent_of_the_baselines() -> Non
         if counts[transport] > baseline * (1 + MARGIN)
     }
     assert not over, f"instructions per call rose more than {MARGIN:.0%}: {over}; if the rise is meant, say why and update {BASELINES.name}"
+
+
+def test_results_md_is_what_the_recorded_figures_render() -> None:
+    """bench/RESULTS.md is generated (`python -m bench.figures`) from the tables the
+    benchmarks record (`--record`): edited by hand, or left behind a new figure, it fails."""
+    done = subprocess.run([PY, "-m", "bench.figures", "--check"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr

@@ -139,8 +139,8 @@ TOOLS = [
     },
     {
         "name": "emit",
-        "description": "Write each of `lines` (text) and `raw` (base64 bytes) to stdout as a line, then reply.",
-        "inputSchema": _schema(lines="array", raw="array"),
+        "description": "Write each of `lines` (text) and `raw` (base64 bytes) to stdout as a line (in one write), then reply (after `ms`, if given).",
+        "inputSchema": _schema(lines="array", raw="array", ms="integer"),
     },
 ]
 
@@ -250,7 +250,10 @@ def call_tool(request_id: Any, name: str, args: JSON) -> None:
         lines = [str(line).encode("utf-8", "surrogatepass") for line in args.get("lines") or []]
         lines += [base64.b64decode(str(item)) for item in args.get("raw") or []]
         write_raw(*lines)
-        reply(request_id, text("ok"))
+        if args.get("ms"):
+            threading.Timer(int(args["ms"]) / 1000, reply, args=(request_id, text("ok"))).start()
+        else:
+            reply(request_id, text("ok"))
     else:
         reply_error(request_id, -32602, f"Unknown tool: {name}")
 

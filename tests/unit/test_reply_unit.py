@@ -1,12 +1,19 @@
 """The one part of an answer that waits (bridge/http/reply.py `later`): what its step raises
 becomes the reply's error, a bug a 500 (-32603) and never a hang, and the client going
-cancels it. A reply that records what it is told stands in for both HTTP paths."""
+cancels it. A reply that records what it is told stands in for both HTTP paths; aiohttp's
+own reply is checked over a loopback socket for what only a socket shows."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import Any
 
+import aiohttp
+import pytest
+from aiohttp import web
+
+from bridge.http.aiohttp_reply import AiohttpReply
 from bridge.http.errors import HttpError
 from bridge.http.reply import chunk, later
 from bridge.protocol import jsonrpc
@@ -63,3 +70,35 @@ async def test_the_client_going_cancels_the_step() -> None:
 
 def test_a_chunk_names_its_size_in_hex() -> None:
     assert chunk(b"x" * 26) == b"1a\r\n" + b"x" * 26 + b"\r\n"
+
+
+async def test_an_error_once_a_stream_is_under_way_breaks_it_on_aiohttps_path(aiohttp_server: Any) -> None:
+    """Nothing can be said once a stream's head went out: an error then (a bug mid-step)
+    closes the connection, so the client reads a broken answer, never a complete one
+    that happens to lack its response."""
+    first_read = asyncio.Event()
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        reply = AiohttpReply(request)
+        reply.open_stream("sid", b"data: {}\n\n")
+
+        async def fail_once_read() -> None:
+            await first_read.wait()
+            reply.error(HttpError(500, "a bug"))
+
+        failing = asyncio.get_running_loop().create_task(fail_once_read())
+        try:
+            return await reply.send()
+        finally:
+            await failing
+
+    app = web.Application()
+    app.router.add_post("/", handler)
+    server = await aiohttp_server(app)
+    async with aiohttp.ClientSession() as http, http.post(f"http://127.0.0.1:{server.port}/") as resp:
+        assert resp.status == 200 and resp.headers["Mcp-Session-Id"] == "sid"
+        async with asyncio.timeout(10):
+            assert await resp.content.readuntil(b"\n\n") == b"data: {}\n\n"
+            first_read.set()
+            with pytest.raises(aiohttp.ClientPayloadError):
+                await resp.content.read()

@@ -30,6 +30,7 @@ TESTS = {
     ),
     'bridge/http/endpoints/base.py': ('tests/daemon/test_streamable.py',),
     'bridge/http/aiohttp_reply.py': (
+        'tests/unit/test_reply_unit.py',
         'tests/daemon/test_pool.py::test_a_session_refused_for_want_of_a_process_is_an_error_sent_on_either_path',
         'tests/daemon/test_modern.py', 'tests/daemon/test_streamable.py',
     ),
