@@ -13,6 +13,9 @@ bench/results/<timestamp>.json.
     python -m bench.run --idle 10000                 # the idle-sessions target (bench/idle.py)
     python -m bench.run --workloads c,d --targets nginx-1,nginx-3,nginx-fwd   # replicas behind nginx (bench/replicas.py)
 
+With `--record`, the table also replaces its own in bench/RESULTS.md (bench/figures.py):
+HTTP+SSE against the other bridges, or, with several transports, mcp-bridge's side by side.
+
 supergateway listens on every interface and has no host option, so when it is
 a target the whole comparison runs inside a new network namespace holding
 nothing but loopback (`unshare -n`, or `unshare -rn` when not root); if no
@@ -40,6 +43,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from bench import figures
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -712,6 +717,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", default=None, help="results file (default bench/results/<timestamp>.json)")
     p.add_argument("--idle", type=int, default=None, metavar="N", help="instead: the idle-sessions test with N sessions (see bench/idle.py)")
     p.add_argument("--quiet", action="store_true")
+    p.add_argument("--record", action="store_true", help="replace the table in bench/RESULTS.md: others (HTTP+SSE, several targets) or transports (several transports)")
     args, rest = p.parse_known_args(argv)
     args.rest = rest
     return args
@@ -721,7 +727,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     if args.idle is not None:
-        import idle  # bench/idle.py
+        from bench import idle
 
         return idle.main(["--sessions", str(args.idle), *(["--out", args.out] if args.out else []), *args.rest])
     if args.rest:
@@ -760,8 +766,8 @@ def main(argv: list[str] | None = None) -> int:
             targets.remove("supergateway")
         else:
             log(f"entering a network namespace with only loopback for this comparison: {' '.join(ns)}")
-            env = {**os.environ, NETNS_ENV: "1"}
-            os.execvpe(ns[0], [*ns, sys.executable, os.path.abspath(__file__), *argv], env)
+            env = {**os.environ, NETNS_ENV: "1", "PYTHONPATH": os.pathsep.join(filter(None, (ROOT, os.environ.get("PYTHONPATH"))))}
+            os.execvpe(ns[0], [*ns, sys.executable, "-m", "bench.run", *argv], env)
     if in_netns:
         _lo_up()
         if not only_loopback():
@@ -840,7 +846,78 @@ def main(argv: list[str] | None = None) -> int:
     with open(out, "w") as f:
         json.dump({"meta": meta, "summary": summaries, "table": table, "goals": goals, "transports": side_by_side, "rounds": rounds_text, "records": records}, f, indent=1)
     print(f"raw results: {os.path.relpath(out, os.getcwd())}")
+    if args.record:
+        if side_by_side:
+            figures.record("transports", transports_table(summaries, argv, args.runs))
+        elif transports == ["sse"] and "bridge" in targets and len(targets) > 1:
+            figures.record("others", others_table(summaries["sse"], targets, argv, args.runs))
+        else:
+            log("--record: nothing to record (several transports with mcp-bridge, or HTTP+SSE with mcp-bridge and others)")
+            return 2
     return 0
+
+
+def _cell(c: dict[str, Any] | None) -> str:
+    if c is None:
+        return "-"
+    if not c["n"]:
+        return "failed"
+    text = f"{c['rps']:,.0f} req/s, p50 {c['p50']:.3f} ms, {c['rss']:.0f} MiB"
+    if c["setup_p99"] is not None and c["setup_p99"] >= 100:
+        text += f", setup p99 {c['setup_p99'] / 1000:.1f} s"
+    return text + (f", **{c['misrouted']:,} misrouted**" if c["misrouted"] else "")
+
+
+def others_table(summary: dict[str, dict[str, dict[str, Any]]], targets: list[str], argv: list[str], runs: int) -> figures.Table:
+    versions = _versions(targets)
+    labels = [f"{LABELS[t]} {versions[t]}" if versions.get(t) else LABELS[t] for t in targets]
+    rows = []
+    for wl in (w for w in WORKLOADS if w in summary):
+        cells = summary[wl]
+        bridge = cells.get("bridge")
+        correct = [(c["rps"], t) for t, c in cells.items() if t not in ("direct", "bridge") and c["n"] and not c["misrouted"] and not c["errors"]]
+        versus = "-"
+        if correct and bridge and bridge["n"]:
+            rps, best = max(correct)
+            versus = f"{bridge['rps'] / rps:.2f}x ({LABELS[best]})"
+        rows.append([f"{wl}: {WORKLOADS[wl]['title']}", *(_cell(cells.get(t)) for t in targets), versus])
+    return figures.Table(
+        title="Against other bridges (HTTP+SSE)",
+        command=shlex.join(["python", "-m", "bench.run", *argv]),
+        about=(f"medians of {runs} fresh runs per workload and target; the other bridges installed in `bench/.others`, "
+               "run in a network namespace with only loopback; 2 cores shared by the load generator, the bridge and the server. "
+               "Misrouted: responses that reached a session they do not belong to"),  # fmt: skip
+        columns=["workload", *labels, "mcp-bridge vs best correct other"],
+        rows=rows,
+    )
+
+
+def transports_table(summaries: dict[str, dict[str, dict[str, dict[str, Any]]]], argv: list[str], runs: int) -> figures.Table:
+    rows = []
+    for wl in WORKLOADS:
+        base = summaries.get("sse", {}).get(wl, {}).get("bridge")
+        row = [f"{wl}: {WORKLOADS[wl]['title']}"]
+        for transport, summary in summaries.items():
+            c = summary.get(wl, {}).get("bridge")
+            if c is None or not c["n"]:
+                row.append("-" if c is None else "failed")
+                continue
+            text = f"{c['rps']:,.0f} req/s, {c['target_us']:.0f} µs, p50 {c['p50']:.3f} ms"
+            if transport != "sse" and base and base["n"]:
+                text += f" ({c['rps'] / base['rps']:.2f}x, {c['target_us'] / base['target_us']:.2f}x)"
+            row.append(text)
+        if len(row) > 1 and any(cell != "-" for cell in row[1:]):
+            rows.append(row)
+    return figures.Table(
+        title="The three HTTP paths",
+        command=shlex.join(["python", "-m", "bench.run", *argv]),
+        about=(f"medians of {runs} fresh daemons per transport, runs interleaved; µs: bridge and server CPU per call; "
+               "ratios to HTTP+SSE in the same run"),  # fmt: skip
+        columns=["workload", *(TRANSPORTS[t] for t in summaries)],
+        rows=rows,
+        after=("Timings on a shared two-core machine move by 10-25% from one set to the next; "
+               "the instruction counts above do not."),  # fmt: skip
+    )
 
 
 def _git_rev() -> str | None:

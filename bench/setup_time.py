@@ -19,6 +19,7 @@ when every one got a warm process).
     python -m bench.setup_time                      # 3 runs of each case, 50 sessions, warm: 4
     python -m bench.setup_time --runs 1 --sessions 20 --warm 4 --gap 1 --patterns paced
     python -m bench.setup_time --servers time --versions 2025-06-18
+    python -m bench.setup_time --runs 1 --sessions 20 --gap 1 --patterns paced --record   # and replace the table in bench/RESULTS.md
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ from typing import Any
 
 import aiohttp
 import yaml
+
+from bench import figures
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -198,6 +201,7 @@ async def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--patterns", default=None, help="comma-separated: sequential, concurrent, paced (default: the first two, and paced with --gap)")
     parser.add_argument("--servers", default=",".join(SERVERS), help=f"comma-separated, of: {', '.join(SERVERS)}")
     parser.add_argument("--versions", default=",".join(VERSIONS), help="comma-separated protocol versions the sessions ask for")
+    parser.add_argument("--record", action="store_true", help="also replace the session setup table of bench/RESULTS.md")
     args = parser.parse_args(argv)
     patterns = tuple(args.patterns.split(",")) if args.patterns else ("sequential", "concurrent") + (("paced",) if args.gap else ())
     if "paced" in patterns and not args.gap:
@@ -218,19 +222,36 @@ async def main(argv: list[str] | None = None) -> int:
                         rounded = {k: round(v, 1) for k, v in result.items()}
                         print(f"run {run + 1} {name:10} {version} {pattern:10} {mode:8} {json.dumps(rounded)}", flush=True)
     print(f"\n{args.sessions} sessions, medians of {args.runs} runs (time from initialize, or 2026-07-28's server/discover, sent to its answer)\n")
-    print("| server | version | sessions | processes | p50 | p99 | given a warm process | their p50 | their p99 |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for (name, version, pattern, mode), rows in results.items():
-        p50, p99, hits = (statistics.median(r[key] for r in rows) for key in ("p50_ms", "p99_ms", "warm_hits"))
-        warm = [r for r in rows if "warm_p99_ms" in r]
-        their = (
-            " | ".join(f"{statistics.median(r[key] for r in warm):.1f} ms" for key in ("warm_p50_ms", "warm_p99_ms"))
-            if warm
-            else "- | -"
-        )
-        what = {"sequential": "one after another", "concurrent": "all at once", "paced": f"one every {args.gap:g} s"}[pattern]
-        print(f"| {name} | {version} | {args.sessions} {what} | {mode} | {p50:.1f} ms | {p99:.1f} ms | {hits:g} of {args.sessions} | {their} |")
+    table = setup_table(results, args, argv)
+    print("| " + " | ".join(table.columns) + " |")
+    print("|" + "---|" * len(table.columns))
+    for row in table.rows:
+        print("| " + " | ".join(row) + " |")
+    if args.record:
+        figures.record("setup", table)
     return 0
+
+
+LABELS = {"everything": "server-everything", "time": "mcp-server-time"}
+
+
+def setup_table(results: dict[tuple[str, str, str, str], list[dict[str, Any]]], args: argparse.Namespace, argv: list[str] | None) -> figures.Table:
+    rows = []
+    for (name, version, pattern, mode), runs in results.items():
+        p50, p99, hits = (statistics.median(r[key] for r in runs) for key in ("p50_ms", "p99_ms", "warm_hits"))
+        warm = [r for r in runs if "warm_p99_ms" in r]
+        their = [f"{statistics.median(r[key] for r in warm):,.1f} ms" if warm else "-" for key in ("warm_p50_ms", "warm_p99_ms")]
+        what = {"sequential": "one after another", "concurrent": "all at once", "paced": f"one every {args.gap:g} s"}[pattern]
+        processes = "cold" if mode == "cold" else f"`pool.{mode}`"
+        rows.append([LABELS[name], version, f"{args.sessions} {what}", processes, f"{p50:,.1f} ms", f"{p99:,.1f} ms", f"{hits:g} of {args.sessions}", *their])
+    return figures.Table(
+        title="Session setup, cold and warm",
+        command=" ".join(["python", "-m", "bench.setup_time", *(sys.argv[1:] if argv is None else argv)]),
+        about=(f"per-session mode over Streamable HTTP, medians of {args.runs} run(s); the time from a session's `initialize` sent "
+               "to its answer, a 2026-07-28 client's first request, `server/discover`, standing for it; 2 cores shared with other work"),  # fmt: skip
+        columns=["server", "version", "sessions", "processes", "p50", "p99", "given a warm process", "their p50", "their p99"],
+        rows=rows,
+    )
 
 
 if __name__ == "__main__":
