@@ -1,0 +1,229 @@
+"""Pins: what a server offers is fingerprinted, and a change is held for approval or warned about.
+
+Rules, per server:
+1. What is pinned: each tool, prompt and resource template a list answer names, by the
+   fields a model is shown (`PINNED`), as the SHA-256 of those fields in canonical JSON
+   (keys sorted, no spaces). An item's other fields (`title`, `_meta`, icons) may change.
+2. First sight: a server the pins file does not name has each kind recorded and served
+   (trust on first use) from its first list answer, every page of it (`Seen.recorded`
+   on the last page). A kind the file has nothing of, of a server it names, is not first
+   sight: its items are new (`mcp-bridge pins lock` records every kind ahead of time).
+3. After that, an item whose fingerprint is pinned is served. A new item, or one whose
+   fingerprint differs, is pending: withheld under `hold`, served under `warn`, reported
+   once per fingerprint (`Seen.changes`). A pending item seen again unchanged is not
+   reported again; one that changes again is.
+4. Approval pins what is pending (all, or by name); rejection keeps it withheld and stops
+   its fingerprint being reported. An item that is no longer offered is just gone: its pin
+   stays, so that its return unchanged is served.
+5. Under `off` nothing is pinned or withheld.
+
+Sans-IO: `ServerPins` is the table of one server, `Pins` of all, each as JSON
+(`to_json`, `from_json`) for the pins file the daemon reads and writes.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+
+class Mode(enum.Enum):
+    OFF = "off"
+    WARN = "warn"
+    HOLD = "hold"
+
+
+class Kind(enum.Enum):
+    """What is pinned, named as in a list answer's key, with the field that names each item."""
+
+    TOOL = "tools"
+    PROMPT = "prompts"
+    TEMPLATE = "resourceTemplates"
+
+
+# Rule 1: the fields of each kind that are pinned, and the field that names an item.
+PINNED: Mapping[Kind, tuple[str, ...]] = {
+    Kind.TOOL: ("name", "description", "inputSchema", "outputSchema", "annotations"),
+    Kind.PROMPT: ("name", "description", "arguments"),
+    Kind.TEMPLATE: ("uriTemplate", "name", "description"),
+}
+NAMED_BY: Mapping[Kind, str] = {Kind.TOOL: "name", Kind.PROMPT: "name", Kind.TEMPLATE: "uriTemplate"}
+# The list method whose answer offers each kind.
+LISTED_BY: Mapping[str, Kind] = {"tools/list": Kind.TOOL, "prompts/list": Kind.PROMPT, "resources/templates/list": Kind.TEMPLATE}
+
+_canonical = msgspec.json.Encoder(order="sorted")
+
+
+class PinsError(ValueError):
+    """A pins file that cannot be read as pins: the message names the key."""
+
+
+def pinned_fields(kind: Kind, item: Mapping[str, Any]) -> dict[str, Any]:
+    return {f: item[f] for f in PINNED[kind] if f in item}
+
+
+def fingerprint(fields: Mapping[str, Any]) -> str:
+    return hashlib.sha256(_canonical.encode(fields)).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class Pin:
+    fingerprint: str
+    fields: dict[str, Any]  # what was pinned, so that a change can be shown field by field
+    first_seen: str  # ISO 8601, UTC
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """An item offered that is not what is pinned (rule 3): new (`old` None) or changed."""
+
+    kind: Kind
+    name: str
+    changed: tuple[str, ...]  # the pinned fields that differ (all of them, for a new item)
+    old: str | None  # fingerprints
+    new: str
+
+
+@dataclass(frozen=True, slots=True)
+class Seen:
+    """What a list answer's items come to."""
+
+    withheld: frozenset[str]  # names to leave out of the list and answer as unknown
+    changes: tuple[Change, ...]  # to report: new since last reported
+    recorded: bool = False  # first sight (rule 2)
+
+
+@dataclass(slots=True)
+class Pending:
+    fingerprint: str
+    fields: dict[str, Any]
+    rejected: bool = False
+
+
+@dataclass(slots=True)
+class ServerPins:
+    """One server's pins: what is pinned, and what is pending approval, by kind and name."""
+
+    pinned: dict[Kind, dict[str, Pin]] = field(default_factory=dict)
+    pending: dict[Kind, dict[str, Pending]] = field(default_factory=dict)
+    fresh: bool = True  # not named by the pins file: first sight records (rule 2)
+    recorded: set[Kind] = field(default_factory=set)  # kinds whose first list has been seen whole
+
+    def see(self, kind: Kind, items: Iterable[Mapping[str, Any]], mode: Mode, now: str, last_page: bool = True) -> Seen:
+        """Rules 2, 3 and 5 for the items of one list answer, or of one page of it
+        (`last_page`: the answer had no `nextCursor`)."""
+        if mode is Mode.OFF:
+            return Seen(frozenset(), ())
+        named_by = NAMED_BY[kind]
+        offered = [(item[named_by], pinned_fields(kind, item)) for item in items if isinstance(item.get(named_by), str)]
+        if self.fresh and kind not in self.recorded:
+            table = self.pinned.setdefault(kind, {})
+            for name, fields in offered:
+                table[name] = Pin(fingerprint(fields), fields, now)
+            if last_page:
+                self.recorded.add(kind)
+            return Seen(frozenset(), (), recorded=last_page)
+        pinned, pending = self.pinned.setdefault(kind, {}), self.pending.setdefault(kind, {})
+        withheld: set[str] = set()
+        changes: list[Change] = []
+        for name, fields in offered:
+            new = fingerprint(fields)
+            pin = pinned.get(name)
+            if pin is not None and pin.fingerprint == new:
+                pending.pop(name, None)  # changed back: nothing to approve
+                continue
+            waiting = pending.get(name)
+            if waiting is None or waiting.fingerprint != new:
+                pending[name] = waiting = Pending(new, fields)
+                old_fields = pin.fields if pin is not None else {}
+                changed = tuple(f for f in PINNED[kind] if old_fields.get(f) != fields.get(f))
+                changes.append(Change(kind, name, changed, pin.fingerprint if pin is not None else None, new))
+            if mode is Mode.HOLD or waiting.rejected:
+                withheld.add(name)
+        return Seen(frozenset(withheld), tuple(changes))
+
+    def withheld(self, mode: Mode) -> dict[Kind, frozenset[str]]:
+        """What rule 3 withholds now, by kind (rejected items under `warn` too)."""
+        if mode is Mode.OFF:
+            return {}
+        return {kind: frozenset(n for n, p in waiting.items() if mode is Mode.HOLD or p.rejected) for kind, waiting in self.pending.items() if waiting}
+
+    def approve(self, now: str, names: Iterable[str] | None = None) -> list[tuple[Kind, str]]:
+        """Rule 4: pin what is pending (the items named, of any kind; all without names)."""
+        wanted = None if names is None else set(names)
+        approved = []
+        for kind, waiting in self.pending.items():
+            for name in [n for n in waiting if wanted is None or n in wanted]:
+                p = waiting.pop(name)
+                self.pinned.setdefault(kind, {})[name] = Pin(p.fingerprint, p.fields, now)
+                approved.append((kind, name))
+        return approved
+
+    def reject(self, names: Iterable[str] | None = None) -> list[tuple[Kind, str]]:
+        """Rule 4: keep what is pending withheld, and its fingerprint unreported."""
+        wanted = None if names is None else set(names)
+        rejected = []
+        for kind, waiting in self.pending.items():
+            for name, p in waiting.items():
+                if (wanted is None or name in wanted) and not p.rejected:
+                    p.rejected = True
+                    rejected.append((kind, name))
+        return rejected
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for kind, pins in self.pinned.items():
+            if pins:
+                out.setdefault(kind.value, {}).update(
+                    {name: {"fingerprint": p.fingerprint, "first_seen": p.first_seen, "fields": p.fields} for name, p in sorted(pins.items())}
+                )
+        rejected = {kind.value: sorted(f"{n} {p.fingerprint}" for n, p in waiting.items() if p.rejected) for kind, waiting in self.pending.items()}
+        if any(rejected.values()):
+            out["rejected"] = {k: v for k, v in rejected.items() if v}
+        return out
+
+
+class _PinFile(msgspec.Struct, forbid_unknown_fields=True):
+    fingerprint: str
+    first_seen: str
+    fields: dict[str, Any]
+
+
+def from_json(data: Mapping[str, Any]) -> dict[str, ServerPins]:
+    """The pins file's `servers` map, checked: a PinsError names the key that is wrong."""
+    servers: dict[str, ServerPins] = {}
+    kinds = {k.value: k for k in Kind}
+    for server, tables in data.items():
+        if not isinstance(tables, dict):
+            raise PinsError(f"servers.{server}: expected an object")
+        pins = servers[server] = ServerPins(fresh=False)
+        for key, table in tables.items():
+            where = f"servers.{server}.{key}"
+            if not isinstance(table, dict):
+                raise PinsError(f"{where}: expected an object")
+            if key == "rejected":
+                for kind_name, entries in table.items():
+                    if kind_name not in kinds or not isinstance(entries, list) or not all(isinstance(e, str) and " " in e for e in entries):
+                        raise PinsError(f"{where}.{kind_name}: expected one of {sorted(kinds)} holding 'NAME FINGERPRINT' strings")
+                    waiting = pins.pending.setdefault(kinds[kind_name], {})
+                    for entry in entries:
+                        name, _, fp = entry.rpartition(" ")
+                        waiting[name] = Pending(fp, {}, rejected=True)
+                continue
+            if key not in kinds:
+                raise PinsError(f"{where}: unknown kind (expected one of {sorted(kinds)} or rejected)")
+            kind = kinds[key]
+            for name, pin in table.items():
+                try:
+                    got = msgspec.convert(pin, _PinFile)
+                except msgspec.ValidationError as exc:
+                    raise PinsError(f"{where}.{name}: {exc}") from None
+                if fingerprint(got.fields) != got.fingerprint:
+                    raise PinsError(f"{where}.{name}: fingerprint does not match fields")
+                pins.pinned.setdefault(kind, {})[name] = Pin(got.fingerprint, got.fields, got.first_seen)
+    return servers
