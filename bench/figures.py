@@ -81,6 +81,12 @@ def load(name: str) -> Table | None:
         return Table(**json.load(f))
 
 
+def markdown(table: Table) -> list[str]:
+    """The lines of `table` as a Markdown table."""
+    head = ["| " + " | ".join(table.columns) + " |", "|" + "---|" * len(table.columns)]
+    return head + ["| " + " | ".join(row) + " |" for row in table.rows]
+
+
 def render() -> str:
     parts = [HEAD]
     for name in ORDER:
@@ -89,10 +95,7 @@ def render() -> str:
             continue
         when = f", at `{table.commit}`" if table.commit else ""
         when += f" on {table.date}" if table.date else ""
-        lines = [f"## {table.title}", "", f"`{table.command}` ({table.about}){when}:", ""]
-        lines.append("| " + " | ".join(table.columns) + " |")
-        lines.append("|" + "---|" * len(table.columns))
-        lines += ["| " + " | ".join(row) + " |" for row in table.rows]
+        lines = [f"## {table.title}", "", f"`{table.command}` ({table.about}){when}:", "", *markdown(table)]
         if table.after:
             lines += ["", table.after]
         parts.append("\n".join(lines) + "\n")

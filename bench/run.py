@@ -840,7 +840,7 @@ def main(argv: list[str] | None = None) -> int:
         "loadavg_at_start": Path("/proc/loadavg").read_text().split()[:3],
         "python": sys.version.split()[0],
         "server_cmd": SERVER_CMD,
-        "git_rev": _git_rev(),
+        "git_rev": figures.commit(),
         "versions": _versions(targets),
     }
     with open(out, "w") as f:
@@ -918,14 +918,6 @@ def transports_table(summaries: dict[str, dict[str, dict[str, dict[str, Any]]]],
         after=("Timings on a shared two-core machine move by 10-25% from one set to the next; "
                "the instruction counts above do not."),  # fmt: skip
     )
-
-
-def _git_rev() -> str | None:
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        out = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5)
-        dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--", "bridge"], capture_output=True, text=True, timeout=5)
-        return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
-    return None
 
 
 def _versions(targets: list[str]) -> dict[str, str | None]:

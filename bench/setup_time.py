@@ -223,10 +223,7 @@ async def main(argv: list[str] | None = None) -> int:
                         print(f"run {run + 1} {name:10} {version} {pattern:10} {mode:8} {json.dumps(rounded)}", flush=True)
     print(f"\n{args.sessions} sessions, medians of {args.runs} runs (time from initialize, or 2026-07-28's server/discover, sent to its answer)\n")
     table = setup_table(results, args, argv)
-    print("| " + " | ".join(table.columns) + " |")
-    print("|" + "---|" * len(table.columns))
-    for row in table.rows:
-        print("| " + " | ".join(row) + " |")
+    print("\n".join(figures.markdown(table)))
     if args.record:
         figures.record("setup", table)
     return 0
