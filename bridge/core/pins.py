@@ -179,9 +179,7 @@ class ServerPins:
         out: dict[str, Any] = {}
         for kind, pins in self.pinned.items():
             if pins:
-                out.setdefault(kind.value, {}).update(
-                    {name: {"fingerprint": p.fingerprint, "first_seen": p.first_seen, "fields": p.fields} for name, p in sorted(pins.items())}
-                )
+                out[kind.value] = {name: {"fingerprint": p.fingerprint, "first_seen": p.first_seen, "fields": p.fields} for name, p in sorted(pins.items())}
         rejected = {kind.value: sorted(f"{n} {p.fingerprint}" for n, p in waiting.items() if p.rejected) for kind, waiting in self.pending.items()}
         if any(rejected.values()):
             out["rejected"] = {k: v for k, v in rejected.items() if v}
