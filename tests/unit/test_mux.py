@@ -465,6 +465,36 @@ def test_calls_of_sessions_that_cannot_be_asked_go_together_but_never_beside_one
     assert len(to_server(mux.from_client("p", req(2, "tools/call")))) == 0  # a's window now
 
 
+def test_a_call_sent_while_nobody_could_be_asked_holds_back_one_that_may_be() -> None:
+    """Found by the state machine: p's call went at once, as no session could be asked; a
+    session that can be asked then joins and calls within p's window. Its call waits for
+    p's window to end, else its question, coming while both are in their windows, would be
+    taken for p's (the older) and reach nobody."""
+    clock = Clock()
+    mux = ready_mux("p", attribution_window=0.25, clock=clock)
+    assert len(to_server(mux.from_client("p", req(1, "tools/call", who="p")))) == 1
+    mux.open_session("a")
+    mux.from_client("a", req(0, "initialize", protocolVersion="2025-06-18", capabilities={"sampling": {}}, clientInfo={}))
+    assert to_server(mux.from_client("a", req(1, "tools/call", who="a"))) == []
+    clock.now += 0.25
+    (released,) = to_server(mux.timer())
+    assert released["params"]["who"] == "a"
+    asked = [x for x in mux.from_server(sample("s1")) if isinstance(x, ToSession)]
+    assert [(x.session, x.related) for x in asked] == [("a", 1)]
+
+
+def test_calls_of_sessions_that_cannot_be_asked_are_not_remembered_past_their_windows() -> None:
+    """Every table has a bound: while a session that may be asked is idle, the calls of
+    the others are remembered only while in their windows."""
+    clock = Clock()
+    mux = ready_mux("a", "p", capabilities={"a": {"sampling": {}}}, attribution_window=0.25, clock=clock)
+    for n in range(1, 101):
+        (call,) = to_server(mux.from_client("p", req(n, "tools/call")))
+        mux.from_server(jsonrpc.result(call["id"], {}))
+        clock.now += 0.3
+    assert len(mux._blind) <= 1
+
+
 def test_without_a_session_that_may_be_asked_no_call_waits() -> None:
     mux = ready_mux("p", "q", attribution_window=0.25)
     assert len(to_server(mux.from_client("p", req(1, "tools/call")))) == 1

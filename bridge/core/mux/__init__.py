@@ -40,12 +40,13 @@ checks rules 1-6 and 9 together, with two principals, as a state machine.
    sessions that cannot be asked go together (a question then reaches
    nobody), but not beside one that may be asked. Held calls take turns by
    principal (the one served least recently goes next), so one principal's
-   queue delays another's by one window at most. A question in the window of a call whose session cannot answer it
-   gets the server an error; whether the call needs it is the server's to say,
-   and when a stateless session's call that did not declare the capability
-   then fails (an error, or a result marked `isError`), its answer is -32021
-   naming the capabilities asked for (a server that asks for several and goes
-   on with those it gets is answered as it answers).
+   queue delays another's by one window at most. A question in the window of
+   a call whose session cannot answer it gets the server an error; whether
+   the call needs it is the server's to say, and when a stateless session's
+   call that did not declare the capability then fails (an error, or a result
+   marked `isError`), its answer is -32021 naming the capabilities asked for
+   (a server that asks for several and goes on with those it gets is answered
+   as it answers).
    After the windows, a further question goes to the call that asked last;
    while only calls of sessions that cannot answer are in flight, to nobody.
    A request about no call in flight goes to a session only when every

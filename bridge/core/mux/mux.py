@@ -368,22 +368,32 @@ class Mux:
 
     def _send_blind(self, call: Call, msg: Message) -> list[Action]:
         self._held.served(call.principal)
+        self._prune_blind(self._clock())  # bounded by the calls of one window, however long no holder comes
         self._blind.append(call)
         return self._send_call(call, msg)
 
-    def _blind_left(self) -> float:
-        """Seconds until no call of a session that cannot be asked is in its window."""
-        blind = self._blind
-        calls, window, now = self._calls, self.attribution_window, self._clock()
+    def _prune_blind(self, now: float) -> None:
+        """Forget, from the oldest, calls of sessions that cannot be asked whose window is over."""
+        blind, calls, window = self._blind, self._calls, self.attribution_window
         while blind and ((c := blind[0]).asked or c.upstream_id not in calls or (c.sent and c.sent_at + window <= now)):
             blind.popleft()
+
+    def _blind_left(self) -> float:
+        """Seconds until no call of a session that cannot be asked is in its window."""
+        now = self._clock()
+        self._prune_blind(now)
+        calls, window = self._calls, self.attribution_window
         left = 0.0
-        for c in blind:
+        for c in self._blind:
             if not c.asked and c.upstream_id in calls:
                 left = max(left, c.sent_at + window - now if c.sent else window)
         return left
 
     def _can_answer(self, peer: Peer, able: bool) -> None:
+        if able and not peer.can_answer and not self._askable and self.attribution_window:
+            # Calls went at once while no session could be asked: they are now calls of
+            # sessions that cannot be, and one that may be asked waits for their windows.
+            self._blind.extend(c for c in self._calls.values() if c.session is not None and not c.asked and c.method not in _INERT)
         self._askable += able - peer.can_answer
         peer.can_answer = able
 
