@@ -14,9 +14,12 @@ from bridge.access import policy
 from bridge.access.guard import WELL_KNOWN, Guard
 from bridge.access.oauth import OAuthVerifier
 from bridge.config.schema import NEEDS_RESTART, Config
+from bridge.core import pins
 from bridge.core.cluster import Cluster
+from bridge.core.pins import PinsError
 from bridge.gateway import health
 from bridge.gateway.gateway import DRAIN_QUIET_S, Gateway
+from bridge.gateway.pinsfile import PinsFile
 from bridge.http import access, errors, forward, state
 from bridge.http.endpoints import sse_2024, streamable_2025
 from bridge.http.endpoints.post import POSTS, Posts, post_mcp
@@ -33,6 +36,7 @@ def create_app(config: Config) -> web.Application:
     metrics = Metrics(gateways.values)
     oauth = OAuthVerifier(config.security.oauth) if config.security.oauth is not None else None
     live = Live(config, Guard(config, oauth), oauth=oauth, processes=Slots(config.limits.max_processes))
+    live.pins = PinsFile.open(config.pins.path) if config.pins is not None else None  # checked by the config's load
     metrics.oauth = lambda: live.oauth
     # Bodies are read, limited (limits.max_message_bytes, reloadable) and decompressed by the
     # transports (body.read_message), never by aiohttp.
@@ -51,6 +55,7 @@ def create_app(config: Config) -> web.Application:
             name, server, config.limits, metrics.server(name), config.sse.keepalive, live.in_flight, live.processes
         )
         _apply_policy(gateways[name], config, limiter)
+        gateways[name].set_pins(live.pins)
         _mint_cluster_ids(app, gateways[name])
     app.router.add_get(state.SSE_ROUTE, sse_2024.stream, allow_head=False)  # a HEAD must not open a session
     app.router.add_post(state.MESSAGES_ROUTE, sse_2024.post_message, expect_handler=access.expect_continue)
@@ -170,6 +175,8 @@ async def apply_config(app: web.Application, new: Config) -> None:
     removed = [name for name in old.servers if name not in new.servers]
     changed = [name for name in new.servers if name in old.servers and new.servers[name] != old.servers[name]]
     added = [name for name in new.servers if name not in old.servers]
+    withheld = {name: dict(g.pins.withheld) for name, g in gateways.items() if g.pins is not None and name not in changed}
+    live.pins = _reload_pins(live.pins, new, old)
     stopping = [gateways.pop(name) for name in removed + changed]
     for gateway in stopping:
         metrics.retired[gateway.name] = gateway.metrics
@@ -180,6 +187,7 @@ async def apply_config(app: web.Application, new: Config) -> None:
             name, new.servers[name], new.limits, metrics.server(name), new.sse.keepalive, live.in_flight, live.processes
         )
         _mint_cluster_ids(app, gateways[name])
+        gateways[name].set_pins(live.pins)
         await gateways[name].start()
     live.processes.changed()  # a higher cap may let waiting sessions in
     limiter = policy.RateLimiter.of(new, live.in_flight, metrics.rate_limited)
@@ -188,6 +196,9 @@ async def apply_config(app: web.Application, new: Config) -> None:
         if name not in changed and name not in added:
             gateway.update_limits(new.limits)
             gateway.keepalive = new.sse.keepalive
+            gateway.set_pins(live.pins)
+            if gateway.pins is not None and (before := withheld.get(name)) is not None and before != gateway.pins.withheld:
+                gateway.announce(pins.kinds_changed(before, gateway.pins.withheld))  # an approval made in the file
     oauth = live.oauth
     if new.security.oauth != old.security.oauth:
         oauth = OAuthVerifier(new.security.oauth) if new.security.oauth is not None else None
@@ -197,6 +208,21 @@ async def apply_config(app: web.Application, new: Config) -> None:
             await live.oauth.close()
     live.config, live.guard, live.oauth = new, Guard(new, oauth, live.port), oauth
     log.info("config_reloaded", added=added, removed=removed, restarted=changed, unchanged=len(gateways) - len(added) - len(changed))
+
+
+def _reload_pins(current: PinsFile | None, new: Config, old: Config) -> PinsFile | None:
+    """The pins file after a reload: the same one read again (what it holds now replaces what
+    was held; what is pending stays pending), another one, or none."""
+    if new.pins is None:
+        return None
+    try:
+        if current is not None and old.pins == new.pins:
+            current.reload()
+            return current
+        return PinsFile.open(new.pins.path)
+    except PinsError as exc:  # changed since the config's load read it
+        logs.get().error("pins_not_reloaded", error=str(exc))
+        return current
 
 
 def _apply_policy(gateway: Gateway, config: Config, limiter: policy.RateLimiter) -> None:

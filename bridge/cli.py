@@ -25,6 +25,8 @@ from bridge.app import apply_config, create_app, drain, listening
 from bridge.config import mcpservers
 from bridge.config.load import build, cluster_problems, listen_problems, load
 from bridge.config.schema import Config, ConfigError, Mode
+from bridge.core.pins import PinsError
+from bridge.gateway import pinsfile
 from bridge.http import fastpath
 from bridge.http.endpoints.post import POSTS
 from bridge.http.state import GATEWAYS, LIVE
@@ -84,6 +86,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["config"]:
         return convert_main(argv[1:])
+    if argv[:1] == ["pins"]:
+        return pins_main(argv[1:])
     if argv[:1] == ["ctl"]:
         from bridge import ctl  # the client side: none of it is loaded by the daemon
 
@@ -143,6 +147,11 @@ def _load(args: argparse.Namespace, notes: list[str] | None = None) -> Config:
             config = msgspec.structs.replace(config, cluster=msgspec.structs.replace(config.cluster, advertise=args.advertise))
     problems += cluster_problems(config)
     problems += confine.host_problems(config)
+    if config.pins is not None:
+        try:
+            pinsfile.read(config.pins.path)
+        except PinsError as exc:
+            problems.append(f"pins.path: {config.pins.path}: {exc}")
     if problems:
         raise ConfigError(source, problems)
     return config
@@ -266,6 +275,45 @@ def host_addresses(family: socket.AddressFamily | None = None) -> list[str]:
             pass
     usable = [a for a in dict.fromkeys(found) if not (ip := ipaddress.ip_address(a)).is_loopback and not ip.is_link_local]
     return [f"[{a}]" if ":" in a else a for a in usable]
+
+
+def pins_main(argv: Sequence[str]) -> int:
+    """`mcp-bridge pins lock --config F`: record what the pinned servers offer now in the pins
+    file (pins.path, or --output), ahead of any client."""
+    parser = argparse.ArgumentParser(prog="mcp-bridge pins")
+    sub = parser.add_subparsers(dest="action", required=True)
+    lock_args = sub.add_parser("lock", help="start each pinned server, and write what it offers to the pins file")
+    lock_args.add_argument("--config", required=True, metavar="F")
+    lock_args.add_argument("--output", metavar="PATH", help="the file to write (default: the config's pins.path)")
+    lock_args.add_argument("--server", action="append", metavar="NAME", help="only this server (repeatable; default: every pinned one)")
+    lock_args.add_argument("--timeout", type=float, default=30.0, metavar="S", help="how long each answer may take (default 30)")
+    args = parser.parse_args(argv)
+    from bridge.ops import lock  # only this command needs it
+
+    try:
+        config = load(args.config)
+    except ConfigError as exc:
+        _print_problems(exc)
+        return EXIT_USAGE
+    path = args.output or (config.pins.path if config.pins is not None else None)
+    if path is None:
+        print(f"{args.config}: no pins.path, and no --output", file=sys.stderr)
+        return EXIT_USAGE
+    names = args.server or [name for name, server in config.servers.items() if server.pin != "off"]
+    unknown = [name for name in names if name not in config.servers]
+    if unknown or not names:
+        print(f"{args.config}: " + (f"no server named {unknown[0]!r}" if unknown else "no server pins (servers.NAME.pin)"), file=sys.stderr)
+        return EXIT_USAGE
+    logs.setup("console", "warning")
+    try:
+        counts = asyncio.run(lock.lock(config, path, names, args.timeout))
+    except (lock.LockError, PinsError, pinsfile.ReadOnly) as exc:
+        print(f"{path}: {exc}" if isinstance(exc, PinsError) else str(exc), file=sys.stderr)
+        return EXIT_ERROR
+    for name, kinds in counts.items():
+        print(f"{name}: " + ", ".join(f"{n} {kind}" for kind, n in kinds.items()))
+    print(f"wrote {path}")
+    return EXIT_OK
 
 
 def convert_main(argv: Sequence[str]) -> int:

@@ -35,6 +35,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     sub.add_parser("end", parents=[json_flag], help="end a session").add_argument("session", help="its id, or a prefix only it starts with")
     sub.add_parser("restart", parents=[json_flag], help="restart a server's processes gracefully").add_argument("server")
     sub.add_parser("reload", parents=[json_flag], help="reload the config, as SIGHUP does")
+    pins = sub.add_parser("pins", parents=[json_flag], help="what pinned servers offer that waits for approval (servers.NAME.pin)")
+    pins.add_argument("verb", nargs="?", choices=("list", "diff", "approve", "reject"), default="list",
+                      help="list: pending items; diff: each with the diff of its fields; approve, reject: SERVER's, all or NAME...")
+    pins.add_argument("server", nargs="?", help="a pinned server (diff: only its items)")
+    pins.add_argument("names", nargs="*", help="approve or reject only these items (tools, prompts or templates)")
     return parser.parse_args(argv)
 
 
@@ -45,16 +50,20 @@ def main(argv: Sequence[str]) -> int:
     except OSError as exc:
         print(f"--token-file: cannot read {args.token_file}: {exc.strerror}", file=sys.stderr)
         return EXIT_USAGE
+    if args.action == "pins" and args.verb in ("approve", "reject") and args.server is None:
+        print(f"ctl pins {args.verb}: name the server", file=sys.stderr)
+        return EXIT_USAGE
     method, path = _request(args)
+    payload = {"names": args.names} if args.action == "pins" and args.names else None
     try:
-        status, body = call(args.url, method, path, token)
+        status, body = call(args.url, method, path, token, payload)
     except (urllib.error.URLError, OSError, ValueError) as exc:
         print(f"cannot reach {args.url}: {getattr(exc, 'reason', exc)}", file=sys.stderr)
         return EXIT_USAGE
     if args.json:
         print(json.dumps(body, indent=2))
     elif status < 400:
-        print(render(args.action, body))
+        print(render("pins " + args.verb if args.action == "pins" else args.action, body, getattr(args, "server", None)))
     if status >= 400:
         print(f"{method} {path}: {status} {_reason(body)}", file=sys.stderr)
         return EXIT_REFUSED
@@ -80,13 +89,20 @@ def _request(args: argparse.Namespace) -> tuple[str, str]:
             return "DELETE", f"/admin/sessions/{quote(args.session, safe='')}"
         case "restart":
             return "POST", f"/admin/servers/{quote(args.server, safe='')}/restart"
+        case "pins" if args.verb in ("approve", "reject"):
+            return "POST", f"/admin/pins/{quote(args.server, safe='')}/{args.verb}"
+        case "pins":
+            return "GET", "/admin/pins"
         case _:
             return "POST", "/admin/reload"
 
 
-def call(url: str, method: str, path: str, token: str | None) -> tuple[int, Any]:
-    """The status and JSON body of one admin API request."""
-    request = urllib.request.Request(url.rstrip("/") + path, method=method)
+def call(url: str, method: str, path: str, token: str | None, payload: Any = None) -> tuple[int, Any]:
+    """The status and JSON body of one admin API request (with `payload` as its JSON body)."""
+    data = json.dumps(payload).encode() if payload is not None else None
+    request = urllib.request.Request(url.rstrip("/") + path, data=data, method=method)
+    if data is not None:
+        request.add_header("Content-Type", "application/json")
     if token:
         request.add_header("Authorization", f"Bearer {token}")
     try:
@@ -110,7 +126,7 @@ def _reason(body: Any) -> str:
     return ""
 
 
-def render(action: str, body: dict[str, Any]) -> str:
+def render(action: str, body: dict[str, Any], server: str | None = None) -> str:
     match action:
         case "servers":
             rows = [
@@ -130,6 +146,24 @@ def render(action: str, body: dict[str, Any]) -> str:
             return f"ended session {body['ended']} of {body['server']} ({body['calls_failed']} calls in flight failed)"
         case "restart":
             return f"restarted {body['restarted']} ({body['processes']} processes)"
+        case "pins list":
+            rows = [
+                [name, s["mode"], p["kind"], p["name"], p["status"], ",".join(p["changed"]) if p["old"] else "new"]
+                for name, s in body["servers"].items()
+                for p in s["pending"]
+            ]
+            return table(["SERVER", "MODE", "KIND", "NAME", "STATUS", "CHANGED"], rows) if rows else "nothing waits for approval"
+        case "pins diff":
+            found = [
+                f"{name} {p['kind']} {p['name']} ({p['status']}):\n{p['diff'] or '(rejected when the daemon started: no fields kept)'}"
+                for name, s in body["servers"].items() if server is None or name == server
+                for p in s["pending"]
+            ]  # fmt: skip
+            return "\n".join(found) if found else "nothing waits for approval"
+        case "pins approve" | "pins reject":
+            verb = "approved" if action == "pins approve" else "rejected"
+            items = body[verb]
+            return f"{verb} {len(items)} of {body['server']}" + "".join(f"\n  {i['kind']} {i['name']}" for i in items)
         case _:
             return f"reloaded: serving {', '.join(body['servers'])}"
 

@@ -134,6 +134,7 @@ class ServerMetrics:
         self.limit_kills: Counter[str] = Counter()  # processes ended by a limit, by rlimits key
         self.pool_waits: Counter[str] = Counter()  # sessions that waited for a process, by outcome
         self.pool_starts: Counter[str] = Counter()  # sessions' processes by where they came from
+        self.pin_changes: Counter[tuple[str, str]] = Counter()  # (kind, outcome): bridge/core/pins.py
         self.slot_waits = Latency()  # how long calls waited for a slot (servers.NAME.max_concurrent_calls)
         # CPU seconds of the server's processes: each one's last reading, by (pid, start
         # time), and the sum of those of the processes that have exited since.
@@ -314,6 +315,12 @@ class _Collector(Collector):
             "(0 for one that found a slot free; servers without the cap observe nothing).",
             labels=["server"],
         )
+        pin_changes = CounterMetricFamily(
+            f"{PREFIX}_pin_changes",
+            "Tools, prompts and resource templates a pinned server offered new or changed (servers.NAME.pin), by kind "
+            "and outcome: held (withheld until approved), served (pin: warn), approved, rejected.",
+            labels=["server", "kind", "outcome"],
+        )
         limit_kills = CounterMetricFamily(
             f"{PREFIX}_server_limit_kills",
             "Server processes ended by one of their rlimits, by limit (memory, cpu_time, processes, open_files): "
@@ -345,9 +352,11 @@ class _Collector(Collector):
                 waits.add_metric([m.server, outcome], n)
             for source, n in sorted(m.pool_starts.items()):
                 starts.add_metric([m.server, source], n)
+            for (kind, outcome), n in sorted(m.pin_changes.items()):
+                pin_changes.add_metric([m.server, kind, outcome], n)
         yield from (
             opened, dropped, messages, eras, traffic, duration, restarts, dropped_messages, errors, cpu, limit_kills, waits, starts,
-            slot_waits,
+            slot_waits, pin_changes,
         )  # fmt: skip
 
     def _state(self, views: list[ServerView], rss: dict[str, int]) -> Iterator[Metric]:

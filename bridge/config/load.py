@@ -298,6 +298,9 @@ def _semantic_problems(config: Config) -> list[str]:
     if not config.metrics.path.startswith("/") or config.metrics.path.startswith("/servers/"):
         problems.append("metrics.path: must start with '/' and not be under /servers/")
     problems += listen_problems(config) + _cluster_key_problems(config)
+    pinned = [name for name, server in config.servers.items() if server.pin != "off"]
+    if pinned and config.pins is None:
+        problems.append(f"pins.path: required when a server pins (servers.{pinned[0]}.pin is {config.servers[pinned[0]].pin!r})")
     return problems
 
 

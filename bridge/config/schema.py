@@ -282,6 +282,7 @@ class Server(Struct, frozen=True):
     prompts: Filter = Filter()
     resources: Filter = Filter()  # by uri
     cache_scope: Literal["private", "public"] = "private"  # what 2026-07-28 clients may share of cacheable results
+    pin: Literal["off", "warn", "hold"] = "off"  # what it offers fingerprinted, and a change held or warned about (pins.path)
 
 
 class Cluster(Struct, frozen=True):
@@ -297,6 +298,12 @@ class Cluster(Struct, frozen=True):
     max_connections: PositiveInt = 1024  # to all peers together; streams forwarded hold one each
 
 
+class Pins(Struct, frozen=True):
+    """Where the fingerprints of what pinned servers offer are kept (bridge/core/pins.py)."""
+
+    path: str  # a JSON file the daemon reads at start and on reload, and writes (atomically)
+
+
 class Config(Struct, frozen=True):
     servers: dict[str, Server]
     listen: Listen = Listen()
@@ -307,6 +314,7 @@ class Config(Struct, frozen=True):
     metrics: Metrics = Metrics()
     logging: Logging = Logging()
     cluster: Cluster | None = None
+    pins: Pins | None = None
 
 
 # What a reload (SIGHUP, the admin API) cannot change in a running daemon: a change to one

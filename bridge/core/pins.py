@@ -4,28 +4,29 @@ Rules, per server:
 1. What is pinned: each tool, prompt and resource template a list answer names, by the
    fields a model is shown (`PINNED`), as the SHA-256 of those fields in canonical JSON
    (keys sorted, no spaces). An item's other fields (`title`, `_meta`, icons) may change.
-2. First sight: a server the pins file does not name has each kind recorded and served
-   (trust on first use) from its first list answer, every page of it (`Seen.recorded`
-   on the last page). A kind the file has nothing of, of a server it names, is not first
-   sight: its items are new (`mcp-bridge pins lock` records every kind ahead of time).
+2. First sight: a kind the pins file has no table of, for a server, is recorded and
+   served (trust on first use) from its first list answer, every page of it
+   (`Seen.recorded` on the last page). A kind with a table, even an empty one, is not
+   first sight: its items are new (`mcp-bridge pins lock` writes a table of every kind
+   ahead of time, so that nothing is taken on trust).
 3. After that, an item whose fingerprint is pinned is served. A new item, or one whose
    fingerprint differs, is pending: withheld under `hold`, served under `warn`, reported
    once per fingerprint (`Seen.changes`). A pending item seen again unchanged is not
    reported again; one that changes again is.
-4. Approval pins what is pending (all, or by name); rejection keeps it withheld and stops
-   its fingerprint being reported. An item that is no longer offered is just gone: its pin
-   stays, so that its return unchanged is served.
+4. Approval pins what is pending (by name, or all that is not rejected); rejection keeps
+   it withheld and stops its fingerprint being reported. An item that is no longer
+   offered is just gone: its pin stays, so that its return unchanged is served.
 5. Under `off` nothing is pinned or withheld.
 
-Sans-IO: `ServerPins` is the table of one server, `Pins` of all, each as JSON
-(`to_json`, `from_json`) for the pins file the daemon reads and writes.
+Sans-IO: `ServerPins` is the table of one server, as JSON (`to_json`, `from_json`) for the
+pins file the daemon reads and writes; `Gate` is where that server's muxes meet it.
 """
 
 from __future__ import annotations
 
 import enum
 import hashlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,7 +39,7 @@ class Mode(enum.Enum):
     HOLD = "hold"
 
 
-class Kind(enum.Enum):
+class Listed(enum.Enum):
     """What is pinned, named as in a list answer's key, with the field that names each item."""
 
     TOOL = "tools"
@@ -47,14 +48,23 @@ class Kind(enum.Enum):
 
 
 # Rule 1: the fields of each kind that are pinned, and the field that names an item.
-PINNED: Mapping[Kind, tuple[str, ...]] = {
-    Kind.TOOL: ("name", "description", "inputSchema", "outputSchema", "annotations"),
-    Kind.PROMPT: ("name", "description", "arguments"),
-    Kind.TEMPLATE: ("uriTemplate", "name", "description"),
+PINNED: Mapping[Listed, tuple[str, ...]] = {
+    Listed.TOOL: ("name", "description", "inputSchema", "outputSchema", "annotations"),
+    Listed.PROMPT: ("name", "description", "arguments"),
+    Listed.TEMPLATE: ("uriTemplate", "name", "description"),
 }
-NAMED_BY: Mapping[Kind, str] = {Kind.TOOL: "name", Kind.PROMPT: "name", Kind.TEMPLATE: "uriTemplate"}
+NAMED_BY: Mapping[Listed, str] = {Listed.TOOL: "name", Listed.PROMPT: "name", Listed.TEMPLATE: "uriTemplate"}
 # The list method whose answer offers each kind.
-LISTED_BY: Mapping[str, Kind] = {"tools/list": Kind.TOOL, "prompts/list": Kind.PROMPT, "resources/templates/list": Kind.TEMPLATE}
+LISTED_BY: Mapping[str, Listed] = {"tools/list": Listed.TOOL, "prompts/list": Listed.PROMPT, "resources/templates/list": Listed.TEMPLATE}
+# The kind of a principal's `View` (bridge/access/policy.py) that names the same items: a
+# withheld item is hidden as a view hides one, by the same tables (bridge/core/mux/views.py).
+VIEW_KIND: Mapping[Listed, str] = {Listed.TOOL: "tools", Listed.PROMPT: "prompts", Listed.TEMPLATE: "resources"}
+# What a client is told when what it sees changes (an approval).
+LIST_CHANGED: Mapping[Listed, str] = {
+    Listed.TOOL: "notifications/tools/list_changed",
+    Listed.PROMPT: "notifications/prompts/list_changed",
+    Listed.TEMPLATE: "notifications/resources/list_changed",
+}
 
 _canonical = msgspec.json.Encoder(order="sorted")
 
@@ -63,7 +73,7 @@ class PinsError(ValueError):
     """A pins file that cannot be read as pins: the message names the key."""
 
 
-def pinned_fields(kind: Kind, item: Mapping[str, Any]) -> dict[str, Any]:
+def pinned_fields(kind: Listed, item: Mapping[str, Any]) -> dict[str, Any]:
     return {f: item[f] for f in PINNED[kind] if f in item}
 
 
@@ -82,7 +92,7 @@ class Pin:
 class Change:
     """An item offered that is not what is pinned (rule 3): new (`old` None) or changed."""
 
-    kind: Kind
+    kind: Listed
     name: str
     changed: tuple[str, ...]  # the pinned fields that differ (all of them, for a new item)
     old: str | None  # fingerprints
@@ -109,19 +119,18 @@ class Pending:
 class ServerPins:
     """One server's pins: what is pinned, and what is pending approval, by kind and name."""
 
-    pinned: dict[Kind, dict[str, Pin]] = field(default_factory=dict)
-    pending: dict[Kind, dict[str, Pending]] = field(default_factory=dict)
-    fresh: bool = True  # not named by the pins file: first sight records (rule 2)
-    recorded: set[Kind] = field(default_factory=set)  # kinds whose first list has been seen whole
+    pinned: dict[Listed, dict[str, Pin]] = field(default_factory=dict)
+    pending: dict[Listed, dict[str, Pending]] = field(default_factory=dict)
+    recorded: set[Listed] = field(default_factory=set)  # kinds with a table: seen whole once, or in the file (rule 2)
 
-    def see(self, kind: Kind, items: Iterable[Mapping[str, Any]], mode: Mode, now: str, last_page: bool = True) -> Seen:
+    def see(self, kind: Listed, items: Iterable[Mapping[str, Any]], mode: Mode, now: str, last_page: bool = True) -> Seen:
         """Rules 2, 3 and 5 for the items of one list answer, or of one page of it
         (`last_page`: the answer had no `nextCursor`)."""
         if mode is Mode.OFF:
             return Seen(frozenset(), ())
         named_by = NAMED_BY[kind]
         offered = [(item[named_by], pinned_fields(kind, item)) for item in items if isinstance(item.get(named_by), str)]
-        if self.fresh and kind not in self.recorded:
+        if kind not in self.recorded:
             table = self.pinned.setdefault(kind, {})
             for name, fields in offered:
                 table[name] = Pin(fingerprint(fields), fields, now)
@@ -147,24 +156,25 @@ class ServerPins:
                 withheld.add(name)
         return Seen(frozenset(withheld), tuple(changes))
 
-    def withheld(self, mode: Mode) -> dict[Kind, frozenset[str]]:
+    def withheld(self, mode: Mode) -> dict[Listed, frozenset[str]]:
         """What rule 3 withholds now, by kind (rejected items under `warn` too)."""
         if mode is Mode.OFF:
             return {}
         return {kind: frozenset(n for n, p in waiting.items() if mode is Mode.HOLD or p.rejected) for kind, waiting in self.pending.items() if waiting}
 
-    def approve(self, now: str, names: Iterable[str] | None = None) -> list[tuple[Kind, str]]:
-        """Rule 4: pin what is pending (the items named, of any kind; all without names)."""
+    def approve(self, now: str, names: Iterable[str] | None = None) -> list[tuple[Listed, str]]:
+        """Rule 4: pin what is pending (the items named, of any kind; without names, all
+        that is not rejected: a rejected item is approved only by its name)."""
         wanted = None if names is None else set(names)
         approved = []
         for kind, waiting in self.pending.items():
-            for name in [n for n in waiting if wanted is None or n in wanted]:
+            for name in [n for n, p in waiting.items() if (n in wanted if wanted is not None else not p.rejected)]:
                 p = waiting.pop(name)
                 self.pinned.setdefault(kind, {})[name] = Pin(p.fingerprint, p.fields, now)
                 approved.append((kind, name))
         return approved
 
-    def reject(self, names: Iterable[str] | None = None) -> list[tuple[Kind, str]]:
+    def reject(self, names: Iterable[str] | None = None) -> list[tuple[Listed, str]]:
         """Rule 4: keep what is pending withheld, and its fingerprint unreported."""
         wanted = None if names is None else set(names)
         rejected = []
@@ -177,8 +187,9 @@ class ServerPins:
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
-        for kind, pins in self.pinned.items():
-            if pins:
+        for kind in Listed:
+            pins = self.pinned.get(kind, {})
+            if pins or kind in self.recorded:
                 out[kind.value] = {name: {"fingerprint": p.fingerprint, "first_seen": p.first_seen, "fields": p.fields} for name, p in sorted(pins.items())}
         rejected = {kind.value: sorted(f"{n} {p.fingerprint}" for n, p in waiting.items() if p.rejected) for kind, waiting in self.pending.items()}
         if any(rejected.values()):
@@ -195,11 +206,11 @@ class _PinFile(msgspec.Struct, forbid_unknown_fields=True):
 def from_json(data: Mapping[str, Any]) -> dict[str, ServerPins]:
     """The pins file's `servers` map, checked: a PinsError names the key that is wrong."""
     servers: dict[str, ServerPins] = {}
-    kinds = {k.value: k for k in Kind}
+    kinds = {k.value: k for k in Listed}
     for server, tables in data.items():
         if not isinstance(tables, dict):
             raise PinsError(f"servers.{server}: expected an object")
-        pins = servers[server] = ServerPins(fresh=False)
+        pins = servers[server] = ServerPins()
         for key, table in tables.items():
             where = f"servers.{server}.{key}"
             if not isinstance(table, dict):
@@ -216,6 +227,8 @@ def from_json(data: Mapping[str, Any]) -> dict[str, ServerPins]:
             if key not in kinds:
                 raise PinsError(f"{where}: unknown kind (expected one of {sorted(kinds)} or rejected)")
             kind = kinds[key]
+            pins.recorded.add(kind)
+            pinned = pins.pinned.setdefault(kind, {})
             for name, pin in table.items():
                 try:
                     got = msgspec.convert(pin, _PinFile)
@@ -223,5 +236,54 @@ def from_json(data: Mapping[str, Any]) -> dict[str, ServerPins]:
                     raise PinsError(f"{where}.{name}: {exc}") from None
                 if fingerprint(got.fields) != got.fingerprint:
                     raise PinsError(f"{where}.{name}: fingerprint does not match fields")
-                pins.pinned.setdefault(kind, {})[name] = Pin(got.fingerprint, got.fields, got.first_seen)
+                pinned[name] = Pin(got.fingerprint, got.fields, got.first_seen)
     return servers
+
+
+class Gate:
+    """One server's pins where its muxes meet them. Every mux of the server holds the same
+    `withheld` (the views' kind -> names), changed in place: what one process's list
+    answer withholds, a request on another is refused for. `see` judges one list answer
+    (rules 2-5) and takes out of it what is withheld."""
+
+    def __init__(self, pins: ServerPins, mode: Mode, now: Callable[[], str]) -> None:
+        self.pins = pins
+        self.mode = mode
+        self._now = now  # wall time, ISO 8601: when an item was first seen or approved
+        self.withheld: dict[str, frozenset[str]] = {}
+        self.refresh()
+
+    def refresh(self) -> None:
+        """`withheld` after a change to the table (an answer seen, an approval, a mode)."""
+        now = {VIEW_KIND[kind]: names for kind, names in self.pins.withheld(self.mode).items() if names}
+        self.withheld.clear()
+        self.withheld.update(now)
+
+    def see(self, method: str, result: dict[str, Any]) -> Seen | None:
+        """A list answer's result: judged, and what is withheld taken out of it in place.
+        None for a method that lists nothing pinned, or a result with no list."""
+        kind = LISTED_BY.get(method)
+        if kind is None or not isinstance(items := result.get(kind.value), list):
+            return None
+        offered = [item for item in items if isinstance(item, dict)]
+        seen = self.pins.see(kind, offered, self.mode, self._now(), last_page=result.get("nextCursor") is None)
+        self.refresh()
+        if (names := self.withheld.get(VIEW_KIND[kind])) is not None:
+            named_by = NAMED_BY[kind]
+            result[kind.value] = [item for item in items if not isinstance(item, dict) or item.get(named_by) not in names]
+        return seen
+
+    def approve(self, names: Iterable[str] | None = None) -> list[tuple[Listed, str]]:
+        approved = self.pins.approve(self._now(), names)
+        self.refresh()
+        return approved
+
+    def reject(self, names: Iterable[str] | None = None) -> list[tuple[Listed, str]]:
+        rejected = self.pins.reject(names)
+        self.refresh()
+        return rejected
+
+
+def kinds_changed(before: Mapping[str, frozenset[str]], after: Mapping[str, frozenset[str]]) -> list[Listed]:
+    """The kinds whose withheld names differ between two `Gate.withheld` tables."""
+    return [kind for kind, view_kind in VIEW_KIND.items() if before.get(view_kind, frozenset()) != after.get(view_kind, frozenset())]

@@ -20,7 +20,9 @@ from typing import Any
 from bridge import logs
 from bridge.access.policy import RateLimiter, Throttled, View
 from bridge.config.schema import Limits, RateLimit, Server
-from bridge.core.mux import Abandoned, Action, Broadcast, Call, Discard, PeerState, RestartServer, Timer, ToServer, ToSession
+from bridge.core.mux import Abandoned, Action, Broadcast, Call, Discard, PeerState, PinsSeen, RestartServer, Timer, ToServer, ToSession
+from bridge.core.pins import LIST_CHANGED, Gate, Listed
+from bridge.gateway.pinsfile import PinsFile
 from bridge.gateway.placement import PLACEMENTS
 from bridge.gateway.sessions import Session, Spares
 from bridge.gateway.upstream import NOT_READING, Upstream
@@ -108,6 +110,8 @@ class Gateway:
         self._throttled_log = logs.Throttle(1.0, 10)
         self._default_view: View | None = None
         self._views: dict[str, View | None] = {}  # principal -> what it may see (policy.views)
+        self.pins_file: PinsFile | None = None
+        self.pins: Gate | None = None  # what its processes offer that is pinned (servers.NAME.pin)
         self.audit = logs.get(server=name).bind(logger="mcp_bridge.audit")  # operators route it by this name
 
     def upstreams(self) -> Iterable[Upstream]:
@@ -157,6 +161,24 @@ class Gateway:
         self._default_view, self._views = default, by_principal
         for sid, session in self.sessions.items():
             self._upstreams[sid].mux.set_view(sid, self.view(session.owner))
+
+    def set_pins(self, pins_file: PinsFile | None) -> None:
+        """The pins file (at start, and on every reload): this server's gate in it, if it pins."""
+        self.pins_file = pins_file
+        self.pins = pins_file.gate(self.name, self.server.pin) if pins_file is not None else None
+        for upstream in self.upstreams():
+            upstream.mux.set_pins(self.pins)
+
+    def announce(self, kinds: Iterable[Listed]) -> None:
+        """Tell every session that hears of list changes that a list changed (an approval
+        changed what it sees): each once, whichever process serves it."""
+        slow: list[Session] = []
+        for method in {LIST_CHANGED[kind] for kind in kinds}:
+            sids = {sid: None for u in self.upstreams() for a in u.mux.announce(method) if isinstance(a, Broadcast) for sid in a.sessions}
+            self._deliver(tuple(sids), jsonrpc.notification(method), slow)
+        if slow:
+            self._close_slow(slow)
+        self.flush()
 
     def view(self, principal: str | None) -> View | None:
         return self._default_view if principal is None else self._views.get(principal, self._default_view)
@@ -456,14 +478,10 @@ class Gateway:
             case Broadcast(sessions=sids, message=message):
                 if message.get("method") in _LIST_CHANGES:
                     sids = (*sids, *self.placement.listeners(upstream, message["method"]))
-                data = encode(message)
-                for sid in sids:
-                    session = self.sessions.get(sid)
-                    if session is not None:
-                        metrics.bytes_out += len(data)
-                        self._unflushed[session] = None
-                        if not session.deliver(data, None, False):
-                            slow.append(session)
+                self._deliver(sids, message, slow)
+            case PinsSeen(seen=seen):
+                if self.pins_file is not None:
+                    self.pins_file.seen(self.name, seen, metrics)
             case Discard(reason=reason, detail=detail, log=log):
                 metrics.dropped_messages += 1
                 if log:
@@ -475,6 +493,17 @@ class Gateway:
                 upstream.supervisor.restart(reason)
             case Timer(delay=delay):
                 upstream.set_timer(delay)
+
+    def _deliver(self, sids: tuple[str, ...], message: Message, slow: list[Session]) -> None:
+        data = encode(message)
+        metrics = self.metrics
+        for sid in sids:
+            session = self.sessions.get(sid)
+            if session is not None:
+                metrics.bytes_out += len(data)
+                self._unflushed[session] = None
+                if not session.deliver(data, None, False):
+                    slow.append(session)
 
     def _close_slow(self, slow: list[Session]) -> None:
         limits = self.limits

@@ -51,6 +51,9 @@ class ServerHealth(msgspec.Struct, frozen=True):
     in_flight: int
     pool: dict[str, Any]
     processes: list[ProcessHealth]
+    # servers.NAME.pin: what waits for approval, each item's kind, name, status (pending,
+    # rejected) and changed fields (the diff: GET /admin/pins). None: it pins nothing.
+    pins: dict[str, Any] | None = None
 
 
 class PrincipalHealth(msgspec.Struct, frozen=True):
@@ -89,7 +92,15 @@ def of_server(gateway: Gateway) -> ServerHealth:
         in_flight=gateway.inflight(),
         pool={**pool.sizes(), "waiting": pool.waiting(), "target": pool.settings.warm, "max": pool.settings.max},
         processes=processes,
+        pins=_pins(gateway),
     )
+
+
+def _pins(gateway: Gateway) -> dict[str, Any] | None:
+    if gateway.pins is None or gateway.pins_file is None:
+        return None
+    shown = gateway.pins_file.describe(gateway.name)
+    return {"mode": shown["mode"], "pending": [{k: p[k] for k in ("kind", "name", "status", "changed")} for p in shown["pending"]]}
 
 
 def of_principal(gateway: Gateway, principal: str) -> PrincipalHealth:

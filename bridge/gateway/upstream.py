@@ -14,6 +14,7 @@ from structlog.typing import FilteringBoundLogger
 from bridge import __version__
 from bridge.config.schema import Limits, Server
 from bridge.core.mux import Action, Mux, State
+from bridge.core.pins import Gate
 from bridge.core.translator import Ask, Decided, Deliver, Era, Out, Translator, Wake
 from bridge.core.translator import Write as WriteOut
 from bridge.metrics import ServerMetrics
@@ -41,6 +42,7 @@ class Host(Protocol):
     launch: confine.Launch
     child_env: dict[str, str]
     accepting: bool
+    pins: Gate | None
 
     def apply(self, upstream: Upstream, actions: list[Action], flush: bool = True) -> None: ...
 
@@ -78,6 +80,7 @@ class Upstream:
             in_flight=gateway.in_flight,
             slot_waited=gateway.metrics.slot_waits.observe,
         )
+        self.mux.set_pins(gateway.pins)
         self._timer: asyncio.TimerHandle | None = None
         self._stall: asyncio.TimerHandle | None = None  # armed while the server's input is backed up
         self.refused = 0  # messages not written since its input backed up

@@ -14,6 +14,7 @@ from bridge.access.oauth import OAuthVerifier
 from bridge.access.policy import Throttled
 from bridge.config.schema import Config
 from bridge.gateway.gateway import Gateway, SessionLimitError
+from bridge.gateway.pinsfile import PinsFile
 from bridge.gateway.sessions import Session
 from bridge.http.access import PRINCIPAL
 from bridge.http.errors import RETRY_AFTER_S, HttpError
@@ -35,6 +36,7 @@ class Live:
     oauth: OAuthVerifier | None = None  # its keys and checked tokens outlive reloads that keep security.oauth
     port: int | None = None  # the one bound, once it is
     draining: bool = False  # SIGTERM: /readyz is 503 from then on (app.drain)
+    pins: PinsFile | None = None  # config pins.path, read again on every reload
 
 
 LIVE = web.AppKey("live", Live)

@@ -16,7 +16,9 @@ from typing import Any
 from aiohttp import web
 
 from bridge import logs
+from bridge.core.pins import kinds_changed
 from bridge.gateway.gateway import Gateway
+from bridge.gateway.pinsfile import ReadOnly
 from bridge.gateway.sessions import Session
 from bridge.http.errors import HttpError
 from bridge.http.state import GATEWAYS, LIVE, principal
@@ -44,6 +46,8 @@ def add_routes(app: web.Application, status_of: StatusOf) -> None:
     app.router.add_delete("/admin/sessions/{id}", end_session)
     app.router.add_post("/admin/servers/{name}/restart", restart)
     app.router.add_post("/admin/reload", reload)
+    app.router.add_get("/admin/pins", pins)
+    app.router.add_post("/admin/pins/{name}/{verdict:approve|reject}", settle_pins)
 
 
 async def sessions(request: web.Request) -> web.Response:
@@ -123,6 +127,44 @@ async def reload(request: web.Request) -> web.Response:
         return web.json_response({"reloaded": False, "problems": problems}, status=422)
     gateways = request.app[GATEWAYS]
     return web.json_response({"reloaded": True, "servers": list(gateways)})
+
+
+async def pins(request: web.Request) -> web.Response:
+    """Each pinned server's mode, pinned counts and pending items, with a diff of each change."""
+    pins_file = request.app[LIVE].pins
+    if pins_file is None:
+        raise HttpError(404, "no server is pinned (servers.NAME.pin, pins.path)")
+    gateways = request.app[GATEWAYS]
+    servers = {name: pins_file.describe(name) for name, g in sorted(gateways.items()) if g.pins is not None}
+    return web.json_response({"path": pins_file.path, "servers": servers})
+
+
+async def settle_pins(request: web.Request) -> web.Response:
+    """Approve or reject what is pending of one server: all of it, or `{"names": [...]}`."""
+    name, verdict = request.match_info["name"], request.match_info["verdict"]
+    gateway = request.app[GATEWAYS].get(name)
+    pins_file = request.app[LIVE].pins
+    if gateway is None or gateway.pins is None or pins_file is None:
+        raise HttpError(404, f"no pinned server named {name!r}")
+    names: list[str] | None = None
+    if request.can_read_body:
+        try:
+            body = await request.json()
+        except ValueError:
+            raise HttpError(400, 'expected a JSON body: {"names": ["..."]}, or none for all') from None
+        if not isinstance(body, dict) or set(body) - {"names"} or not isinstance(body.get("names", []), list) or not all(isinstance(n, str) for n in body.get("names", [])):
+            raise HttpError(400, 'expected {"names": ["..."]}, or no body for all')
+        names = body.get("names")
+    before = dict(gateway.pins.withheld)
+    try:
+        settled = pins_file.settle(name, verdict == "approve", names, gateway.metrics)
+    except ReadOnly as exc:
+        raise HttpError(409, str(exc)) from None
+    items = [{"kind": kind.value, "name": item} for kind, item in settled]
+    _audit(request, f"pins_{verdict}", server=name, items=items)
+    if before != gateway.pins.withheld:
+        gateway.announce(kinds_changed(before, gateway.pins.withheld))
+    return web.json_response({"approved" if verdict == "approve" else "rejected": items, "server": name})
 
 
 def _admin(request: web.Request) -> str:

@@ -93,8 +93,11 @@ checks rules 1-6 and 9 together, with two principals, as a state machine.
    resource or template (`_FILTERED`, `_REFERENCES`: every request of the
    schema that names one) is answered as the server answers a name it does
    not have, learned once per mux by a probe that carries nothing of the
-   request. Nothing of that request reaches the server.
-   [views.py, mux `_hidden`; views]
+   request. Nothing of that request reaches the server. The server's pins
+   (bridge/core/pins.py, `set_pins`) judge every list answer of tools, prompts
+   and templates, and what they withhold is hidden from every session by the
+   same tables, on top of its view (`PinsSeen` tells the gateway what changed).
+   [views.py, mux `_hidden`, `_after_list`; views, pins]
 9. Slots. With `max_calls` set, at most that many client calls are written to
    the process and not yet ended: answered, failed, or cancelled (by their
    client, a timeout, their session closing; a cancelled call's slot frees at
@@ -151,7 +154,7 @@ stateless session's is sent from its request (`adopt`).
 """
 
 
-from bridge.core.mux.actions import Abandoned, Action, Broadcast, Call, Discard, RestartServer, ServerRequest, Timer, ToServer, ToSession
+from bridge.core.mux.actions import Abandoned, Action, Broadcast, Call, Discard, PinsSeen, RestartServer, ServerRequest, Timer, ToServer, ToSession
 from bridge.core.mux.mux import CANCELLED_MEMORY, Mux, bridge_initialize_params, negotiate
 from bridge.core.mux.notices import EARLY_NOTES
 from bridge.core.mux.peer import Peer
@@ -159,6 +162,6 @@ from bridge.core.mux.states import IllegalTransition, PeerState, State
 
 __all__ = [
     "CANCELLED_MEMORY", "EARLY_NOTES", "Abandoned", "Action", "Broadcast", "Call", "Discard", "IllegalTransition", "Mux",
-    "Peer", "PeerState", "RestartServer", "ServerRequest", "State", "Timer", "ToServer", "ToSession",
+    "Peer", "PeerState", "PinsSeen", "RestartServer", "ServerRequest", "State", "Timer", "ToServer", "ToSession",
     "bridge_initialize_params", "negotiate",
 ]  # fmt: skip

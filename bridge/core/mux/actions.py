@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from bridge.core.mux.views import Probe
+from bridge.core.pins import Seen
 from bridge.protocol.jsonrpc import Message, RequestId
 
 
@@ -49,13 +50,20 @@ class RestartServer(NamedTuple):
     reason: str
 
 
+class PinsSeen(NamedTuple):
+    """A list answer recorded what its server offers, or found it changed (bridge/core/pins.py):
+    the gateway reports the changes and writes the pins file."""
+
+    seen: Seen
+
+
 class Timer(NamedTuple):
     """Call `Mux.timer()` after `delay` seconds (replacing any earlier timer)."""
 
     delay: float
 
 
-Action = ToServer | ToSession | Broadcast | Discard | Abandoned | RestartServer | Timer
+Action = ToServer | ToSession | Broadcast | Discard | Abandoned | PinsSeen | RestartServer | Timer
 
 
 @dataclass(slots=True, eq=False)

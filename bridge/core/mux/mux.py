@@ -19,6 +19,7 @@ from bridge.core.mux.actions import (
     Broadcast,
     Call,
     Discard,
+    PinsSeen,
     RestartServer,
     ServerRequest,
     Timer,
@@ -32,6 +33,7 @@ from bridge.core.mux.shared import LEVEL_INDEX, Levels, Subscriptions
 from bridge.core.mux.states import PEER_TRANSITIONS, TRANSITIONS, PeerState, State, move
 from bridge.core.mux.turns import Tally, Turns
 from bridge.core.mux.views import AUDITED
+from bridge.core.pins import Gate
 from bridge.protocol import jsonrpc
 from bridge.protocol.jsonrpc import NOTIFICATION, REQUEST, RESPONSE, Kind, Message, ProtocolError, RequestId
 from bridge.protocol.mcp import LATEST_PROTOCOL_VERSION, LOG_LEVELS, MISSING_CAPABILITY, MRTR_METHODS, PROTOCOL_VERSIONS, RELATED_TASK
@@ -45,6 +47,7 @@ _UNCAPPED = frozenset({"initialize", "ping", "resources/subscribe", "resources/u
 # The bridge's own requests that bring a process up (a ping: the probe of a warm one, see
 # `server_started`): unanswered within limits.initialize_timeout, the process is restarted.
 _HANDSHAKE = frozenset({"initialize", "ping"})
+_NOTHING: Mapping[str, frozenset[str]] = {}  # withheld by no pins
 # Requests that cannot make the server ask the client anything: never held back.
 _INERT = frozenset(
     {"ping", "tools/list", "prompts/list", "resources/list", "resources/templates/list", "logging/setLevel",
@@ -145,6 +148,10 @@ class Mux:
         # How the server answers a request for a tool, prompt or resource it does not have,
         # learned by asking (see `_hidden`): probe -> the answer, with the probe's name in it.
         self._unknown: dict[views.Probe, bytes] = {}
+        # The server's pins (rule 8): what it offers that is withheld (`Gate.withheld`, one
+        # dict for every mux of the server, changed in place; empty when nothing is).
+        self.pins: Gate | None = None
+        self._withheld: Mapping[str, frozenset[str]] = _NOTHING
         # Stateless sessions' calls whose server asked for a capability they did not declare
         # (rule 4): upstream id -> those capabilities. Empty but for that rare case.
         self._refused: dict[int, set[str]] = {}
@@ -204,6 +211,15 @@ class Mux:
     def set_view(self, session: str, view: View | None) -> None:
         """A reload changed what the session's principal may see: from its next message on."""
         self._peers[session].view = view
+
+    def set_pins(self, gate: Gate | None) -> None:
+        """The server's pins (rule 8), for every list answer and request from now on."""
+        self.pins = gate
+        self._withheld = gate.withheld if gate is not None else _NOTHING
+
+    def announce(self, method: str) -> list[Action]:
+        """A list change the bridge made (an approval of pins): said as the server's own are."""
+        return self._broadcast(jsonrpc.notification(method))
 
     def close_session(self, session: str) -> list[Action]:
         peer = self._peers.pop(session, None)
@@ -304,7 +320,7 @@ class Mux:
     def _from_client(self, peer: Peer, msg: Message, kind: Kind) -> list[Action]:
         peer.last_active = next(self._seq)
         if kind is REQUEST:
-            if peer.view is not None and (hidden := self._hidden(peer, msg)) is not None:
+            if (peer.view is not None or self._withheld) and (hidden := self._hidden(peer, msg)) is not None:
                 return hidden
             handler = _CLIENT_REQUESTS.get(msg["method"]) if self.shared else _PASSTHROUGH_REQUESTS.get(msg["method"])
             if handler is None:
@@ -398,12 +414,12 @@ class Mux:
         peer.can_answer = able
 
     def _hidden(self, peer: Peer, msg: Message) -> list[Action] | None:
-        """A request for a tool, prompt or resource the session may not see is answered as
-        the server answers one it does not have; None when the request is not one of those.
-        The first such request asks the server with a name it cannot have (and nothing of
-        the request's own); its answer, with the name put back, is the answer from then on."""
-        assert peer.view is not None
-        hidden = views.hidden_name(peer.view, msg)
+        """A request for a tool, prompt or resource the session may not see, or its server's
+        pins withhold, is answered as the server answers one it does not have; None when the
+        request is not one of those. The first such request asks the server with a name it
+        cannot have (and nothing of the request's own); its answer, with the name put back,
+        is the answer from then on."""
+        hidden = views.hidden_name(peer.view, self._withheld, msg)
         if hidden is None:
             return None
         named, name = hidden
@@ -796,13 +812,17 @@ class Mux:
         msg.update(jsonrpc.decode(template.replace(probe.name, views.escaped(name))))
 
     def _after_list(self, peer: Peer, call: Call, msg: Message) -> list[Action]:
-        """Take out of a list result what the session may not see."""
-        view = peer.view
+        """Judge a list result by the server's pins, and take out of it what they withhold
+        and what the session may not see."""
         result = msg.get("result")
-        if view is None or not isinstance(result, dict):
+        if result.__class__ is not dict:
             return []
-        views.filter_list(view, call.method, result)
-        return []
+        out: list[Action] = []
+        if self.pins is not None and (seen := self.pins.see(call.method, result)) is not None and (seen.changes or seen.recorded):
+            out.append(PinsSeen(seen))
+        if peer.view is not None:
+            views.filter_list(peer.view, call.method, result)
+        return out
 
     def _after_initialize(self, peer: Peer, call: Call, msg: Message) -> list[Action]:
         result = msg.get("result")

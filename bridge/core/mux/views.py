@@ -10,6 +10,7 @@ hidden name put back, is the answer to every later request for a hidden name.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from bridge.access.policy import View
@@ -79,8 +80,9 @@ LISTS = {
 AUDITED = {"tools/call": "name", "prompts/get": "name", "resources/read": "uri"}
 
 
-def hidden_name(view: View, msg: Message) -> tuple[Named, str] | None:
-    """What of the request `view` hides, and its name; None when it names nothing hidden."""
+def hidden_name(view: View | None, withheld: Mapping[str, frozenset[str]], msg: Message) -> tuple[Named, str] | None:
+    """What of the request `view` hides or the pins withhold (`withheld`: kind -> names), and
+    its name; None when it names nothing hidden."""
     method = msg["method"]
     params = msg.get("params")
     named = FILTERED.get(method)
@@ -91,7 +93,7 @@ def hidden_name(view: View, msg: Message) -> tuple[Named, str] | None:
     if named is None or params.__class__ is not dict:
         return None
     name = params.get(named.key)
-    if not isinstance(name, str) or view.admits(named.kind, name):
+    if not isinstance(name, str) or ((view is None or view.admits(named.kind, name)) and name not in withheld.get(named.kind, ())):
         return None
     return named, name
 

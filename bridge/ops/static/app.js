@@ -14,9 +14,14 @@ function headers() {
   return token ? { Authorization: "Bearer " + token } : {};
 }
 
-async function api(method, path) {
+async function api(method, path, json) {
   // Relative: the page works wherever a proxy mounts the bridge.
-  const response = await fetch(path, { method, headers: headers(), cache: "no-store", credentials: "omit" });
+  const init = { method, headers: headers(), cache: "no-store", credentials: "omit" };
+  if (json !== undefined) {
+    init.headers["Content-Type"] = "application/json";
+    init.body = JSON.stringify(json);
+  }
+  const response = await fetch(path, init);
   let body = null;
   try { body = await response.json(); } catch (e) { body = null; }
   return { status: response.status, body };
@@ -92,9 +97,34 @@ function renderSessions(sessions) {
   }
 }
 
-async function act(method, path, what) {
+function renderPins(servers) {
+  // Admins only: /status gives the pending items of pinned servers to them alone.
+  const body = $("pins").tBodies[0];
+  body.replaceChildren();
+  for (const [name, s] of Object.entries(servers)) {
+    for (const p of s.pins?.pending ?? []) {
+      const row = document.createElement("tr");
+      row.dataset.pin = `${name} ${p.kind} ${p.name}`;
+      cell(row, name, "name");
+      cell(row, p.kind);
+      cell(row, p.name, "mono");
+      cell(row, p.status, p.status === "pending" ? "bad" : "");
+      cell(row, p.changed.join(", "));
+      const actions = cell(row, "");
+      const path = `admin/pins/${encodeURIComponent(name)}`;
+      const names = { names: [p.name] };
+      actions.replaceChildren(
+        button("Approve", () => act("POST", `${path}/approve`, `approve ${p.kind} ${p.name} of ${name}`, names)),
+        button("Reject", () => act("POST", `${path}/reject`, `reject ${p.kind} ${p.name} of ${name}`, names)));
+      body.appendChild(row);
+    }
+  }
+  $("pins-part").hidden = body.rows.length === 0;
+}
+
+async function act(method, path, what, json) {
   if (!window.confirm(`Really ${what}?`)) return;
-  const { status, body } = await api(method, path);
+  const { status, body } = await api(method, path, json);
   $("error").textContent = status < 400 ? "" : `${what}: ${status} ${body?.error?.message ?? ""}`;
   refresh();
 }
@@ -130,6 +160,8 @@ async function refresh() {
     $("sessions-part").hidden = !admin;
     renderServers(status.body.servers);
     if (admin) renderSessions(sessions.body.sessions);
+    if (admin) renderPins(status.body.servers);
+    else $("pins-part").hidden = true;
     $("updated").textContent = new Date().toLocaleTimeString();
     $("error").textContent = "";
   } catch (e) {

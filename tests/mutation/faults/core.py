@@ -118,7 +118,9 @@ FAULTS = [
     Fault('pins-file-fingerprint-unchecked', 'bridge/core/pins.py', '                if fingerprint(got.fields) != got.fingerprint:', '                if False:'),
     Fault('pins-reject-forgotten', 'bridge/core/pins.py', '                    p.rejected = True\n', '                    pass\n'),
     Fault('pins-changed-back-stays-pending', 'bridge/core/pins.py', '                pending.pop(name, None)  # changed back: nothing to approve\n', ''),
-    Fault('pins-file-server-first-sight', 'bridge/core/pins.py', '        pins = servers[server] = ServerPins(fresh=False)', '        pins = servers[server] = ServerPins()'),
+    Fault('pins-file-kind-first-sight', 'bridge/core/pins.py', '            pins.recorded.add(kind)\n', ''),
+    Fault('pins-empty-table-dropped', 'bridge/core/pins.py', '            if pins or kind in self.recorded:', '            if pins:'),
+    Fault('pins-gate-stale', 'bridge/core/pins.py', '        seen = self.pins.see(kind, offered, self.mode, self._now(), last_page=result.get("nextCursor") is None)\n        self.refresh()', '        seen = self.pins.see(kind, offered, self.mode, self._now(), last_page=result.get("nextCursor") is None)'),
     Fault('state-previous-key-not-tried', 'bridge/core/request_state.py', '                continue  # perhaps sealed under the previous peer key', '                break'),
     Fault('state-ttl-ignored', 'bridge/core/request_state.py', '"exp": int(time.time() + ttl) + 1,', '"exp": int(time.time() + 100 * ttl) + 1,'),
     Fault('state-digest-counts-meta', 'bridge/core/request_state.py', 'if k not in ("_meta", "inputResponses", "requestState")}', 'if k not in ("inputResponses", "requestState")}'),
@@ -136,4 +138,8 @@ FAULTS = [
     # actions.py
     Fault('actions-call-born-sent', 'bridge/core/mux/actions.py', '    sent: bool = False', '    sent: bool = True'),
     Fault('actions-call-born-asked', 'bridge/core/mux/actions.py', '    asked: int = 0  # when', '    asked: int = 1  # when'),
+    # pins in the mux (rule 8)
+    Fault('mux-pins-not-asked-for-requests', 'bridge/core/mux/mux.py', 'if (peer.view is not None or self._withheld) and', 'if peer.view is not None and'),
+    Fault('mux-pins-lists-unjudged', 'bridge/core/mux/mux.py', '        if self.pins is not None and (seen := self.pins.see(call.method, result)) is not None and (seen.changes or seen.recorded):', '        if False:'),
+    Fault('views-withheld-ignored', 'bridge/core/mux/views.py', ' and name not in withheld.get(named.kind, ())', ''),
 ]  # fmt: skip

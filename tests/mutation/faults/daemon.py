@@ -6,8 +6,8 @@ from faults.fault import Fault
 
 TESTS: dict[str, tuple[str, ...]] = {
     'bridge/app.py': ('tests/daemon/test_operations.py', 'tests/daemon/test_principals.py', 'tests/daemon/test_drain.py'),
-    'bridge/cli.py': ('tests/daemon/test_supervision.py', 'tests/daemon/test_operators.py'),
-    'bridge/ctl.py': ('tests/daemon/test_operators.py::test_ctl_every_action',),
+    'bridge/cli.py': ('tests/daemon/test_supervision.py', 'tests/daemon/test_operators.py', 'tests/daemon/test_pinned_servers.py::test_a_lock_file_made_by_pins_lock_is_what_the_daemon_holds_to_and_ctl_shows_what_waits', 'tests/daemon/test_pinned_servers.py::test_a_pins_file_that_is_wrong_stops_start_up_naming_the_key'),
+    'bridge/ctl.py': ('tests/daemon/test_operators.py::test_ctl_every_action', 'tests/daemon/test_pinned_servers.py::test_a_lock_file_made_by_pins_lock_is_what_the_daemon_holds_to_and_ctl_shows_what_waits'),
     'bridge/runtime.py': ('tests/unit/test_runtime.py',),
     'bridge/__main__.py': ('tests/daemon/test_supervision.py::test_check_bad_config_lists_every_problem',),
     'bridge/demo_server.py': ('tests/interop/test_interop_sdk.py::test_demo_server_basics',),
@@ -39,4 +39,7 @@ FAULTS: list[Fault] = [
     # demo_server.py: the server the tests and the demo config serve
     Fault('demo-echo-drops-text', 'bridge/demo_server.py', '        return _text(_arg(args, "text", (str,)))', '        return _text("")'),
     Fault('demo-add-structured-wrong', 'bridge/demo_server.py', '        return {**_text(str(total)), "structuredContent": {"sum": total}}', '        return _text(str(total))'),
+    # pins
+    Fault('ctl-pins-approve-is-a-get', 'bridge/ctl.py', '        case "pins" if args.verb in ("approve", "reject"):', '        case "pins" if False:'),
+    Fault('cli-pins-file-unchecked', 'bridge/cli.py', '            pinsfile.read(config.pins.path)', '            pass'),
 ]  # fmt: skip

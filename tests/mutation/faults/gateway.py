@@ -6,16 +6,17 @@ from faults.fault import Fault
 
 TESTS: dict[str, tuple[str, ...]] = {
     'bridge/gateway/sessions.py': ('tests/unit/test_sessions_unit.py',),
-    'bridge/gateway/gateway.py': ('tests/daemon/test_security.py::test_session_belongs_to_its_token', 'tests/daemon/test_security.py::test_max_sessions_503', 'tests/daemon/test_streamable.py::test_a_session_whose_client_holds_a_stream_open_is_never_reaped_as_idle', 'tests/daemon/test_policy.py::test_every_outcome_is_audited_once_without_arguments_or_results', 'tests/daemon/test_operations.py::test_slow_session_logged_once', 'tests/daemon/test_principals.py', 'tests/daemon/test_operators.py', 'tests/daemon/test_drain.py', 'tests/daemon/test_bounds.py'),
+    'bridge/gateway/gateway.py': ('tests/daemon/test_security.py::test_session_belongs_to_its_token', 'tests/daemon/test_security.py::test_max_sessions_503', 'tests/daemon/test_streamable.py::test_a_session_whose_client_holds_a_stream_open_is_never_reaped_as_idle', 'tests/daemon/test_policy.py::test_every_outcome_is_audited_once_without_arguments_or_results', 'tests/daemon/test_operations.py::test_slow_session_logged_once', 'tests/daemon/test_principals.py', 'tests/daemon/test_operators.py', 'tests/daemon/test_drain.py', 'tests/daemon/test_bounds.py', 'tests/daemon/test_pinned_servers.py'),
     'bridge/gateway/placement.py': (
         'tests/unit/test_placement_unit.py',
         'tests/daemon/test_operations.py::test_readyz_names_a_per_session_server_whose_command_is_missing',
         'tests/daemon/test_pool.py', 'tests/daemon/test_principals.py', 'tests/daemon/test_modern.py',
     ),
     'bridge/gateway/upstream.py': ('tests/daemon/test_modern.py::test_an_answer_names_the_server_that_gave_it_after_a_restart_too', 'tests/daemon/test_bounds.py', 'tests/daemon/test_era.py', 'tests/daemon/test_confine.py', 'tests/daemon/test_supervision.py'),
+    'bridge/gateway/pinsfile.py': ('tests/unit/test_pinsfile_unit.py', 'tests/daemon/test_pinned_servers.py'),
     'bridge/gateway/health.py': (
         'tests/daemon/test_pool.py::test_a_warm_process_is_probed_not_initialized_and_gets_its_sessions_own_initialize',
-        'tests/daemon/test_principals.py', 'tests/daemon/test_operators.py',
+        'tests/daemon/test_principals.py', 'tests/daemon/test_operators.py', 'tests/daemon/test_pinned_servers.py',
     ),
 }
 
@@ -56,4 +57,14 @@ FAULTS: list[Fault] = [
     Fault('health-principal-sees-all-calls', 'bridge/gateway/health.py', '        in_flight=sum(serving.values()),', '        in_flight=gateway.inflight(),'),
     Fault('health-admin-no-stderr', 'bridge/gateway/health.py', 'stderr_tail=last.stderr_tail() if last is not None else []', 'stderr_tail=[]'),
     Fault('health-warm-misreported', 'bridge/gateway/health.py', '        warm=upstream.warm and upstream in upstream.gateway.pool.warm,', '        warm=upstream.warm,'),
+    # pinsfile.py
+    Fault('pinsfile-write-lost', 'bridge/gateway/pinsfile.py', '        os.replace(temp, path)', '        os.replace(temp, path + ".new")'),
+    Fault('pinsfile-read-only-written', 'bridge/gateway/pinsfile.py', '    if not mode & 0o222:', '    if False:'),
+    Fault('pinsfile-settled-before-the-check', 'bridge/gateway/pinsfile.py', '        write(self.path, before)  # raises ReadOnly before anything changes\n', ''),
+    Fault('pinsfile-warn-reported-held', 'bridge/gateway/pinsfile.py', '            outcome = "held" if withheld else "served"', '            outcome = "held"'),
+    Fault('pinsfile-reload-drops-pending', 'bridge/gateway/pinsfile.py', '                        fresh.pending.setdefault(kind, {})[item] = pending', '                        pass'),
+    Fault('pinsfile-first-sight-unsaved', 'bridge/gateway/pinsfile.py', '            try:\n                self.save()', '            try:\n                pass'),
+    # pins in the gateway and its health
+    Fault('gw-pins-seen-dropped', 'bridge/gateway/gateway.py', '                    self.pins_file.seen(self.name, seen, metrics)', '                    pass'),
+    Fault('health-pins-hidden', 'bridge/gateway/health.py', '        pins=_pins(gateway),\n', ''),
 ]  # fmt: skip

@@ -5,7 +5,7 @@ from __future__ import annotations
 from faults.fault import Fault
 
 TESTS: dict[str, tuple[str, ...]] = {
-    'bridge/metrics.py': ('tests/daemon/test_metrics.py',),
+    'bridge/metrics.py': ('tests/daemon/test_metrics.py', 'tests/daemon/test_pinned_servers.py::test_warn_serves_a_change_and_reports_it_once'),
     'bridge/logs.py': ('tests/daemon/test_logs.py',),
 }
 
@@ -24,4 +24,5 @@ FAULTS: list[Fault] = [
     Fault('logs-thread-traceback-raw', 'bridge/logs.py', '    threading.excepthook = _thread_died\n', ''),
     Fault('logs-stamp-local-time', 'bridge/logs.py', 'text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole))', 'text = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(whole))'),
     Fault('logs-stamp-stale-second', 'bridge/logs.py', '        if whole != second:', '        if second < 0:'),
+    Fault('metrics-pin-changes-unreported', 'bridge/metrics.py', '                pin_changes.add_metric([m.server, kind, outcome], n)', '                pass'),
 ]  # fmt: skip

@@ -5,7 +5,8 @@ from __future__ import annotations
 from faults.fault import Fault
 
 TESTS: dict[str, tuple[str, ...]] = {
-    'bridge/ops/admin.py': ('tests/daemon/test_operators.py',),
+    'bridge/ops/admin.py': ('tests/daemon/test_operators.py', 'tests/daemon/test_pinned_servers.py'),
+    'bridge/ops/lock.py': ('tests/daemon/test_pinned_servers.py::test_a_lock_file_made_by_pins_lock_is_what_the_daemon_holds_to_and_ctl_shows_what_waits',),
     'bridge/ops/statuspage.py': ('tests/daemon/test_operators.py::test_status_page_assets_are_served_to_anyone_locked_down', 'tests/daemon/test_operators.py'),
 }
 
@@ -23,4 +24,10 @@ FAULTS: list[Fault] = [
     Fault('ui-inline-script-allowed', 'bridge/ops/statuspage.py', '"default-src \'none\'; script-src \'self\';', '"default-src \'none\'; script-src \'self\' \'unsafe-inline\';'),
     Fault('ui-framable', 'bridge/ops/statuspage.py', '"form-action \'none\'; frame-ancestors \'none\'; base-uri \'none\'"', '"form-action \'none\'; base-uri \'none\'"'),
     Fault('ui-sniffable', 'bridge/ops/statuspage.py', '    "X-Content-Type-Options": "nosniff",\n', ''),
+    # admin.py: pins
+    Fault('admin-pins-not-announced', 'bridge/ops/admin.py', '    if before != gateway.pins.withheld:\n        gateway.announce(kinds_changed(before, gateway.pins.withheld))\n', ''),
+    Fault('admin-pins-names-ignored', 'bridge/ops/admin.py', '        names = body.get("names")', '        names = None'),
+    # lock.py
+    Fault('lock-empty-kinds-unrecorded', 'bridge/ops/lock.py', '            pins.see(kind, items, Mode.HOLD, now)', '            if items:\n                pins.see(kind, items, Mode.HOLD, now)'),
+    Fault('lock-undeclared-kinds-asked', 'bridge/ops/lock.py', '            if CAPABILITY[kind] not in capabilities:\n                continue\n', ''),
 ]  # fmt: skip
