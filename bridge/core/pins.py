@@ -12,7 +12,10 @@ Rules, per server:
 3. After that, an item whose fingerprint is pinned is served. A new item, or one whose
    fingerprint differs, is pending: withheld under `hold`, served under `warn`, reported
    once per fingerprint (`Seen.changes`). A pending item seen again unchanged is not
-   reported again; one that changes again is.
+   reported again; one that changes again is. Under `hold`, a tool or prompt that is not
+   pinned is withheld whether or not a list offered it (`Unpinned`): a server cannot have
+   a name called that it never showed. At most `MAX_PENDING` items of a kind wait; past
+   that, a new one is withheld (or served) unreported.
 4. Approval pins what is pending (by name, or all that is not rejected); rejection keeps
    it withheld and stops its fingerprint being reported. An item that is no longer
    offered is just gone: its pin stays, so that its return unchanged is served.
@@ -67,6 +70,7 @@ LIST_CHANGED: Mapping[Listed, str] = {
 }
 
 _canonical = msgspec.json.Encoder(order="sorted")
+MAX_PENDING = 1000  # per server and kind: a server that offers new names without end grows no table without end
 
 
 class PinsError(ValueError):
@@ -108,6 +112,22 @@ class Seen:
     recorded: bool = False  # first sight (rule 2)
 
 
+class Unpinned(frozenset[str]):
+    """The names of a kind `hold` withholds: those pending, and every one not pinned (rule 3).
+    Equal to the set of those pending, so that a change to what is withheld is seen."""
+
+    __slots__ = ("pinned",)
+    pinned: frozenset[str]
+
+    def __new__(cls, pending: Iterable[str], pinned: Iterable[str]) -> Unpinned:
+        self = super().__new__(cls, pending)
+        self.pinned = frozenset(pinned)
+        return self
+
+    def __contains__(self, name: object) -> bool:
+        return frozenset.__contains__(self, name) or name not in self.pinned
+
+
 @dataclass(slots=True)
 class Pending:
     fingerprint: str
@@ -147,6 +167,10 @@ class ServerPins:
                 pending.pop(name, None)  # changed back: nothing to approve
                 continue
             waiting = pending.get(name)
+            if waiting is None and len(pending) >= MAX_PENDING:
+                if mode is Mode.HOLD:
+                    withheld.add(name)
+                continue
             if waiting is None or waiting.fingerprint != new:
                 pending[name] = waiting = Pending(new, fields)
                 old_fields = pin.fields if pin is not None else {}
@@ -157,10 +181,20 @@ class ServerPins:
         return Seen(frozenset(withheld), tuple(changes))
 
     def withheld(self, mode: Mode) -> dict[Listed, frozenset[str]]:
-        """What rule 3 withholds now, by kind (rejected items under `warn` too)."""
+        """What rule 3 withholds now, by kind: under `hold`, what is pending, and of tools
+        and prompts whose list has been recorded, every name that is not pinned
+        (`Unpinned`); under `warn`, what was rejected."""
         if mode is Mode.OFF:
             return {}
-        return {kind: frozenset(n for n, p in waiting.items() if mode is Mode.HOLD or p.rejected) for kind, waiting in self.pending.items() if waiting}
+        out: dict[Listed, frozenset[str]] = {}
+        for kind in Listed:
+            waiting = self.pending.get(kind, {})
+            names = frozenset(n for n, p in waiting.items() if mode is Mode.HOLD or p.rejected)
+            if mode is Mode.HOLD and kind is not Listed.TEMPLATE and kind in self.recorded:
+                out[kind] = Unpinned(names, self.pinned.get(kind, {}))
+            elif names:
+                out[kind] = names
+        return out
 
     def approve(self, now: str, names: Iterable[str] | None = None) -> list[tuple[Listed, str]]:
         """Rule 4: pin what is pending (the items named, of any kind; without names, all
@@ -255,7 +289,7 @@ class Gate:
 
     def refresh(self) -> None:
         """`withheld` after a change to the table (an answer seen, an approval, a mode)."""
-        now = {VIEW_KIND[kind]: names for kind, names in self.pins.withheld(self.mode).items() if names}
+        now = {VIEW_KIND[kind]: names for kind, names in self.pins.withheld(self.mode).items()}
         self.withheld.clear()
         self.withheld.update(now)
 

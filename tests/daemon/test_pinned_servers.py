@@ -141,6 +141,20 @@ async def test_a_change_found_after_a_restart_is_held_and_a_new_tool_too(bridge,
     assert pins_file(tmp_path)["servers"]["p"]["rejected"]["tools"][0].startswith("sub ")
 
 
+async def test_hold_serves_only_what_is_pinned_so_a_tool_never_listed_cannot_be_called(bridge, tmp_path):
+    (tmp_path / "tools.json").write_text(json.dumps({"tools": [ADD], "unlisted": ["hidden"]}))
+    async with bridge(config(tmp_path)) as b:
+        async with session(b, "streamable") as client:
+            assert await client.tools() == {"add", "changed"}
+            await b.wait_for("pins_recorded")
+            with pytest.raises(Exception, match="Unknown tool: hidden"):
+                await client.call("hidden")
+            assert await client.call("add") == 'add: {"a": 1}'
+    async with bridge(config(tmp_path, pin="off")) as b:  # the server does answer it
+        async with session(b, "streamable") as client:
+            assert await client.call("hidden") == 'hidden: {"a": 1}'
+
+
 async def test_warn_serves_a_change_and_reports_it_once(bridge, tmp_path):
     async with bridge(config(tmp_path, pin="warn")) as b:
         async with session(b, "streamable") as client:

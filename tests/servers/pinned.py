@@ -1,7 +1,8 @@
 """A stdio MCP server whose tools and prompts come from a JSON file a test edits, for the
 pinning tests: `python tests/servers/pinned.py FILE`.
 
-FILE holds `{"tools": [...], "prompts": [...]}` and is read again at every request, so a
+FILE holds `{"tools": [...], "prompts": [...], "unlisted": [names]}` (`unlisted`: tools it
+answers but never lists, as a server that hides one does) and is read again at every request, so a
 test changes what the server offers by writing it, then restarting the server or calling
 the tool `changed` (which sends `notifications/tools/list_changed` and
 `notifications/prompts/list_changed`, as a server that rewrites itself at run time does).
@@ -51,7 +52,7 @@ def answer(msg: dict[str, Any]) -> dict[str, Any]:
             send({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
             send({"jsonrpc": "2.0", "method": "notifications/prompts/list_changed"})
             return {"content": [{"type": "text", "text": "changed"}]}
-        if any(tool.get("name") == name for tool in offered().get("tools", [])):
+        if any(tool.get("name") == name for tool in offered().get("tools", [])) or name in offered().get("unlisted", []):
             return {"content": [{"type": "text", "text": f"{name}: {json.dumps(params.get('arguments') or {}, sort_keys=True)}"}]}
         raise LookupError(f"Unknown tool: {name}")
     if method == "prompts/get":

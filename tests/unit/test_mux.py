@@ -1265,6 +1265,20 @@ def test_pins_under_warn_serve_a_change_and_report_it_and_a_view_still_hides_on_
     assert shown == []
 
 
+def test_pins_under_hold_withhold_a_tool_never_listed_but_not_a_resource() -> None:
+    gate = Gate(ServerPins(), Mode.HOLD, lambda: PINS_NOW)
+    mux = ready_mux("a")
+    mux.set_pins(gate)
+    (sent,) = to_server(mux.from_client("a", req(1, "tools/call", name="unlisted", arguments={})))
+    assert sent["params"]["name"] == "unlisted"  # nothing recorded yet: first sight takes it on trust
+    mux.from_server(jsonrpc.result(sent["id"], {"content": []}))
+    tools_list(mux, "a", 2, [pin_tool("add")])
+    (probe,) = to_server(mux.from_client("a", req(3, "tools/call", name="unlisted", arguments={})))
+    assert probe["params"]["name"] != "unlisted"  # recorded: a name not pinned is withheld
+    (read,) = to_server(mux.from_client("a", req(4, "resources/read", uri="file:///a")))
+    assert read["params"]["uri"] == "file:///a"  # resources are not pinned (templates are, by name)
+
+
 def test_pins_one_gate_withholds_on_every_process_of_its_server() -> None:
     gate = Gate(ServerPins(), Mode.HOLD, lambda: PINS_NOW)
     one, other = ready_mux("a"), ready_mux("b")

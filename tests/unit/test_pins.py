@@ -74,7 +74,8 @@ def test_approval_pins_what_is_pending_by_name_or_all() -> None:
     assert pins.approve(LATER, ["a"]) == [(Listed.TOOL, "a")]
     assert pins.see(Listed.TOOL, [tool("a", "A2"), tool("b", "B2"), tool("c")], Mode.HOLD, LATER).withheld == {"b", "c"}
     assert sorted(pins.approve(LATER)) == [(Listed.TOOL, "b"), (Listed.TOOL, "c")]
-    assert pins.withheld(Mode.HOLD) == {}
+    assert pins.withheld(Mode.HOLD) == {Listed.TOOL: frozenset()}  # nothing pending
+    assert "never-listed" in pins.withheld(Mode.HOLD)[Listed.TOOL] and "c" not in pins.withheld(Mode.HOLD)[Listed.TOOL]  # not pinned: withheld
     assert pins.pinned[Listed.TOOL]["c"].first_seen == LATER
 
 
@@ -143,4 +144,22 @@ def test_a_gate_takes_what_is_withheld_out_of_a_list_and_says_so_to_every_mux() 
     assert changed["tools"] == [tool("b")] and shared == {"tools": frozenset({"a"})}
     assert gate.see("resources/list", {"resources": []}) is None  # resources are not pinned: templates are
     gate.approve()
-    assert shared == {}
+    assert shared == {"tools": frozenset()} and "a" not in shared["tools"] and "unlisted" in shared["tools"]
+
+
+def test_past_max_pending_a_new_item_is_withheld_unreported_and_the_table_stops_growing() -> None:
+    from bridge.core import pins as pins_module
+
+    pins = first_seen(tool("a"))
+    flood = [tool(f"n{i}") for i in range(pins_module.MAX_PENDING + 5)]
+    seen = pins.see(Listed.TOOL, flood, Mode.HOLD, LATER)
+    assert len(seen.changes) == pins_module.MAX_PENDING == len(pins.pending[Listed.TOOL])
+    assert seen.withheld == {t["name"] for t in flood}  # every one withheld all the same
+    assert pins.see(Listed.TOOL, flood, Mode.WARN, LATER).withheld == frozenset()  # warn serves them
+
+
+def test_a_template_is_withheld_only_when_pending_since_the_uris_it_shares_a_view_with_are_not_pinned() -> None:
+    pins = ServerPins()
+    pins.see(Listed.TEMPLATE, [{"uriTemplate": "file:///{path}", "name": "files"}], Mode.HOLD, NOW)
+    withheld = pins.withheld(Mode.HOLD).get(Listed.TEMPLATE, frozenset())
+    assert "file:///notes" not in withheld and "file:///{path}" not in withheld  # a resource's URI is no template's name

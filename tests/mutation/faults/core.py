@@ -163,4 +163,7 @@ FAULTS = [
     Fault('group-cancel-unrouted', 'bridge/core/group.py', '            return [ToMember(member, msg)] if member is not None else []', '            return []'),
     Fault('group-withdrawal-under-the-members-id', 'bridge/core/group.py', '            msg = {**msg, "params": {**params, "requestId": gid}}', '            pass'),
     Fault('group-fanout-answer-of-another-member', 'bridge/core/group.py', '        if asked is None or asked[0] != member:', '        if asked is None:'),
+    Fault('pins-unlisted-served-under-hold', 'bridge/core/pins.py', '        return frozenset.__contains__(self, name) or name not in self.pinned', '        return frozenset.__contains__(self, name)'),
+    Fault('pins-templates-unpinned-too', 'bridge/core/pins.py', 'if mode is Mode.HOLD and kind is not Listed.TEMPLATE and kind in self.recorded:', 'if mode is Mode.HOLD and kind in self.recorded:'),
+    Fault('pins-pending-unbounded', 'bridge/core/pins.py', '            if waiting is None and len(pending) >= MAX_PENDING:', '            if False:'),
 ]  # fmt: skip
