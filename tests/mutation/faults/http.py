@@ -21,12 +21,12 @@ TESTS = {
     'bridge/http/endpoints/post.py': ('tests/daemon/test_modern.py', 'tests/daemon/test_streamable.py'),
     'bridge/http/endpoints/sse_2024.py': ('tests/daemon/test_sse_transport.py',),
     'bridge/http/endpoints/streamable_2025.py': ('tests/daemon/test_streamable.py',),
-    'bridge/http/endpoints/stateless_2026.py': ('tests/daemon/test_modern.py',),
+    'bridge/http/endpoints/stateless_2026.py': ('tests/unit/test_stateless_2026_unit.py', 'tests/daemon/test_modern.py'),
     'bridge/http/fastpath.py': (
         'tests/daemon/test_operations.py::test_refusals_at_an_mcp_endpoint_count_as_errors_sent_on_either_http_path',
         'tests/daemon/test_streamable.py::test_a_stream_under_way_outlives_the_idle_timeout',
         'tests/daemon/test_replicas.py::test_sse_session_posts_through_the_other_replicas',
-        'tests/daemon/test_fastpath.py',
+        'tests/unit/test_fastpath_head.py', 'tests/daemon/test_fastpath.py',
     ),
     'bridge/http/endpoints/base.py': ('tests/daemon/test_streamable.py',),
     'bridge/http/aiohttp_reply.py': (

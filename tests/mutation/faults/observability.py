@@ -5,8 +5,8 @@ from __future__ import annotations
 from faults.fault import Fault
 
 TESTS: dict[str, tuple[str, ...]] = {
-    'bridge/metrics.py': ('tests/daemon/test_metrics.py', 'tests/daemon/test_pinned_servers.py::test_warn_serves_a_change_and_reports_it_once'),
-    'bridge/logs.py': ('tests/daemon/test_logs.py',),
+    'bridge/metrics.py': ('tests/unit/test_metrics_unit.py', 'tests/daemon/test_metrics.py', 'tests/daemon/test_pinned_servers.py::test_warn_serves_a_change_and_reports_it_once'),
+    'bridge/logs.py': ('tests/unit/test_logs_unit.py', 'tests/daemon/test_logs.py'),
 }
 
 FAULTS: list[Fault] = [
