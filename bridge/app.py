@@ -14,7 +14,6 @@ from bridge.access import policy
 from bridge.access.guard import WELL_KNOWN, Guard
 from bridge.access.oauth import OAuthVerifier
 from bridge.config.schema import NEEDS_RESTART, Config
-from bridge.core import pins
 from bridge.core.cluster import Cluster
 from bridge.core.pins import PinsError
 from bridge.gateway import health
@@ -197,8 +196,8 @@ async def apply_config(app: web.Application, new: Config) -> None:
             gateway.update_limits(new.limits)
             gateway.keepalive = new.sse.keepalive
             gateway.set_pins(live.pins)
-            if gateway.pins is not None and (before := withheld.get(name)) is not None and before != gateway.pins.withheld:
-                gateway.announce(pins.kinds_changed(before, gateway.pins.withheld))  # an approval made in the file
+            if (before := withheld.get(name)) is not None:
+                gateway.withheld_changed(before)  # an approval made in the file
     oauth = live.oauth
     if new.security.oauth != old.security.oauth:
         oauth = OAuthVerifier(new.security.oauth) if new.security.oauth is not None else None

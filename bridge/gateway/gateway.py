@@ -21,7 +21,7 @@ from bridge import logs
 from bridge.access.policy import RateLimiter, Throttled, View
 from bridge.config.schema import Limits, RateLimit, Server
 from bridge.core.mux import Abandoned, Action, Broadcast, Call, Discard, PeerState, PinsSeen, RestartServer, Timer, ToServer, ToSession
-from bridge.core.pins import LIST_CHANGED, Gate, Listed
+from bridge.core.pins import LIST_CHANGED, Gate, kinds_changed
 from bridge.gateway.pinsfile import PinsFile
 from bridge.gateway.placement import PLACEMENTS
 from bridge.gateway.sessions import Session, Spares
@@ -169,11 +169,14 @@ class Gateway:
         for upstream in self.upstreams():
             upstream.mux.set_pins(self.pins)
 
-    def announce(self, kinds: Iterable[Listed]) -> None:
-        """Tell every session that hears of list changes that a list changed (an approval
-        changed what it sees): each once, whichever process serves it."""
+    def withheld_changed(self, before: Mapping[str, frozenset[str]]) -> None:
+        """What its pins withhold was `before` an approval, a rejection or a reload: tell every
+        session that hears of list changes of each list that changed, once, whichever
+        process serves it."""
+        if self.pins is None or before == self.pins.withheld:
+            return
         slow: list[Session] = []
-        for method in {LIST_CHANGED[kind] for kind in kinds}:
+        for method in {LIST_CHANGED[kind] for kind in kinds_changed(before, self.pins.withheld)}:
             sids = {sid: None for u in self.upstreams() for a in u.mux.announce(method) if isinstance(a, Broadcast) for sid in a.sessions}
             self._deliver(tuple(sids), jsonrpc.notification(method), slow)
         if slow:

@@ -16,7 +16,6 @@ from typing import Any
 from aiohttp import web
 
 from bridge import logs
-from bridge.core.pins import kinds_changed
 from bridge.gateway.gateway import Gateway
 from bridge.gateway.pinsfile import ReadOnly
 from bridge.gateway.sessions import Session
@@ -162,8 +161,7 @@ async def settle_pins(request: web.Request) -> web.Response:
         raise HttpError(409, str(exc)) from None
     items = [{"kind": kind.value, "name": item} for kind, item in settled]
     _audit(request, f"pins_{verdict}", server=name, items=items)
-    if before != gateway.pins.withheld:
-        gateway.announce(kinds_changed(before, gateway.pins.withheld))
+    gateway.withheld_changed(before)
     return web.json_response({"approved" if verdict == "approve" else "rejected": items, "server": name})
 
 

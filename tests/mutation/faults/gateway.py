@@ -65,6 +65,7 @@ FAULTS: list[Fault] = [
     Fault('pinsfile-reload-drops-pending', 'bridge/gateway/pinsfile.py', '                        fresh.pending.setdefault(kind, {})[item] = pending', '                        pass'),
     Fault('pinsfile-first-sight-unsaved', 'bridge/gateway/pinsfile.py', '            try:\n                self.save()', '            try:\n                pass'),
     # pins in the gateway and its health
+    Fault('gw-withheld-change-unannounced', 'bridge/gateway/gateway.py', '        if self.pins is None or before == self.pins.withheld:\n            return', '        if True:\n            return'),
     Fault('gw-pins-seen-dropped', 'bridge/gateway/gateway.py', '                    self.pins_file.seen(self.name, seen, metrics)', '                    pass'),
     Fault('health-pins-hidden', 'bridge/gateway/health.py', '        pins=_pins(gateway),\n', ''),
 ]  # fmt: skip

@@ -25,7 +25,7 @@ FAULTS: list[Fault] = [
     Fault('ui-framable', 'bridge/ops/statuspage.py', '"form-action \'none\'; frame-ancestors \'none\'; base-uri \'none\'"', '"form-action \'none\'; base-uri \'none\'"'),
     Fault('ui-sniffable', 'bridge/ops/statuspage.py', '    "X-Content-Type-Options": "nosniff",\n', ''),
     # admin.py: pins
-    Fault('admin-pins-not-announced', 'bridge/ops/admin.py', '    if before != gateway.pins.withheld:\n        gateway.announce(kinds_changed(before, gateway.pins.withheld))\n', ''),
+    Fault('admin-pins-not-announced', 'bridge/ops/admin.py', '    gateway.withheld_changed(before)\n', ''),
     Fault('admin-pins-names-ignored', 'bridge/ops/admin.py', '        names = body.get("names")', '        names = None'),
     # lock.py
     Fault('lock-empty-kinds-unrecorded', 'bridge/ops/lock.py', '            pins.see(kind, items, Mode.HOLD, now)', '            if items:\n                pins.see(kind, items, Mode.HOLD, now)'),
