@@ -81,6 +81,11 @@ def pinned_fields(kind: Listed, item: Mapping[str, Any]) -> dict[str, Any]:
     return {f: item[f] for f in PINNED[kind] if f in item}
 
 
+def changed_fields(kind: Listed, old: Mapping[str, Any], new: Mapping[str, Any]) -> tuple[str, ...]:
+    """The pinned fields of `kind` that differ between two items (all those set, for a new one)."""
+    return tuple(f for f in PINNED[kind] if old.get(f) != new.get(f))
+
+
 def fingerprint(fields: Mapping[str, Any]) -> str:
     return hashlib.sha256(_canonical.encode(fields)).hexdigest()
 
@@ -174,7 +179,7 @@ class ServerPins:
             if waiting is None or waiting.fingerprint != new:
                 pending[name] = waiting = Pending(new, fields)
                 old_fields = pin.fields if pin is not None else {}
-                changed = tuple(f for f in PINNED[kind] if old_fields.get(f) != fields.get(f))
+                changed = changed_fields(kind, old_fields, fields)
                 changes.append(Change(kind, name, changed, pin.fingerprint if pin is not None else None, new))
             if mode is Mode.HOLD or waiting.rejected:
                 withheld.add(name)

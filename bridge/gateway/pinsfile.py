@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from bridge import logs
-from bridge.core.pins import Gate, Listed, Mode, PinsError, Seen, ServerPins, from_json
+from bridge.core.pins import Gate, Listed, Mode, PinsError, Seen, ServerPins, changed_fields, from_json
 from bridge.metrics import ServerMetrics
 
 VERSION = 1
@@ -176,7 +176,7 @@ class PinsFile:
             for name, item in sorted(waiting.items()):
                 pin = pinned.get(name)
                 old = pin.fields if pin is not None else {}
-                changed = sorted({*old, *item.fields} - {f for f in old if old.get(f) == item.fields.get(f)})
+                changed = list(changed_fields(kind, old, item.fields))
                 pending.append(
                     {
                         "kind": kind.value,
