@@ -18,6 +18,7 @@ not counted here.
     python -m bench.instructions --sessions 50 --calls 2000    # 50 clients at once (workload c's shape)
     python -m bench.instructions --transport streamable --region bridge.http.fastpath:parse_head
     python -m bench.instructions --record                      # and replace the table in bench/RESULTS.md
+    python -m bench.instructions --transport sse,streamable --group  # through a group of two, against direct
 
 `--region MODULE:ATTR` counts only what runs inside that function (a module's
 function or a class's method, and all it calls), to say what one part of the
@@ -51,10 +52,10 @@ WARMUP_CALLS = 300
 START_TIMEOUT_S = 120.0  # python and aiohttp importing under valgrind
 
 
-def drive(mode: str, url: str, calls: int, sessions: int = 1) -> dict[str, object]:
+def drive(mode: str, url: str, calls: int, sessions: int = 1, tool_prefix: str = "") -> dict[str, object]:
     """`calls` in all, from `sessions` clients at once, each making its calls one after another."""
     cmd = [sys.executable, os.path.join(HERE, "load.py"), "--mode", mode, "--url", url, "-n", str(sessions), "-k", str(calls // sessions), "-c", "1",
-           "--call-timeout", "60", "--run-timeout", "1800"]  # fmt: skip
+           "--call-timeout", "60", "--run-timeout", "1800", "--tool-prefix", tool_prefix]  # fmt: skip
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=1900, check=False)
     report: dict[str, object] = json.loads(out.stdout)
     if report.get("ok") != calls // sessions * sessions:
@@ -91,11 +92,25 @@ cli.main()
 """
 
 
-def measure(transport: str, calls: int, sessions: int = 1, region: str | None = None) -> int:
-    """User-space instructions the bridge executes per call of `transport` (inside `region` only, if given)."""
+# With --group: the server twice, as the two members of one group, called through the group.
+GROUP = """  bench2:
+    command: {command}
+    args: {args}
+    mode: shared
+groups:
+  g: {{servers: [bench, bench2]}}
+"""
+
+
+def measure(transport: str, calls: int, sessions: int = 1, region: str | None = None, group: bool = False) -> int:
+    """User-space instructions the bridge executes per call of `transport` (inside `region` only, if
+    given), at the server's own endpoint or, with `group`, through a group of two such servers."""
     with tempfile.TemporaryDirectory(prefix="mcp-bridge-instr-") as workdir:
         config, log = os.path.join(workdir, "bridge.yaml"), os.path.join(workdir, "bridge.log")
         harness.bridge_config(config)
+        if group:
+            with open(config, "a") as f:
+                f.write(GROUP.format(command=json.dumps(harness.SERVER_CMD[0]), args=json.dumps(harness.SERVER_CMD[1:])))
         out = os.path.join(workdir, "callgrind.%p")
         bridge = ["-m", "bridge"] if region is None else ["-c", _REGION_RUNNER, region]
         only = [] if region is None else ["--collect-atstart=no", "--toggle-collect=functools_reduce"]
@@ -106,10 +121,11 @@ def measure(transport: str, calls: int, sessions: int = 1, region: str | None = 
         proc = harness.spawn(cmd, log, cwd=harness.ROOT)
         try:
             port = harness.bridge_port(proc, log, START_TIMEOUT_S)
-            url = f"http://127.0.0.1:{port}/servers/bench/{'sse' if transport == 'sse' else 'mcp'}"
-            drive(transport, url, WARMUP_CALLS)
+            path, prefix = ("groups/g", "bench__") if group else ("servers/bench", "")
+            url = f"http://127.0.0.1:{port}/{path}/{'sse' if transport == 'sse' else 'mcp'}"
+            drive(transport, url, WARMUP_CALLS, tool_prefix=prefix)
             subprocess.run(["callgrind_control", "--zero", str(proc.pid)], capture_output=True, check=True, timeout=60)
-            drive(transport, url, calls, sessions)
+            drive(transport, url, calls, sessions, prefix)
             subprocess.run(["callgrind_control", "--dump", str(proc.pid)], capture_output=True, check=True, timeout=60)
             dumps = sorted((p for p in os.listdir(workdir) if p.startswith(f"callgrind.{proc.pid}.")), key=lambda p: int(p.rsplit(".", 1)[1]))
             if not dumps:
@@ -125,6 +141,7 @@ def main() -> int:
     parser.add_argument("--calls", type=int, default=1000)
     parser.add_argument("--sessions", type=int, default=1, help="clients at once, sharing the calls (workload c's shape: 50)")
     parser.add_argument("--region", help="MODULE:ATTR (bridge.gateway.gateway:Gateway._audit): count only inside that function")
+    parser.add_argument("--group", action="store_true", help="also through a group of two such servers (sse and streamable), and the ratio")
     parser.add_argument("--json", action="store_true", help="print {transport: instructions per call} as JSON (what bench/baselines.json holds)")
     parser.add_argument("--record", action="store_true", help="also replace the instructions table of bench/RESULTS.md (all transports, one session, no region)")
     args = parser.parse_args()
@@ -140,6 +157,12 @@ def main() -> int:
     if args.record and (args.region or args.sessions != 1 or transports[0] != "sse"):
         parser.error("--record: the table is of every transport, HTTP+SSE first, one session, no region")
     counts = {t: measure(t, args.calls, args.sessions, args.region) for t in transports}
+    if args.group:
+        print(f"instructions per call, {args.sessions} session(s) x {args.calls // args.sessions:,} calls: a group of two against the server's own endpoint")
+        for transport in [t for t in transports if t != "stateless"]:
+            grouped = measure(transport, args.calls, args.sessions, args.region, group=True)
+            print(f"  {harness.TRANSPORTS[transport]:<16}{counts[transport]:>10,}{grouped:>10,}   {grouped / counts[transport]:.3f}x")
+        return 0
     if args.json:
         print(json.dumps(counts))
         return 0

@@ -90,6 +90,7 @@ class LoadConfig:
     post_conns: int = 0  # sse: POST connections per session (0: as many as inflight)
     protocol_version: str = PROTOCOL_VERSION
     max_errors_kept: int = 10
+    tool_prefix: str = ""  # before the tool's name: a group's member (`bench__echo`)
 
 
 # ---------------------------------------------------------------- HTTP/1.1
@@ -511,7 +512,7 @@ class Session:
         cfg = run.cfg
         if run.tool == "echo":
             self._call_fmt = (
-                b'{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"echo","arguments":{"text":"%s'
+                b'{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"' + cfg.tool_prefix.encode() + b'echo","arguments":{"text":"%s'
                 + b"%s"
                 + b'"}'
                 + self.call_meta
@@ -520,7 +521,7 @@ class Session:
         else:
             extra = b',"pad":"%s"' if cfg.in_bytes else b"%s"
             self._call_fmt = (
-                b'{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"blob","arguments":{"size":'
+                b'{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"' + cfg.tool_prefix.encode() + b'blob","arguments":{"size":'
                 + str(cfg.out_bytes).encode()
                 + b',"tag":"%s"'
                 + extra
@@ -1152,6 +1153,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--run-timeout", type=float, default=300.0)
     p.add_argument("--post-conns", type=int, default=0, help="sse: POST connections per session (default: --inflight)")
     p.add_argument("--protocol-version", default=PROTOCOL_VERSION)
+    p.add_argument("--tool-prefix", default="", help="before each tool's name: a group's member and separator (bench__)")
     p.add_argument("--no-uvloop", action="store_true")
     p.add_argument("--indent", type=int, default=None)
     return p.parse_args(argv)
@@ -1175,6 +1177,7 @@ def main(argv: list[str] | None = None) -> int:
         run_timeout=args.run_timeout,
         post_conns=args.post_conns,
         protocol_version=args.protocol_version,
+        tool_prefix=args.tool_prefix,
     )
     raise_nofile()
     install_uvloop(not args.no_uvloop)

@@ -13,17 +13,18 @@ from bridge import logs
 from bridge.access import policy
 from bridge.access.guard import WELL_KNOWN, Guard
 from bridge.access.oauth import OAuthVerifier
-from bridge.config.schema import NEEDS_RESTART, Config
+from bridge.config.schema import NEEDS_RESTART, Config, group_members
 from bridge.core.cluster import Cluster
 from bridge.core.pins import PinsError
 from bridge.gateway import health
 from bridge.gateway.gateway import DRAIN_QUIET_S, Gateway
+from bridge.gateway.group import Group
 from bridge.gateway.pinsfile import PinsFile
 from bridge.http import access, errors, forward, state
 from bridge.http.endpoints import sse_2024, streamable_2025
 from bridge.http.endpoints.post import POSTS, Posts, post_mcp
-from bridge.http.state import GATEWAYS, LIVE, METRICS, Live
-from bridge.metrics import Forwarding, Metrics
+from bridge.http.state import GATEWAYS, GROUPS, LIVE, METRICS, Live
+from bridge.metrics import Forwarding, Metrics, ServerMetrics
 from bridge.ops import admin, statuspage
 from bridge.process.pool import Slots
 
@@ -56,17 +57,23 @@ def create_app(config: Config) -> web.Application:
         _apply_policy(gateways[name], config, limiter)
         gateways[name].set_pins(live.pins)
         _mint_cluster_ids(app, gateways[name])
-    app.router.add_get(state.SSE_ROUTE, sse_2024.stream, allow_head=False)  # a HEAD must not open a session
-    app.router.add_post(state.MESSAGES_ROUTE, sse_2024.post_message, expect_handler=access.expect_continue)
-    app.router.add_post(state.MCP_ROUTE, post_mcp, expect_handler=access.expect_continue)
-    app.router.add_get(state.MCP_ROUTE, streamable_2025.get, allow_head=False)
-    app.router.add_delete(state.MCP_ROUTE, streamable_2025.delete)
+    groups: dict[str, Group] = {}
+    app[GROUPS] = groups
+    metrics.groups = groups.values
+    for name in config.groups:
+        groups[name] = _group(app, config, name)
+    for sse, messages, mcp in ((state.SSE_ROUTE, state.MESSAGES_ROUTE, state.MCP_ROUTE), (state.GROUP_SSE_ROUTE, state.GROUP_MESSAGES_ROUTE, state.GROUP_MCP_ROUTE)):
+        app.router.add_get(sse, sse_2024.stream, allow_head=False)  # a HEAD must not open a session
+        app.router.add_post(messages, sse_2024.post_message, expect_handler=access.expect_continue)
+        app.router.add_post(mcp, post_mcp, expect_handler=access.expect_continue)
+        app.router.add_get(mcp, streamable_2025.get, allow_head=False)
+        app.router.add_delete(mcp, streamable_2025.delete)
     app.router.add_get(WELL_KNOWN, protected_resource)
     app.router.add_get(WELL_KNOWN + "/servers/{name}/{transport:mcp|sse}", protected_resource)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/status", status)
-    admin.add_routes(app, server_status)
+    admin.add_routes(app, server_status, group_status)
     statuspage.add_routes(app)
     if config.metrics.enabled:
         app.router.add_get(config.metrics.path, scrape)
@@ -75,6 +82,17 @@ def create_app(config: Config) -> web.Application:
     app.on_shutdown.append(_stop_gateways)
     app.on_cleanup.append(_close_oauth)
     return app
+
+
+def _group(app: web.Application, config: Config, name: str) -> Group:
+    """A group of the app's servers; its principals' servers by the live guard's say."""
+    live, gateways = app[LIVE], app[GATEWAYS]
+    group = Group(
+        name, config.groups[name], group_members(config, name), gateways, config.limits, ServerMetrics(name),
+        config.sse.keepalive, lambda principal: live.guard.servers_of(principal),
+    )  # fmt: skip
+    _mint_cluster_ids(app, group)
+    return group
 
 
 def _add_cluster(app: web.Application, config: Config) -> forward.Forwarder:
@@ -95,7 +113,7 @@ def _add_cluster(app: web.Application, config: Config) -> forward.Forwarder:
     return forwarder
 
 
-def _mint_cluster_ids(app: web.Application, gateway: Gateway) -> None:
+def _mint_cluster_ids(app: web.Application, gateway: Gateway | Group) -> None:
     if (cluster := app.get(forward.CLUSTER)) is not None:
         gateway.new_id = cluster.new_id
 
@@ -117,11 +135,14 @@ async def _close_oauth(app: web.Application) -> None:
 async def _start_gateways(app: web.Application) -> None:
     for gateway in app[GATEWAYS].values():
         await gateway.start()
+    for group in app[GROUPS].values():
+        await group.start()
     if (oauth := app[LIVE].oauth) is not None:
         await oauth.start()  # failing is not fatal: /readyz says so until keys come
 
 
 async def _stop_gateways(app: web.Application) -> None:
+    await asyncio.gather(*(g.stop() for g in app[GROUPS].values()))  # first: their members' sessions end with them
     await asyncio.gather(*(g.stop() for g in app[GATEWAYS].values()))
 
 
@@ -133,14 +154,15 @@ async def drain(app: web.Application, timeout: float) -> None:
     relayed from other replicas end now (their clients resume them elsewhere)."""
     live = app[LIVE]
     live.draining = True  # /readyz: 503, so that the balancer sends nothing new
-    gateways = list(app[GATEWAYS].values())
+    servers = list(app[GATEWAYS].values())  # what is in flight is at these: a group's calls are its members'
+    gateways: list[Gateway | Group] = [*app[GROUPS].values(), *servers]  # a group first: it closes its members' sessions
     for gateway in gateways:
         gateway.begin_drain()
     forwarder = app.get(forward.FORWARDER)
     if forwarder is not None:
         forwarder.begin_drain()
     log = logs.get()
-    log.info("draining", in_flight=sum(g.inflight() for g in gateways), timeout_s=timeout)
+    log.info("draining", in_flight=sum(g.inflight() for g in servers), timeout_s=timeout)
     deadline = time.monotonic() + timeout
     while True:
         now = time.monotonic()
@@ -148,7 +170,7 @@ async def drain(app: web.Application, timeout: float) -> None:
         if not any(busy) and (forwarder is None or not forwarder.calls()):
             return
         if now >= deadline:
-            log.warning("drain_timeout", in_flight=sum(g.inflight() for g in gateways))
+            log.warning("drain_timeout", in_flight=sum(g.inflight() for g in servers))
             return
         await asyncio.sleep(DRAIN_POLL_S)
 
@@ -206,7 +228,22 @@ async def apply_config(app: web.Application, new: Config) -> None:
         if live.oauth is not None:
             await live.oauth.close()
     live.config, live.guard, live.oauth = new, Guard(new, oauth, live.port), oauth
+    await _reload_groups(app, old, new)
     log.info("config_reloaded", added=added, removed=removed, restarted=changed, unchanged=len(gateways) - len(added) - len(changed))
+
+
+async def _reload_groups(app: web.Application, old: Config, new: Config) -> None:
+    """Groups removed end their sessions; groups added start; the others take their new
+    members and limits for the sessions to come."""
+    groups = app[GROUPS]
+    for name in [n for n in groups if n not in new.groups]:
+        await groups.pop(name).stop("server_gone")
+    for name in new.groups:
+        if name in groups:
+            groups[name].update(new.groups[name], group_members(new, name), new.limits, new.sse.keepalive)
+        else:
+            groups[name] = _group(app, new, name)
+            await groups[name].start()
 
 
 def _reload_pins(current: PinsFile | None, new: Config, old: Config) -> PinsFile | None:
@@ -283,13 +320,20 @@ async def status(request: web.Request) -> web.Response:
     admin role sees only the servers it may use, and of each only its own part (`principal_status`)."""
     gateways = request.app[GATEWAYS]
     caller = request.get(access.CALLER)
+    groups = request.app[GROUPS]
     if caller is not None and not caller.admin:
-        return web.json_response({"servers": {name: principal_status(g, caller.name) for name, g in gateways.items() if caller.may_use(name)}})
+        mine: dict[str, object] = {"servers": {name: principal_status(g, caller.name) for name, g in gateways.items() if caller.may_use(name)}}
+        if own_groups := {name: group_status(g, caller.name) for name, g in groups.items() if g.allowed(caller.name)}:
+            mine["groups"] = own_groups
+        return web.json_response(mine)
     slots = request.app[LIVE].processes
     body: dict[str, object] = {
         "servers": {name: server_status(g) for name, g in gateways.items()},
+
         "processes": {"running": slots.used, "max": slots.limit, "waiting": len(slots.waiters)},
     }
+    if groups:
+        body["groups"] = {name: group_status(g) for name, g in groups.items()}
     if (forwarder := request.app.get(forward.FORWARDER)) is not None:
         cluster = forwarder.cluster
         body["cluster"] = {"advertise": cluster.advertise, "epoch": cluster.epoch, "forwarding": forwarder.in_flight, "draining": request.app[LIVE].draining}
@@ -300,6 +344,20 @@ def server_status(gateway: Gateway) -> dict[str, object]:
     """What an admin sees of a server (`health.of_server`), as JSON."""
     status: dict[str, object] = msgspec.to_builtins(health.of_server(gateway))
     return status
+
+
+def group_status(group: Group, principal: str | None = None) -> dict[str, object]:
+    """A group as an admin sees it, or, for `principal`, the members it may use and its own sessions."""
+    if principal is not None:
+        return {"members": list(group.allowed(principal)), "sessions": sum(1 for s in group.sessions.values() if s.owner == principal)}
+    return {
+        "members": list(group.members),
+        "separator": group.config.separator,
+        "sessions": group.session_counts(),
+        "ready": group.readiness() is None,
+        "not_ready": group.readiness(),
+        "names_left_out": dict(group.names_left_out),
+    }
 
 
 def principal_status(gateway: Gateway, principal: str) -> dict[str, object]:

@@ -29,6 +29,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     json_flag = argparse.ArgumentParser(add_help=False)
     json_flag.add_argument("--json", action="store_true", help="print the API's JSON instead of a table")
     sub.add_parser("servers", parents=[json_flag], help="servers, their processes and state")
+    sub.add_parser("groups", parents=[json_flag], help="groups, their members and sessions")
     sessions = sub.add_parser("sessions", parents=[json_flag], help="open sessions")
     sessions.add_argument("--server")
     sessions.add_argument("--principal")
@@ -82,6 +83,8 @@ def _request(args: argparse.Namespace) -> tuple[str, str]:
     match args.action:
         case "servers":
             return "GET", "/admin/servers"
+        case "groups":
+            return "GET", "/admin/groups"
         case "sessions":
             query = {k: v for k, v in (("server", args.server), ("principal", args.principal)) if v is not None}
             return "GET", "/admin/sessions" + (f"?{urllib.parse.urlencode(query)}" if query else "")
@@ -135,6 +138,12 @@ def render(action: str, body: dict[str, Any], server: str | None = None) -> str:
                 for s in body["servers"]
             ]  # fmt: skip
             return table(["SERVER", "MODE", "READY", "SESSIONS", "IN FLIGHT", "PIDS", "RESTARTS"], rows)
+        case "groups":
+            rows = [
+                [g["name"], ",".join(g["members"]), "yes" if g["ready"] else f"no: {g['not_ready']}", sum(g["sessions"].values())]
+                for g in body["groups"]
+            ]
+            return table(["GROUP", "MEMBERS", "READY", "SESSIONS"], rows)
         case "sessions":
             rows = [
                 [s["id"], s["server"], s["principal"] or "-", s["transport"], s["protocol_version"] or "-",

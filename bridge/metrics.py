@@ -41,7 +41,7 @@ KNOWN_METHODS = frozenset(
     }
 )  # fmt: skip
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
-TRANSPORTS = ("sse", "streamable", "stateless")
+TRANSPORTS = ("sse", "streamable", "stateless", "group")  # group: a group session's session of a member
 ERAS = ("legacy", "2026-07-28")
 # JSON-RPC's codes, the bridge's own (docs/reference/errors.md) and MCP's (-32002 resource not
 # found, -32042 URL elicitation required); any other code a server sends is `other`.
@@ -65,6 +65,15 @@ def code_label(error: object) -> str:
     """The label of an error object's code: a known code, or `other`."""
     code = error.get("code") if isinstance(error, dict) else None
     return str(code) if code.__class__ is int and code in ERROR_CODES else "other"
+
+
+class GroupView(Protocol):
+    """What the scrape-time collector reads from a group (gateway/group.py)."""
+
+    name: str
+    names_left_out: Counter[str]  # by member
+
+    def session_counts(self) -> dict[str, int]: ...
 
 
 class ServerView(Protocol):
@@ -198,6 +207,7 @@ class Metrics:
         self.forwarding: Forwarding | None = None  # with a cluster: requests for other replicas' sessions
         # A server removed by a reload keeps its counts: counters never go back.
         self.retired: dict[str, ServerMetrics] = {}
+        self.groups: Callable[[], Iterable[GroupView]] = tuple  # the live ones, set by the app
         self.registry.register(_Collector(servers, self))
 
     def server(self, name: str) -> ServerMetrics:
@@ -236,6 +246,7 @@ class _Collector(Collector):
             limited.add_metric([label, limit], n)
         yield limited
         yield from self._oauth()
+        yield from self._groups()
         if (forwarding := self._metrics.forwarding) is not None:
             yield from forwarding.collect()
 
@@ -358,6 +369,25 @@ class _Collector(Collector):
             opened, dropped, messages, eras, traffic, duration, restarts, dropped_messages, errors, cpu, limit_kills, waits, starts,
             slot_waits, pin_changes,
         )  # fmt: skip
+
+    def _groups(self) -> Iterator[Metric]:
+        sessions = GaugeMetricFamily(
+            f"{PREFIX}_group_sessions_open",
+            "Client sessions open now with a group (each holds a session of each member: transport \"group\" there).",
+            labels=["group", "transport"],
+        )
+        left_out = CounterMetricFamily(
+            f"{PREFIX}_group_names_left_out",
+            "Tool and prompt names a group's member offered that, prefixed, would break MCP's tool-name rules: left out of lists.",
+            labels=["group", "member"],
+        )
+        for group in self._metrics.groups():
+            for transport, n in sorted(group.session_counts().items()):
+                sessions.add_metric([group.name, transport], n)
+            for member, n in sorted(group.names_left_out.items()):
+                left_out.add_metric([group.name, member], n)
+        yield sessions
+        yield left_out
 
     def _state(self, views: list[ServerView], rss: dict[str, int]) -> Iterator[Metric]:
         sessions = GaugeMetricFamily(f"{PREFIX}_sessions_open", "Client sessions open now.", labels=["server", "transport"])

@@ -28,6 +28,7 @@ WELL_KNOWN = "/.well-known/oauth-protected-resource"  # and under it, per server
 Forwarded = tuple[str | None, str | None, str | None]  # X-Forwarded-Proto, -Host, -Prefix of a request
 NOT_FORWARDED: Forwarded = (None, None, None)
 HOST_CACHE = 256
+SIGNED_IN_KEPT = 10_000  # OAuth principals whose servers are remembered (Guard.servers_of)
 CORS_METHODS = "GET, POST, DELETE, OPTIONS"
 CORS_HEADERS = "Authorization, Content-Type, Accept, Mcp-Session-Id, MCP-Protocol-Version, Last-Event-ID, Mcp-Method, Mcp-Name"
 CORS_EXPOSE = "Mcp-Session-Id, MCP-Protocol-Version, WWW-Authenticate"
@@ -73,6 +74,18 @@ class Guard:
         self.loopback = is_loopback(config.listen.host)
         self.metrics_path = config.metrics.path
         self._hosts: dict[str, bool] = {}  # every request asks; the answers are few
+        self._by_name = {p.name: p.servers for p in self.principals}
+        self._signed_in: dict[str, frozenset[str] | None] = {}  # OAuth principals' servers, as last signed in
+
+    def servers_of(self, principal: str | None) -> frozenset[str] | None:
+        """The servers `principal` may use (None: every one), for what is opened in its name
+        later than its request's check (a group's member sessions): a static token's, or what
+        an OAuth principal's access token granted when it last signed in."""
+        if principal is None:
+            return None
+        if principal in self._by_name:
+            return self._by_name[principal]
+        return self._signed_in.get(principal, frozenset())
 
     @property
     def authenticating(self) -> bool:
@@ -113,6 +126,11 @@ class Guard:
             return Refusal(401, "invalid_token", exc.reason, {"WWW-Authenticate": challenge})
         except Unavailable as exc:
             return Refusal(503, "oauth_unavailable", str(exc), {"Retry-After": str(exc.retry_after)})
+        signed_in = self._signed_in
+        signed_in.pop(identity.name, None)  # the newest last: the oldest give way
+        signed_in[identity.name] = identity.servers
+        if len(signed_in) > SIGNED_IN_KEPT:
+            del signed_in[next(iter(signed_in))]
         return Principal(identity.name, b"", identity.servers, oauth=True, admin=not identity.scopes.isdisjoint(self.admin_scopes))
 
     def resource_for(self, remote: str | None, forwarded: Forwarded) -> str:

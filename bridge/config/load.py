@@ -31,10 +31,12 @@ from bridge.config.schema import (
     SERVER_NAME,
     Config,
     ConfigError,
+    Group,
     Pool,
     Server,
     Token,
     dec_hook,
+    group_members,
     is_loopback,
 )
 
@@ -298,6 +300,8 @@ def _semantic_problems(config: Config) -> list[str]:
     if not config.metrics.path.startswith("/") or config.metrics.path.startswith("/servers/"):
         problems.append("metrics.path: must start with '/' and not be under /servers/")
     problems += listen_problems(config) + _cluster_key_problems(config)
+    for name, group in config.groups.items():
+        problems += _group_problems(f"groups.{name}", name, group, config)
     pinned = [name for name, server in config.servers.items() if server.pin != "off"]
     if pinned and config.pins is None:
         problems.append(f"pins.path: required when a server pins (servers.{pinned[0]}.pin is {config.servers[pinned[0]].pin!r})")
@@ -325,6 +329,35 @@ def _server_problems(where: str, name: str, server: Server) -> list[str]:
     for i, pattern in enumerate(server.inherit_env):
         if not ENV_PATTERN.match(pattern):
             problems.append(f"{where}.inherit_env[{i}]: expected a variable name or a prefix ending in '*' (like AWS_*), got {pattern!r}")
+    return problems
+
+
+# What may separate a member's name from its tools' (bridge/core/group.py, rule 1): a tool name may hold no other.
+SEPARATOR = re.compile(r"[A-Za-z0-9_.\-]{1,8}\Z")
+
+
+def _group_problems(where: str, name: str, group: Group, config: Config) -> list[str]:
+    """A group's name, members and separator: every name it shows keeps to MCP's tool-name
+    rules but for what a server itself offers, and splits back to one member only."""
+    problems: list[str] = []
+    if not SERVER_NAME.match(name):
+        problems.append(f"{where}: name must be 1-64 letters, digits, '_', '.' or '-' (it is part of the URL)")
+    if not SEPARATOR.match(group.separator):
+        problems.append(f"{where}.separator: 1 to 8 of A-Z a-z 0-9 _ - . (a tool name may hold no other), got {group.separator!r}")
+    if not group.servers:
+        problems.append(f"{where}.servers: at least one server is required")
+    for i, member in enumerate(group.servers):
+        if member != "*" and member not in config.servers:
+            problems.append(f"{where}.servers[{i}]: unknown server {member!r}")
+        elif group.servers.index(member) != i:
+            problems.append(f"{where}.servers[{i}]: {member!r} is listed twice")
+    members = group_members(config, name)
+    for member in members:
+        for other in members:
+            if other != member and other.startswith(member + group.separator):
+                problems.append(f"{where}.servers: {member!r} followed by {group.separator!r} begins {other!r}: a tool name would name either")
+    if group.list_timeout <= 0:
+        problems.append(f"{where}.list_timeout: must be more than 0")
     return problems
 
 

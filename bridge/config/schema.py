@@ -304,8 +304,17 @@ class Pins(Struct, frozen=True):
     path: str  # a JSON file the daemon reads at start and on reload, and writes (atomically)
 
 
+class Group(Struct, frozen=True):
+    """Several servers behind one endpoint, `/groups/NAME/` (bridge/core/group.py, docs/how-to/groups.md)."""
+
+    servers: list[str]  # its members, in the order the group lists them; ["*"]: every server, in config order
+    separator: str = "__"  # between a member's name and its tool's or prompt's: MEMBER__TOOL
+    list_timeout: Duration = Duration(5)  # a member's list later than this is left out (its entries come with list_changed)
+
+
 class Config(Struct, frozen=True):
     servers: dict[str, Server]
+    groups: dict[str, Group] = {}  # several servers behind one endpoint each
     listen: Listen = Listen()
     security: Security = Security()
     limits: Limits = Limits()
@@ -315,6 +324,17 @@ class Config(Struct, frozen=True):
     logging: Logging = Logging()
     cluster: Cluster | None = None
     pins: Pins | None = None
+
+
+def group_members(config: Config, group: str) -> tuple[str, ...]:
+    """A group's members, in its order: `*` stands for every server, in the config's order,
+    not already named; a name that is not a server's is left out (config load refuses it)."""
+    members: dict[str, None] = {}
+    for name in config.groups[group].servers:
+        for member in config.servers if name == "*" else (name,):
+            if member in config.servers:
+                members.setdefault(member)
+    return tuple(members)
 
 
 # What a reload (SIGHUP, the admin API) cannot change in a running daemon: a change to one
@@ -330,8 +350,6 @@ class ConfigError(Exception):
         super().__init__(f"{source}: " + "; ".join(problems))
         self.source = source
         self.problems = problems
-
-
 
 
 def is_loopback(host: str) -> bool:

@@ -8,14 +8,15 @@ Rules
 -----
 1. Names. A member's tool or prompt NAME is shown as MEMBER + separator + NAME (`Names`).
    A shown name keeps to MCP's tool-name rules (`TOOL_NAME`: 1 to 128 of A-Z a-z 0-9 _ - .):
-   member names and the separator are checked when the config loads (`problems`), so that
+   member names and the separator are checked when the config loads (config/load.py), so that
    only a name a server offers can break them; such a name is left out of the list and
    reported (`Page.left_out`). No member's name followed by the separator begins another
    member's (checked at load too), so a shown name splits one way only; a name no member
    claims is unknown.
 2. Resources keep their URIs (they are global already). A URI goes to the member that
-   last listed it, else to the first whose template matches it (`Routes`), else it is not
-   found.
+   last listed it in this session, else to the first whose template listed in it matches
+   it (`Routes`), else to the one member that serves resources, if only one does, else it
+   is not found.
 3. Lists merge in the members' order. A page of the group's list holds a page of each
    member that has more; its cursor names each such member and that member's own cursor
    (`Cursor`), opaque to the client.
@@ -31,8 +32,16 @@ Rules
    client's own id (each member session has its own ids); what the group asks of every
    member (`initialize`, `logging/setLevel`, the lists: `FANNED`) goes under ids of its
    own and is answered once every member asked has answered or gone, with what those
-   that answered said (the first error, when none did). A member that goes fails the
-   calls it held (-32003, naming it); the rest of the group goes on.
+   that answered said (the first error, when none did); a list, by the group's
+   `list_timeout` at the latest (`overdue`), the late member's entries announced when
+   they come, by the list's `list_changed`. A member that goes fails the calls it held
+   (-32003, naming it); the rest of the group goes on.
+7. Tasks: a task's id goes to the member that answered a call with it, sent its status or
+   listed it (`Routes.task`); `tasks/list` merges as the lists do; an id no member ran is
+   invalid params.
+8. Members change (a reload): a member that leaves fails what waited on it and its names
+   go; one that joins is initialized with the client's own initialize, and is the group's
+   once it answers. Either way the client hears each list's `list_changed`.
 """
 
 from __future__ import annotations
@@ -49,11 +58,8 @@ import msgspec
 
 from bridge.protocol import jsonrpc
 from bridge.protocol.jsonrpc import Message, RequestId
-from bridge.protocol.mcp import PROTOCOL_VERSIONS, RESOURCE_NOT_FOUND_2025
+from bridge.protocol.mcp import PROTOCOL_VERSIONS, RESOURCE_NOT_FOUND_2025, TOOL_NAME
 
-# MCP 2025-11-25, "Tool names": 1 to 128 characters, ASCII letters, digits, `_`, `-` and `.`.
-TOOL_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,128}\Z")
-SEPARATOR = re.compile(r"[A-Za-z0-9_.\-]{1,8}\Z")
 # The lists a group merges, by method: the list's field, and the field that names an item
 # (tools and prompts are named, rule 1; resources and templates keep theirs, rule 2).
 LISTS: Mapping[str, tuple[str, str, bool]] = {
@@ -61,24 +67,8 @@ LISTS: Mapping[str, tuple[str, str, bool]] = {
     "prompts/list": ("prompts", "name", True),
     "resources/list": ("resources", "uri", False),
     "resources/templates/list": ("resourceTemplates", "uriTemplate", False),
+    "tasks/list": ("tasks", "taskId", False),
 }
-
-
-def problems(group: str, members: Sequence[str], separator: str) -> list[str]:
-    """What is wrong with a group's members and separator (rule 1), each naming its key."""
-    where = f"groups.{group}"
-    found = []
-    if not SEPARATOR.match(separator):
-        found.append(f"{where}.separator: 1 to 8 of A-Z a-z 0-9 _ - . (a tool name may hold no other), got {separator!r}")
-        return found
-    for member in members:
-        if not TOOL_NAME.match(member + separator + "x"):
-            found.append(f"{where}.servers: {member!r} cannot begin a tool name (1 to 128 of A-Z a-z 0-9 _ - .)")
-    for member in members:
-        for other in members:
-            if other != member and other.startswith(member + separator):
-                found.append(f"{where}.servers: {member!r} followed by {separator!r} begins {other!r}: a tool name would name either")
-    return found
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,7 +152,10 @@ def merge_list(method: str, names: Names, pages: Sequence[tuple[str, dict[str, A
                     continue
                 item = {**item, named_by: shown}
             elif routes is not None and isinstance(own, str):
-                routes.listed(member, own, template=method == "resources/templates/list")
+                if method == "tasks/list":
+                    routes.task(member, own)
+                else:
+                    routes.listed(member, own, template=method == "resources/templates/list")
             items.append(item)
         if isinstance(cursor := result.get("nextCursor"), str):
             more[member] = cursor
@@ -190,6 +183,17 @@ class Routes:
         self.limit = limit
         self._uris: OrderedDict[str, str] = OrderedDict()
         self._templates: dict[str, list[tuple[str, re.Pattern[str]]]] = {}  # member -> its templates
+        self._tasks: OrderedDict[str, str] = OrderedDict()  # task id -> the member running it
+
+    def task(self, member: str, task_id: str) -> None:
+        """`member` runs the task `task_id` (it answered a call with it, or listed it)."""
+        self._tasks[task_id] = member
+        self._tasks.move_to_end(task_id)
+        if len(self._tasks) > self.limit:
+            self._tasks.popitem(last=False)
+
+    def task_of(self, task_id: object) -> str | None:
+        return self._tasks.get(task_id) if isinstance(task_id, str) else None
 
     def listed(self, member: str, uri: str, template: bool = False) -> None:
         if template:
@@ -205,7 +209,7 @@ class Routes:
     def member_of(self, uri: object, members: Sequence[str]) -> str | None:
         if not isinstance(uri, str):
             return None
-        if (member := self._uris.get(uri)) is not None:
+        if (member := self._uris.get(uri)) is not None and member in members:
             return member
         for member in members:
             for template, pattern in self._templates.get(member, ()):
@@ -305,19 +309,42 @@ class ToClient(NamedTuple):
 
 Out = ToMember | ToClient
 
+# The codes of the errors the bridge itself answers a call with (protocol/jsonrpc.py).
+BRIDGE_ERRORS = frozenset(
+    {jsonrpc.SERVER_EXITED, jsonrpc.REQUEST_TIMEOUT, jsonrpc.SERVER_UNAVAILABLE, jsonrpc.TOO_MANY_REQUESTS,
+     jsonrpc.SESSION_CLOSED, jsonrpc.RESPONSE_TOO_LARGE, jsonrpc.SERVER_BUSY}
+)  # fmt: skip
 FANOUT_ID = "mcp-bridge-group-"  # the ids of the group's own requests to its members
-# Requests routed by a name (rule 1) or a URI (rule 2): method -> the parameter, and whether it names a resource.
-ROUTED: Mapping[str, tuple[str, bool]] = {
-    "tools/call": ("name", False),
-    "prompts/get": ("name", False),
-    "resources/read": ("uri", True),
-    "resources/subscribe": ("uri", True),
-    "resources/unsubscribe": ("uri", True),
+# Requests routed by a name (rule 1), a URI (rule 2) or a task's id (rule 7): method -> the parameter that says.
+ROUTED: Mapping[str, str] = {
+    "tools/call": "name",
+    "prompts/get": "name",
+    "resources/read": "uri",
+    "resources/subscribe": "uri",
+    "resources/unsubscribe": "uri",
+    "tasks/get": "taskId",
+    "tasks/result": "taskId",
+    "tasks/cancel": "taskId",
+}
+# A list's change notification, by the list's method.
+LIST_CHANGED: Mapping[str, str] = {
+    "tools/list": "notifications/tools/list_changed",
+    "prompts/list": "notifications/prompts/list_changed",
+    "resources/list": "notifications/resources/list_changed",
+    "resources/templates/list": "notifications/resources/list_changed",
 }
 # Requests every member is asked, answered when all have: method -> how the answers merge.
 FANNED = frozenset({"initialize", "logging/setLevel", *LISTS})
 # Notifications from the client every member hears.
 TO_ALL = frozenset({"notifications/initialized", "notifications/roots/list_changed"})
+
+
+_JOIN = "join"  # the group's initialize of a member that joins an open session (`GroupSession.join`)
+
+
+def _changed() -> list[Out]:
+    """What a client hears when the group's members change: each list may have."""
+    return [ToClient(jsonrpc.notification(method)) for method in dict.fromkeys(LIST_CHANGED.values())]
 
 
 @dataclass(slots=True)
@@ -327,6 +354,8 @@ class _Fanout:
     waiting: set[str]
     answers: dict[str, dict[str, Any]] = field(default_factory=dict)
     error: dict[str, Any] | None = None  # the first member's error, when every member failed
+    answered: bool = False  # the client has its answer: a member's answer now is late (`overdue`)
+    joining: tuple[str, ...] | None = None  # _JOIN: the group's members once this one has answered
 
 
 class GroupSession:
@@ -344,6 +373,9 @@ class GroupSession:
         self._ids = 0
         self._calls: dict[RequestId, str] = {}  # the client's requests in flight at one member -> that member
         self.left_out: list[tuple[str, str]] = []  # names rule 1 left out since last read
+        self.negotiated: str | None = None  # the protocol version of the group's initialize result
+        self._only_resources: str | None = None  # the one member with resources, if only one has them
+        self._initialize: dict[str, Any] | None = None  # the client's initialize params: a member that joins later gets them
 
     # -------------------------------------------------------------- from the client
 
@@ -361,13 +393,17 @@ class GroupSession:
             return self._fan_out(rid, method, params)
         if method == "completion/complete":
             return self._complete(msg, rid, params)
-        routed = ROUTED.get(method)
-        if routed is None:
+        key = ROUTED.get(method)
+        if key is None:
             return [self._error(rid, jsonrpc.METHOD_NOT_FOUND, f"method not found: {method} (not served by a group)")]
-        key, resource = routed
         value = params.get(key)
-        if resource:
-            member = self.routes.member_of(value, self.names.members)
+        if key == "taskId":
+            member = self.routes.task_of(value)
+            if member is None or member not in self.names.members:
+                return [self._error(rid, jsonrpc.INVALID_PARAMS, f"Unknown task: {value}")]
+            return self._to(member, rid, msg)
+        if key == "uri":
+            member = self.routes.member_of(value, self.names.members) or self._only_resources
             if member is None:
                 return [self._error(rid, RESOURCE_NOT_FOUND_2025, f"Resource not found: {value}", {"uri": value})]
             return self._to(member, rid, msg)
@@ -383,11 +419,13 @@ class GroupSession:
         if ref.get("type") == "ref/prompt" and (found := self.names.split(ref.get("name"))) is not None:
             member, own = found
             return self._to(member, rid, {**msg, "params": {**params, "ref": {**ref, "name": own}}})
-        if ref.get("type") == "ref/resource" and (holder := self.routes.member_of(ref.get("uri"), self.names.members)) is not None:
+        if ref.get("type") == "ref/resource" and (holder := self.routes.member_of(ref.get("uri"), self.names.members) or self._only_resources) is not None:
             return self._to(holder, rid, msg)
         return [self._error(rid, jsonrpc.INVALID_PARAMS, f"Unknown reference: {ref.get('name') or ref.get('uri')}")]
 
     def _to(self, member: str, rid: RequestId, msg: Message) -> list[Out]:
+        if rid in self._calls:
+            return [self._error(rid, jsonrpc.INVALID_REQUEST, f"request id {rid!r} is already in flight")]
         self._calls[rid] = member
         return [ToMember(member, msg)]
 
@@ -395,6 +433,7 @@ class GroupSession:
         asked: dict[str, dict[str, Any]] = {m: params for m in self.names.members}
         if method == "initialize":
             self.version = params.get("protocolVersion") if isinstance(params.get("protocolVersion"), str) else None
+            self._initialize = params
         elif method in LISTS and "cursor" in params:
             try:
                 more = Cursor.decode(params["cursor"], self.names.members)
@@ -436,11 +475,16 @@ class GroupSession:
             rid = msg.get("id")
             if isinstance(rid, str) and rid.startswith(FANOUT_ID):
                 return self._fanned_in(member, rid, msg)
-            if rid is not None and self._calls.get(rid) == member:
-                del self._calls[rid]
+            if rid is not None and self.answered(member, rid):
+                if "error" in msg:
+                    msg = self._named(member, msg)
+                elif isinstance(task := _object(_object(msg.get("result")).get("task")).get("taskId"), str):
+                    self.routes.task(member, task)
             return [ToClient(msg, related, final)]
         if "id" in msg:  # a server request: asked of the client under an id of the group's
             return [ToClient({**msg, "id": self.asked.ask(member, msg["id"])}, related, final)]
+        if msg["method"] == "notifications/tasks/status" and isinstance(task := _object(msg.get("params")).get("taskId"), str):
+            self.routes.task(member, task)
         if msg["method"] == "notifications/cancelled" and isinstance(params := msg.get("params"), dict):
             gid = self.asked.id_for(member, params.get("requestId"))
             if gid is None:
@@ -448,18 +492,72 @@ class GroupSession:
             msg = {**msg, "params": {**params, "requestId": gid}}
         return [ToClient(msg, related, final)]
 
+    def _named(self, member: str, msg: Message) -> Message:
+        """An error the bridge made for a member (its process exited, is failing, busy, too
+        slow: BRIDGE_ERRORS) says which member, as the group's own errors do."""
+        error = msg["error"]
+        if not isinstance(error, dict) or error.get("code") not in BRIDGE_ERRORS:
+            return msg
+        return {**msg, "error": {**error, "message": f"member {member!r} of group {self.group!r}: {error.get('message')}"}}
+
+    def answered(self, member: str, rid: RequestId) -> bool:
+        """`member` answered the client's call `rid` (which the client now has); whether it was
+        that member's to answer. A shell that sees the answer is neither an error nor a task's
+        passes it on as it came, with only this (`from_member` does the same and more)."""
+        if self._calls.get(rid) != member:
+            return False
+        del self._calls[rid]
+        return True
+
     def _fanned_in(self, member: str, fid: str, msg: Message) -> list[Out]:
         asked = self._fanouts.get(fid)
         if asked is None or asked[0] != member:
             return []
         del self._fanouts[fid]
         fanout = asked[1]
+        if fanout.method == _JOIN:
+            if "result" not in msg or fanout.joining is None:
+                return []
+            now = self.names.members
+            self.names = Names(tuple(m for m in fanout.joining if m in now or m == member), self.names.separator)
+            return [ToMember(member, jsonrpc.notification("notifications/initialized")), *_changed()]
+        if fanout.answered:  # past `overdue`: what the client was told has changed
+            return [ToClient(jsonrpc.notification(LIST_CHANGED[fanout.method]))] if fanout.method in LIST_CHANGED else []
         fanout.waiting.discard(member)
         if isinstance(result := msg.get("result"), dict):
             fanout.answers[member] = result
         elif fanout.error is None and isinstance(error := msg.get("error"), dict):
             fanout.error = error
         return self._fanned(fanout) if not fanout.waiting else []
+
+    def join(self, member: str, members: tuple[str, ...]) -> list[Out]:
+        """A member joins the group (a reload added it) and its session here is open: it is
+        initialized as the client initialized the others, and once it answers, the group's
+        members are `members` and the client hears that the lists changed (rule 8)."""
+        if self._initialize is None:  # the client has not initialized: it will, every member then
+            self.names = Names(members, self.names.separator)
+            return []
+        self._ids += 1
+        fid = f"{FANOUT_ID}{self._ids}"
+        self._fanouts[fid] = (member, _Fanout("", _JOIN, {member}, joining=members))
+        return [ToMember(member, jsonrpc.request(fid, "initialize", self._initialize))]
+
+    def leave(self, member: str, why: str) -> list[Out]:
+        """A member leaves the group (a reload removed it): what waited on it fails, its
+        names go, and the client hears that the lists changed (rule 8)."""
+        out = self.member_gone(member, why)
+        self.names = Names(tuple(m for m in self.names.members if m != member), self.names.separator)
+        self.routes.forget(member)
+        return out + _changed() if self._initialize is not None else out
+
+    def overdue(self, client_id: RequestId) -> list[Out]:
+        """A list the client asked for is due (the group's `list_timeout`): answered with what
+        the members that answered said; those still to answer are told of later, by the list's
+        `list_changed`, when their answers come."""
+        for _, fanout in self._fanouts.values():
+            if fanout.client_id == client_id and fanout.method in LISTS and not fanout.answered:
+                return self._fanned(fanout)
+        return []
 
     def member_gone(self, member: str, why: str) -> list[Out]:
         """A member's session ended (its server failed, it was removed): what waited on it ends."""
@@ -476,12 +574,16 @@ class GroupSession:
     def _fanned(self, fanout: _Fanout) -> list[Out]:
         """Every member asked has answered: the group's answer, or, when none could, the first error."""
         rid = fanout.client_id
+        fanout.answered = True
         answers = [(m, fanout.answers[m]) for m in self.names.members if m in fanout.answers]
         if not answers and fanout.error is not None:
             error = fanout.error
             return [self._error(rid, error.get("code", jsonrpc.INTERNAL_ERROR), str(error.get("message", "")), error.get("data"))]
         if fanout.method == "initialize":
             result = merge_initialize(self.group, self.version or "", answers)
+            self.negotiated = result["protocolVersion"]
+            serving = [m for m, answer in answers if isinstance(_object(answer.get("capabilities")).get("resources"), dict)]
+            self._only_resources = serving[0] if len(serving) == 1 else None
         elif fanout.method in LISTS:
             page = merge_list(fanout.method, self.names, answers, self.routes)
             self.left_out += page.left_out

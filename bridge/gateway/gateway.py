@@ -24,7 +24,7 @@ from bridge.core.mux import Abandoned, Action, Broadcast, Call, Discard, PeerSta
 from bridge.core.pins import LIST_CHANGED, Gate, kinds_changed
 from bridge.gateway.pinsfile import PinsFile
 from bridge.gateway.placement import PLACEMENTS
-from bridge.gateway.sessions import Session, Spares
+from bridge.gateway.sessions import Registry, Session, Spares
 from bridge.gateway.upstream import NOT_READING, Upstream
 from bridge.metrics import ServerMetrics
 from bridge.process import confine
@@ -37,8 +37,6 @@ from bridge.protocol.jsonrpc import Kind, Message, RequestId
 encode = jsonrpc.encode
 
 
-KEEPALIVE_PASSES = 5  # checks per keepalive interval: comments come every 4/5 to 5/5 of it
-KEEPALIVE_SLICE = 64  # keepalives written between yields to the event loop
 # Session ends the bridge chose, counted as drops (a client closing its stream is not one).
 DROP_REASONS = frozenset({"slow", "idle", "server_gone", "shutdown", "ended"})  # ended: by an administrator
 # Idle sessions kept for requests to come (http/endpoints/stateless_2026.py: answered 2026-07-28 calls'),
@@ -61,7 +59,7 @@ class SessionLimitError(Exception):
         self.retry_after = retry_after  # seconds; None: the default for a full or stopping server
 
 
-class Gateway:
+class Gateway(Registry):
     def __init__(
         self,
         name: str,
@@ -73,6 +71,7 @@ class Gateway:
         slots: Slots | None = None,
     ) -> None:
         self.name = name
+        self.path = f"/servers/{name}"
         self.metrics = metrics
         self.keepalive = keepalive
         self.server = server
@@ -126,7 +125,7 @@ class Gateway:
         self.pool.open()
         loop = asyncio.get_running_loop()
         self._ticker = loop.create_task(self._tick(), name=f"tick:{self.name}")
-        self._pinger = loop.create_task(self._keepalives(), name=f"keepalive:{self.name}")
+        self._pinger = loop.create_task(self.keepalives(), name=f"keepalive:{self.name}")
 
     async def stop(self, reason: str = "shutdown") -> None:
         """Refuse new sessions, answer every call still in flight with an error, end
@@ -222,13 +221,6 @@ class Gateway:
             self.log.info(
                 "session_opened", session=session.id, transport=session.transport, owner=session.owner, **self.placement.opened(upstream)
             )
-
-    def session(self, session_id: str | None, owner: str | None) -> Session | None:
-        """The live session with this id, if `owner` opened it; anyone else gets None."""
-        session = self.sessions.get(session_id) if session_id else None
-        if session is None or session.owner != owner:
-            return None
-        return session
 
     def close_session(self, session: Session, reason: str) -> None:
         if self.sessions.pop(session.id, None) is None:
@@ -557,30 +549,7 @@ class Gateway:
             for session in [s for s in self.sessions.values() if s.last_seen < idle_before and not s.attached()]:
                 self.close_session(session, "idle")
 
-    async def _keepalives(self) -> None:
-        """A comment on every stream once per `keepalive` seconds.
-
-        Checked a few times per interval, so each pass writes to the slice of the
-        sessions that opened in one part of it; and a pass yields to the loop after
-        every few writes, so that requests never wait behind thousands of them.
-        """
-        while True:
-            await asyncio.sleep(self.keepalive / KEEPALIVE_PASSES)
-            now = time.monotonic()
-            due = now - self.keepalive * (1 - 1 / KEEPALIVE_PASSES)
-            for pinged, session in enumerate([s for s in self.sessions.values() if s.last_pinged < due], 1):
-                session.last_pinged = now
-                session.keepalive()
-                if pinged % KEEPALIVE_SLICE == 0:
-                    await asyncio.sleep(0)
-
     # ------------------------------------------------------------------ health
-
-    def session_counts(self) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        for session in self.sessions.values():
-            counts[session.transport] = counts.get(session.transport, 0) + 1
-        return counts
 
     def inflight(self) -> int:
         return sum(u.mux.inflight() for u in self.upstreams())

@@ -8,11 +8,20 @@ batch of input produced is delivered), `finish` when it has one, and `end`.
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import time
 from collections.abc import Callable, Hashable
+from typing import Any, Protocol
 
-from bridge.protocol.jsonrpc import Message, RequestId
+from structlog.typing import FilteringBoundLogger
+
+from bridge.config.schema import Limits
+from bridge.metrics import ServerMetrics
+from bridge.protocol.jsonrpc import Kind, Message, RequestId
+
+KEEPALIVE_PASSES = 5  # checks per keepalive interval: comments come every 4/5 to 5/5 of it
+KEEPALIVE_SLICE = 64  # keepalives written between yields to the event loop
 
 
 def new_session_id() -> str:
@@ -66,6 +75,43 @@ class Session:
     def end(self, reason: str) -> None:
         self.ended = True
         self.end_reason = reason
+
+
+class Registry:
+    """The sessions of one gateway or group, by id: who may name one, and their keepalives."""
+
+    keepalive: float  # seconds between comments on every stream
+    sessions: dict[str, Session]
+
+    def session(self, session_id: str | None, owner: str | None) -> Session | None:
+        """The live session with this id, if `owner` opened it; anyone else gets None."""
+        session = self.sessions.get(session_id) if session_id else None
+        if session is None or session.owner != owner:
+            return None
+        return session
+
+    def session_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for session in self.sessions.values():
+            counts[session.transport] = counts.get(session.transport, 0) + 1
+        return counts
+
+    async def keepalives(self) -> None:
+        """A comment on every stream once per `keepalive` seconds.
+
+        Checked a few times per interval, so each pass writes to the slice of the
+        sessions that opened in one part of it; and a pass yields to the loop after
+        every few writes, so that requests never wait behind thousands of them.
+        """
+        while True:
+            await asyncio.sleep(self.keepalive / KEEPALIVE_PASSES)
+            now = time.monotonic()
+            due = now - self.keepalive * (1 - 1 / KEEPALIVE_PASSES)
+            for pinged, session in enumerate([s for s in self.sessions.values() if s.last_pinged < due], 1):
+                session.last_pinged = now
+                session.keepalive()
+                if pinged % KEEPALIVE_SLICE == 0:
+                    await asyncio.sleep(0)
 
 
 class Spares:
@@ -123,3 +169,24 @@ class Spares:
 
     def all(self) -> list[Session]:
         return [session for kept in self._by_kind.values() for session in kept]
+
+
+class Served(Protocol):
+    """What the 2025 transports' endpoints serve: one server's `Gateway`, or a `Group` of
+    servers (gateway/group.py). Each registers its sessions and routes their messages."""
+
+    name: str
+    path: str  # where it is served: /servers/NAME or /groups/NAME
+    limits: Limits
+    metrics: ServerMetrics
+    log: FilteringBoundLogger
+
+    async def open_session(self, session: Session) -> None: ...
+
+    def session(self, session_id: str | None, owner: str | None) -> Session | None: ...
+
+    def close_session(self, session: Session, reason: str) -> None: ...
+
+    def from_client(self, session: Session, payload: Any, kind: Kind | None = None) -> None: ...
+
+    def negotiated_version(self, session: Session) -> str | None: ...

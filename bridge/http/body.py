@@ -8,20 +8,20 @@ from typing import Any
 
 from aiohttp import StreamReader, web
 
-from bridge.gateway.gateway import Gateway
+from bridge.gateway.sessions import Served
 from bridge.http.errors import HttpError
 from bridge.protocol import jsonrpc
 from bridge.protocol.jsonrpc import ProtocolError
 
 
-def check_length(content_length: int | None, gateway: Gateway) -> None:
+def check_length(content_length: int | None, gateway: Served) -> None:
     """413 before any of the body is read, when its declared length is over the limit."""
     limit = gateway.limits.max_message_bytes
     if content_length is not None and content_length > limit:
         raise HttpError(413, f"body of {content_length} bytes is over the limit of {limit}")
 
 
-def decode_body(body: bytes, gateway: Gateway) -> Any:
+def decode_body(body: bytes, gateway: Served) -> Any:
     """The decoded JSON body, or 400 with a one-line reason."""
     gateway.metrics.bytes_in += len(body)
     if len(body) > 2 * jsonrpc.MAX_DEPTH and jsonrpc.too_deep(body):
@@ -32,7 +32,7 @@ def decode_body(body: bytes, gateway: Gateway) -> Any:
         raise HttpError(400, exc.message, exc.code) from None
 
 
-async def read_message(request: web.Request, gateway: Gateway) -> Any:
+async def read_message(request: web.Request, gateway: Served) -> Any:
     """The decoded JSON body, or 413 / 415 / 400 with a one-line reason."""
     check_length(request.content_length, gateway)
     limit = gateway.limits.max_message_bytes

@@ -45,8 +45,7 @@ from multidict import CIMultiDict
 from bridge import logs
 from bridge.access.guard import NOT_FORWARDED, Forwarded, cors_headers
 from bridge.access.oauth import NeedsFetch
-from bridge.gateway.gateway import Gateway
-from bridge.gateway.sessions import Session
+from bridge.gateway.sessions import Served, Session
 from bridge.http import forward, reply, state, streams
 from bridge.http.access import check_access
 from bridge.http.body import check_length, decode_body
@@ -60,11 +59,12 @@ MAX_FIELDS = 100  # under aiohttp's limit of 128 headers: more are aiohttp's to 
 DISCARD_LIMIT = 64 * 1024  # a refused request's body up to this size is read, to keep the connection
 LINGER_S, LINGER_BYTES = 2.0, 1 << 20  # reading on after a refusal, before closing
 # The target of a message POST in the one shape this path takes: `/servers/{name}/mcp`
-# (Streamable HTTP) or `/servers/{name}/messages` (HTTP+SSE), with a query that has no "+";
+# (Streamable HTTP) or `/servers/{name}/messages` (HTTP+SSE), or the same of a group
+# (`/groups/{name}/...`), with a query that has no "+";
 # visible ASCII only (no controls, no spaces, no bare LF), and neither "#" nor "%": aiohttp
-# drops a fragment and decodes an escape, so those targets are its to read. Groups: the
-# name (no "/" or "?"), the endpoint, the query.
-_TARGET = re.compile(rb"/servers/([!\"$&-.0->@-~]+)/(mcp|messages)(?:\?([!\"$&-*,-~]*))?")
+# drops a fragment and decodes an escape, so those targets are its to read. Groups: servers
+# or groups, the name (no "/" or "?"), the endpoint, the query.
+_TARGET = re.compile(rb"/(servers|groups)/([!\"$&-.0->@-~]+)/(mcp|messages)(?:\?([!\"$&-*,-~]*))?")
 _REQUEST_LINE = re.compile(rb"POST " + _TARGET.pattern + rb" HTTP/1\.1")
 # The header block after the request line, each field after a CRLF, in the one shape this path
 # takes: token names, no space before the colon, no folding, no control characters in values.
@@ -75,7 +75,7 @@ _REQUEST_LINE = re.compile(rb"POST " + _TARGET.pattern + rb" HTTP/1\.1")
 # not faster here (bench/headparse.py; bench/RESULTS.md).
 _FIELDS = re.compile(rb"(?:\r\n[!#$%&'*+.^_`|~0-9A-Za-z-]+:[\t\x20-\x7e\x80-\xff]*)*")
 _FIELD = re.compile(rb"\r\n([^:]+):[\t ]*+((?:[^\r]*[^\r\t ])?)[\t ]*")  # one field of a block _FIELDS took
-_MCP = b"mcp"
+_MCP, _GROUPS = b"mcp", b"groups"
 # A header here that changes how the body is framed or encoded (a compressed body is decoded on
 # aiohttp's path, by body.read_message), or what is expected of the server, means aiohttp.
 HAND_OFF_FIELDS = frozenset({b"transfer-encoding", b"content-encoding", b"expect", b"upgrade"})
@@ -98,12 +98,13 @@ class Head(msgspec.Struct, eq=False):
     """The parts of a message POST's head that this path reads (a Struct: one is made per
     request, in C)."""
 
-    server: str = ""
+    server: str = ""  # or group, with `group`
     mcp: bool = False  # Streamable HTTP; else HTTP+SSE
+    group: bool = False  # /groups/{name}/...
     principal: str | None = None
     accept: str = ""
     mcp_version: str | None = None
-    gateway: Gateway | None = None  # these two once admitted
+    gateway: Served | None = None  # these two once admitted
     session: Session | None = None
     refusal: HttpError | None = None  # the answer, when refused
     session_id: str | None = None
@@ -170,11 +171,11 @@ def message_head(target: bytes, found: dict[bytes, bytes], raw: bytes) -> Head |
 
 
 def _message_head(line: re.Match[bytes], found: dict[bytes, bytes], raw: bytes) -> Head | None:
-    name, endpoint, query = line.group(1, 2, 3)
+    served, name, endpoint, query = line.group(1, 2, 3, 4)
     host = found.get(b"host")
     if host is None:
         return None  # HTTP/1.1 requires it (RFC 9112, 3.2)
-    out = Head(name.decode("ascii", "surrogateescape"), endpoint == _MCP, host=_text(host), found=found, raw=raw)
+    out = Head(name.decode("ascii", "surrogateescape"), endpoint == _MCP, served == _GROUPS, host=_text(host), found=found, raw=raw)
     if (length := found.get(b"content-length")) is not None:
         if not length.isdigit() or len(length) > 18:
             return None  # aiohttp answers what is not a plain length
@@ -326,6 +327,7 @@ class Connection(asyncio.Protocol):
         # what is inside `_live` and `_gateways`, never the objects).
         self._live = app[state.LIVE]
         self._gateways = app[state.GATEWAYS]
+        self._groups = app[state.GROUPS]
         self._rejected = app[state.METRICS].rejected
         self._cluster = app.get(forward.CLUSTER)  # with one, only sessions of this replica are served here
         self._idle_timeout = idle_timeout  # limits.keepalive_timeout, as aiohttp's keepalive_timeout
@@ -471,15 +473,15 @@ class Connection(asyncio.Protocol):
                 self._live.guard,
                 self._rejected,
                 method="POST",
-                path=f"/servers/{head.server}/{'mcp' if head.mcp else 'messages'}",
-                server=head.server,
+                path=f"/{'groups' if head.group else 'servers'}/{head.server}/{'mcp' if head.mcp else 'messages'}",
+                server=None if head.group else head.server,  # a group's members are checked as its sessions open
                 host=head.host,
                 origin=head.origin,
                 authorization=head.authorization,
                 remote=self._remote,
                 forwarded=head.forwarded,
             ).principal
-            head.gateway = state.gateway_named(self._gateways, head.server)
+            head.gateway = state.group_named(self._groups, head.server) if head.group else state.gateway_named(self._gateways, head.server)
             if not head.mcp:  # Streamable looks its session up after reading the body, as aiohttp does
                 head.session = self._posts.message_session(head.gateway, head.session_id, head.principal)
             check_length(head.content_length, head.gateway)

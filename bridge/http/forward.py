@@ -269,7 +269,8 @@ def connection_named(headers: MultiMapping[str]) -> frozenset[str]:
 def session_named(request: web.Request) -> str | None:
     """The session a request names, if it is one that names one: a message POST of HTTP+SSE, or
     a Streamable request (POST, GET, DELETE) with a session header."""
-    if "name" not in request.match_info:
+    info = request.match_info
+    if "name" not in info and "group" not in info:
         return None
     path = request.path
     if path.endswith("/mcp"):

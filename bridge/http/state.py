@@ -14,8 +14,9 @@ from bridge.access.oauth import OAuthVerifier
 from bridge.access.policy import Throttled
 from bridge.config.schema import Config
 from bridge.gateway.gateway import Gateway, SessionLimitError
+from bridge.gateway.group import Group, NoMember
 from bridge.gateway.pinsfile import PinsFile
-from bridge.gateway.sessions import Session
+from bridge.gateway.sessions import Served, Session
 from bridge.http.access import PRINCIPAL
 from bridge.http.errors import RETRY_AFTER_S, HttpError
 from bridge.metrics import Metrics
@@ -45,6 +46,9 @@ LIVE = web.AppKey("live", Live)
 GATEWAYS = web.AppKey("gateways", dict[str, Gateway])
 
 
+GROUPS = web.AppKey("groups", dict[str, Group])
+
+
 METRICS = web.AppKey("metrics", Metrics)
 
 
@@ -53,6 +57,7 @@ def principal(request: web.Request) -> str | None:
 
 
 SSE_ROUTE, MESSAGES_ROUTE, MCP_ROUTE = "/servers/{name}/sse", "/servers/{name}/messages", "/servers/{name}/mcp"
+GROUP_SSE_ROUTE, GROUP_MESSAGES_ROUTE, GROUP_MCP_ROUTE = "/groups/{group}/sse", "/groups/{group}/messages", "/groups/{group}/mcp"
 
 
 _MESSAGE_ROUTES = frozenset({SSE_ROUTE, MESSAGES_ROUTE, MCP_ROUTE})
@@ -68,8 +73,20 @@ def refused(request: web.Request, error: HttpError) -> None:
             gateway.metrics.error_sent({"code": error.code})
 
 
-def gateway_for(request: web.Request) -> Gateway:
-    return gateway_named(request.app[GATEWAYS], request.match_info["name"])
+def gateway_for(request: web.Request) -> Served:
+    """What the request's path names: `/servers/{name}/...`, else `/groups/{group}/...`."""
+    info = request.match_info
+    name = info.get("name")
+    if name is not None:
+        return gateway_named(request.app[GATEWAYS], name)
+    return group_named(request.app[GROUPS], info["group"])
+
+
+def group_named(groups: dict[str, Group], name: str) -> Group:
+    group = groups.get(name)
+    if group is None:
+        raise HttpError(404, f"unknown group {name!r}")
+    return group
 
 
 def gateway_named(gateways: dict[str, Gateway], name: str) -> Gateway:
@@ -79,12 +96,14 @@ def gateway_named(gateways: dict[str, Gateway], name: str) -> Gateway:
     return gateway
 
 
-async def open_session(gateway: Gateway, session: Session) -> None:
+async def open_session(gateway: Served, session: Session) -> None:
     """Open `session`, or 503 when the server is full or stopping, or no process came in time."""
     try:
         await gateway.open_session(session)
     except SessionLimitError as exc:
         raise unavailable(exc) from None
+    except NoMember as exc:
+        raise HttpError(403, str(exc)) from None
 
 
 def unavailable(exc: SessionLimitError) -> HttpError:
@@ -94,7 +113,7 @@ def unavailable(exc: SessionLimitError) -> HttpError:
     return HttpError(503, str(exc), jsonrpc.SERVER_UNAVAILABLE, {"Retry-After": str(exc.retry_after)})
 
 
-def route(gateway: Gateway, session: Session, payload: Any, kind: Kind | None = None) -> None:
+def route(gateway: Served, session: Session, payload: Any, kind: Kind | None = None) -> None:
     """Hand a POST's decoded body to the gateway; what it refuses is the POST's answer:
     400 for what is not valid JSON-RPC, 429 for calls over their principal's limits
     (nothing of the body is taken then)."""

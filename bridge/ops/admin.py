@@ -17,22 +17,24 @@ from aiohttp import web
 
 from bridge import logs
 from bridge.gateway.gateway import Gateway
+from bridge.gateway.group import Group
 from bridge.gateway.pinsfile import ReadOnly
 from bridge.gateway.sessions import Session
 from bridge.http.errors import HttpError
-from bridge.http.state import GATEWAYS, LIVE, principal
+from bridge.http.state import GATEWAYS, GROUPS, LIVE, principal
 
 # The daemon's reload (what SIGHUP does): the problems that kept the config from loading.
 Reload = Callable[[], Awaitable[list[str]]]
 RELOAD: web.AppKey[Reload] = web.AppKey("admin_reload")
 StatusOf = Callable[[Gateway], dict[str, object]]
+GroupStatusOf = Callable[[Group], dict[str, object]]
 ENDED_MESSAGE = "session ended by an administrator"
 LOOPBACK_ADMIN = "(loopback, no tokens)"
 _RESTARTS: set[asyncio.Task[int]] = set()  # restarts under way, held until done  # who the audit names when no authentication is configured
 
 
-def add_routes(app: web.Application, status_of: StatusOf) -> None:
-    """The admin routes; `status_of` is what /status says of one server."""
+def add_routes(app: web.Application, status_of: StatusOf, group_status_of: GroupStatusOf) -> None:
+    """The admin routes; `status_of` is what /status says of one server, `group_status_of` of one group."""
 
     async def servers(request: web.Request) -> web.Response:
         gateways = request.app[GATEWAYS]
@@ -40,7 +42,11 @@ def add_routes(app: web.Application, status_of: StatusOf) -> None:
             {"servers": [{"name": name, "command": g.server.command, "args": list(g.server.args), **status_of(g)} for name, g in gateways.items()]}
         )
 
+    async def groups(request: web.Request) -> web.Response:
+        return web.json_response({"groups": [{"name": name, **group_status_of(g)} for name, g in request.app[GROUPS].items()]})
+
     app.router.add_get("/admin/servers", servers)
+    app.router.add_get("/admin/groups", groups)
     app.router.add_get("/admin/sessions", sessions)
     app.router.add_delete("/admin/sessions/{id}", end_session)
     app.router.add_post("/admin/servers/{name}/restart", restart)

@@ -3,11 +3,14 @@ error codes MCP adds to JSON-RPC's, and the method sets that rules elsewhere are
 
 from __future__ import annotations
 
+import re
 from typing import Final
 
 # The revisions served over the 2025 transports, oldest first; 2026-07-28 is STATELESS_VERSION.
 PROTOCOL_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
 LATEST_PROTOCOL_VERSION = PROTOCOL_VERSIONS[-1]
+# MCP 2025-11-25, "Tool names": 1 to 128 characters, ASCII letters, digits, `_`, `-` and `.`.
+TOOL_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,128}\Z")
 LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
 RELATED_TASK = "io.modelcontextprotocol/related-task"
 MISSING_CAPABILITY = -32021  # 2026-07-28: a request needs a client capability it did not declare

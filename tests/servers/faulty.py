@@ -22,6 +22,7 @@ Environment switches:
   FAULTY_INIT_ERROR=1      answer initialize with error -32602 (a version it refuses)
   FAULTY_SILENT_DISCOVER=1 never answer server/discover (a legacy server the era probe must wait out)
   FAULTY_PID_VERSION=1     say `1.0.<pid>` as serverInfo.version (each process a new version)
+  FAULTY_PAGE_SIZE=N       list the tools N a page (the cursor is the offset)
 """
 
 from __future__ import annotations
@@ -319,7 +320,12 @@ def handle(message: JSON) -> None:
         note(f"ping {json.dumps(request_id)}")
         reply(request_id, {})
     elif method == "tools/list":
-        reply(request_id, {"tools": TOOLS})
+        size = int(os.environ.get("FAULTY_PAGE_SIZE", "0")) or len(TOOLS)
+        start = int(params.get("cursor") or 0)
+        page: JSON = {"tools": TOOLS[start : start + size]}
+        if start + size < len(TOOLS):
+            page["nextCursor"] = str(start + size)
+        reply(request_id, page)
     elif method == "tools/call":
         try:
             call_tool(request_id, str(params.get("name")), params.get("arguments") or {})

@@ -9,8 +9,8 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from bridge.config.load import load, parse
-from bridge.config.schema import Config, ConfigError, Duration, Size, is_loopback
+from bridge.config.load import build, load, parse
+from bridge.config.schema import Config, ConfigError, Duration, Size, group_members, is_loopback
 
 MINIMAL = "servers: {time: {command: uvx, args: [mcp-server-time]}}\n"
 
@@ -474,3 +474,29 @@ def test_the_server_input_buffer_default_and_bound() -> None:
     assert problems(MINIMAL + "limits: {server_input_buffer: 1MiB, max_message_bytes: 2MiB}\n") == [
         "limits.server_input_buffer: smaller than limits.max_message_bytes (no message would fit)"
     ]
+
+
+@pytest.mark.parametrize(
+    ("groups", "problem"),
+    [
+        ({"g": {"servers": ["a"], "separator": "/"}}, "groups.g.separator: 1 to 8 of A-Z a-z 0-9 _ - ."),
+        ({"g": {"servers": ["a"], "separator": ""}}, "groups.g.separator: 1 to 8 of"),
+        ({"g": {"servers": []}}, "groups.g.servers: at least one server is required"),
+        ({"g": {"servers": ["a", "nobody"]}}, "groups.g.servers[1]: unknown server 'nobody'"),
+        ({"g": {"servers": ["a", "a"]}}, "groups.g.servers[1]: 'a' is listed twice"),
+        ({"g": {"servers": ["*"]}}, "groups.g.servers: 'a' followed by '__' begins 'a__b': a tool name would name either"),
+        ({"g h": {"servers": ["a"]}}, "groups.g h: name must be 1-64 letters"),
+        ({"g": {"servers": ["a"], "list_timeout": 0}}, "groups.g.list_timeout: must be more than 0"),
+    ],
+)
+def test_a_group_that_would_show_a_name_two_ways_or_none_is_refused_at_load(groups: dict[str, object], problem: str) -> None:
+    config = {"servers": {"a": {"command": "x"}, "a__b": {"command": "y"}}, "groups": groups}
+    with pytest.raises(ConfigError) as caught:
+        build(config, "t")
+    assert [p for p in caught.value.problems if p.startswith(problem)], caught.value.problems
+
+
+def test_a_group_lists_its_members_in_its_order_and_star_for_the_rest() -> None:
+    config = build({"servers": {"a": {"command": "x"}, "b": {"command": "y"}, "c": {"command": "z"}}, "groups": {"g": {"servers": ["c", "*"]}}}, "t")
+    assert group_members(config, "g") == ("c", "a", "b")
+    assert config.groups["g"].separator == "__" and config.groups["g"].list_timeout == 5

@@ -20,7 +20,6 @@ from bridge.core.group import (
     ToMember,
     merge_initialize,
     merge_list,
-    problems,
 )
 from bridge.protocol import jsonrpc
 
@@ -34,20 +33,6 @@ def test_a_name_is_shown_with_its_member_and_split_back() -> None:
     assert NAMES.split("github__") is None and NAMES.split("nobody__x") is None and NAMES.split(7) is None
     assert NAMES.show("github", "has space") is None and NAMES.show("github", "x" * 121) is None  # past 128
     assert NAMES.show("github", "x" * 120) == "github__" + "x" * 120
-
-
-@pytest.mark.parametrize(
-    ("members", "separator", "problem"),
-    [
-        (("a", "b"), "/", "groups.g.separator: 1 to 8 of"),
-        (("a", "b"), "", "groups.g.separator: 1 to 8 of"),
-        (("a b", "c"), "__", "groups.g.servers: 'a b' cannot begin a tool name"),
-        (("a", "a__b"), "__", "groups.g.servers: 'a' followed by '__' begins 'a__b'"),
-    ],
-)
-def test_what_would_make_a_name_break_the_rules_or_name_two_tools_is_refused_at_load(members: tuple[str, ...], separator: str, problem: str) -> None:
-    (found,) = problems("g", members, separator)
-    assert found.startswith(problem), found
 
 
 def test_lists_merge_in_the_members_order_named_and_paged() -> None:
@@ -220,3 +205,78 @@ def test_an_answer_to_the_groups_request_counts_only_from_the_member_asked() -> 
     assert session.from_member("time", jsonrpc.result(by_member["time"], {"tools": [{"name": "now"}]})) == []  # github has not answered
     (page,) = session.from_member("github", jsonrpc.result(by_member["github"], {"tools": [{"name": "search"}]}))
     assert [t["name"] for t in page.message["result"]["tools"]] == ["github__search", "time__now"]
+
+
+def test_a_list_is_answered_by_its_timeout_and_a_late_member_is_announced() -> None:
+    session = ready()
+    outs = session.from_client(req(1, "tools/list"))
+    by_member = {o.member: o.message["id"] for o in outs}
+    assert session.from_member("github", jsonrpc.result(by_member["github"], {"tools": [{"name": "search"}]})) == []
+    (page,) = session.overdue(1)
+    assert page.message["result"]["tools"] == [{"name": "github__search"}] and page.final
+    assert session.overdue(1) == []  # answered once
+    late = session.from_member("time", jsonrpc.result(by_member["time"], {"tools": [{"name": "now"}]}))
+    assert late == [ToClient(jsonrpc.notification("notifications/tools/list_changed"))]
+
+
+def test_an_error_the_bridge_made_for_a_member_names_it_and_a_servers_own_is_kept() -> None:
+    session = ready()
+    session.from_client(req(7, "tools/call", name="time__now"))
+    (out,) = session.from_member("time", jsonrpc.error(7, jsonrpc.SERVER_EXITED, "server process exited with code 3"), 7, True)
+    assert out.message["error"] == {"code": -32000, "message": "member 'time' of group 'team': server process exited with code 3"}
+    session.from_client(req(8, "tools/call", name="time__now"))
+    own = jsonrpc.error(8, jsonrpc.INVALID_PARAMS, "bad tz")
+    assert session.from_member("time", own, 8, True) == [ToClient(own, 8, True)]
+    session.from_client(req(9, "tools/call", name="time__slow"))
+    (twice,) = session.from_client(req(9, "tools/call", name="github__a"))  # the same id while one is in flight
+    assert twice.message["error"]["code"] == jsonrpc.INVALID_REQUEST
+
+
+def test_a_task_goes_to_the_member_that_runs_it() -> None:
+    session = ready()
+    session.from_client(req(7, "tools/call", name="time__later", task={"ttl": 1000}))
+    session.from_member("time", jsonrpc.result(7, {"task": {"taskId": "t-1", "status": "working"}}), 7, True)
+    (out,) = session.from_client(req(8, "tasks/get", taskId="t-1"))
+    assert out == ToMember("time", req(8, "tasks/get", taskId="t-1"))
+    session.from_member("github", jsonrpc.notification("notifications/tasks/status", {"taskId": "g-1", "status": "working"}))
+    (out,) = session.from_client(req(9, "tasks/result", taskId="g-1"))
+    assert out.member == "github"
+    (unknown,) = session.from_client(req(10, "tasks/cancel", taskId="nobody's"))
+    assert unknown.message["error"] == {"code": -32602, "message": "Unknown task: nobody's"}
+
+
+def test_members_that_join_are_initialized_as_the_client_did_and_those_that_leave_fail_their_calls() -> None:
+    session = ready()
+    session.from_client(req(7, "tools/call", name="time__now"))
+    left = session.leave("time", "it left the group")
+    assert left[0].message["id"] == 7 and "it left the group" in left[0].message["error"]["message"]
+    assert [o.message["method"] for o in left[1:]] == ["notifications/tools/list_changed", "notifications/prompts/list_changed", "notifications/resources/list_changed"]
+    assert session.names.members == ("github",)
+    (asked,) = session.join("files", ("files", "github"))
+    assert asked.member == "files" and asked.message["method"] == "initialize" and asked.message["params"]["capabilities"] == {"sampling": {}}
+    assert session.names.members == ("github",)  # not before it answers
+    joined = session.from_member("files", jsonrpc.result(asked.message["id"], init("2025-11-25", {})))
+    assert joined[0] == ToMember("files", jsonrpc.notification("notifications/initialized")) and len(joined) == 4
+    assert session.names.members == ("files", "github")
+
+
+def test_a_uri_nobody_listed_goes_to_the_one_member_with_resources() -> None:
+    session = GroupSession("team", Names(("github", "time"), "__"))
+    outs = session.from_client(req(0, "initialize", protocolVersion="2025-11-25", capabilities={}, clientInfo={}))
+    answer_all(session, outs, lambda m, p: init("2025-11-25", {"resources": {}} if m == "time" else {"tools": {}}))
+    (out,) = session.from_client(req(1, "resources/read", uri="greeting://Ada"))
+    assert out.member == "time"
+
+
+def test_a_member_that_joins_before_the_client_initializes_is_simply_one_of_the_members() -> None:
+    session = GroupSession("team", Names(("github",), "__"))
+    assert session.join("time", ("github", "time")) == []  # the client's initialize will reach it
+    assert session.names.members == ("github", "time")
+    assert {o.member for o in session.from_client(req(0, "initialize", protocolVersion="2025-11-25", capabilities={}, clientInfo={}))} == {"github", "time"}
+
+
+def test_a_uri_listed_by_a_member_the_session_does_not_have_goes_nowhere() -> None:
+    routes = Routes()
+    routes.listed("github", "gh://doc")
+    assert routes.member_of("gh://doc", ("github", "time")) == "github"
+    assert routes.member_of("gh://doc", ("time",)) is None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bridge.gateway.sessions import Session, Spares, new_session_id
+from bridge.gateway.sessions import Registry, Session, Spares, new_session_id
 
 
 def test_session_ids_are_128_random_bits() -> None:
@@ -31,3 +31,13 @@ def test_dropping_a_session_no_longer_kept_changes_nothing() -> None:
     assert spares.take("k") is b
     spares.drop("k", b)  # taken already: not kept
     assert spares.count == 1 and spares.all() == [a]
+
+
+def test_a_session_is_found_only_by_the_principal_that_opened_it() -> None:
+    registry = Registry()
+    registry.sessions = {"a": Session("s", "alice", "a"), "n": Session("s", None, "n")}
+    assert registry.session("a", "alice") is registry.sessions["a"]
+    assert registry.session("a", "bob") is None and registry.session("a", None) is None
+    assert registry.session("n", None) is registry.sessions["n"] and registry.session("n", "alice") is None
+    assert registry.session(None, "alice") is None and registry.session("", "alice") is None
+    assert registry.session_counts() == {"none": 2}

@@ -8,13 +8,12 @@ made in C); `RequestHead` is what an endpoint may still read of the request's he
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 import msgspec
 from multidict import MultiMapping
 
-from bridge.gateway.gateway import Gateway
-from bridge.gateway.sessions import Session
+from bridge.gateway.sessions import Served, Session
 from bridge.http.reply import Reply
 from bridge.protocol import stateless
 
@@ -27,11 +26,15 @@ class RequestHead(Protocol):
         """What a 2026-07-28 request's headers mirror of its body."""
 
 
-class Post(msgspec.Struct, frozen=True):
-    """A POST to `/servers/{name}/mcp`, besides its body (a Struct: one is made per request,
-    and a frozen dataclass costs ten times as much to make)."""
+S = TypeVar("S", bound=Served)
 
-    gateway: Gateway
+
+class Post(msgspec.Struct, Generic[S], frozen=True):
+    """A POST to `/servers/{name}/mcp` or `/groups/{group}/mcp`, besides its body (a Struct:
+    one is made per request, and a frozen dataclass costs ten times as much to make). `S`:
+    what serves it; only a server's gateway serves 2026-07-28."""
+
+    gateway: S
     principal: str | None
     session_id: str | None  # Mcp-Session-Id
     version: str | None  # MCP-Protocol-Version
@@ -43,11 +46,11 @@ class Post(msgspec.Struct, frozen=True):
 class Dispatcher(Protocol):
     """What the HTTP paths hand a decoded POST to (endpoints/post.py's `Posts`)."""
 
-    def mcp(self, post: Post, payload: Any, reply: Reply) -> None:
+    def mcp(self, post: Post[Served], payload: Any, reply: Reply) -> None:
         """Answer a POST to `/servers/{name}/mcp` through `reply`, or raise an HttpError."""
 
-    def message_session(self, gateway: Gateway, session_id: str | None, principal: str | None) -> Session:
+    def message_session(self, gateway: Served, session_id: str | None, principal: str | None) -> Session:
         """The HTTP+SSE session a POST to `/servers/{name}/messages` names (or an HttpError)."""
 
-    def message(self, gateway: Gateway, session: Session, payload: Any) -> None:
+    def message(self, gateway: Served, session: Session, payload: Any) -> None:
         """Hand a decoded message POST to its HTTP+SSE session."""

@@ -11,21 +11,22 @@ parked calls) lives here, one of each per app.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeGuard
 
 from aiohttp import web
 
 from bridge.gateway.gateway import Gateway
-from bridge.gateway.sessions import Session
+from bridge.gateway.sessions import Served, Session
 from bridge.http import state
 from bridge.http.aiohttp_reply import AiohttpHead, AiohttpReply
 from bridge.http.body import read_message
 from bridge.http.endpoints import sse_2024, stateless_2026, streamable_2025
 from bridge.http.endpoints.base import Post
+from bridge.http.errors import HttpError
 from bridge.http.forward import Forwarder
 from bridge.http.reply import Reply
 from bridge.protocol import jsonrpc, stateless
-from bridge.protocol.mcp import SESSION_HEADER, VERSION_HEADER
+from bridge.protocol.mcp import PROTOCOL_VERSIONS, SESSION_HEADER, UNSUPPORTED_VERSION, VERSION_HEADER
 
 
 class Posts:
@@ -37,14 +38,21 @@ class Posts:
         self.holds = streamable_2025.Holds()
         self.parking = stateless_2026.Parking.of(forwarder)  # in a cluster, requestStates name their replica
         # HTTP+SSE's two steps, as the functions themselves: a message POST pays no call in between.
-        self.message_session: Callable[[Gateway, str | None, str | None], Session] = sse_2024.posted_session
-        self.message: Callable[[Gateway, Session, Any], None] = sse_2024.take
+        self.message_session: Callable[[Served, str | None, str | None], Session] = sse_2024.posted_session
+        self.message: Callable[[Served, Session, Any], None] = sse_2024.take
 
-    def mcp(self, post: Post, payload: Any, reply: Reply) -> None:
+    def mcp(self, post: Post[Served], payload: Any, reply: Reply) -> None:
         if stateless.is_stateless(payload) or (post.session_id is None and _lone_request(payload)):
+            if not _of_server(post):
+                supported = ", ".join(reversed(PROTOCOL_VERSIONS))
+                raise HttpError(400, f"{post.gateway.path} speaks {supported} (initialize first), not 2026-07-28", UNSUPPORTED_VERSION)
             stateless_2026.answer(post, payload, reply, self.parking)
         else:
             streamable_2025.answer(post, payload, reply, self.holds)
+
+
+def _of_server(post: Post[Served]) -> TypeGuard[Post[Gateway]]:
+    return isinstance(post.gateway, Gateway)
 
 
 def _lone_request(payload: Any) -> bool:

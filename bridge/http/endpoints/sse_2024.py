@@ -16,8 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
-from bridge.gateway.gateway import Gateway
-from bridge.gateway.sessions import Session
+from bridge.gateway.sessions import Served, Session
 from bridge.http import body, state, streams
 from bridge.http.errors import HttpError
 from bridge.protocol.jsonrpc import RequestId
@@ -139,7 +138,7 @@ async def stream(request: web.Request) -> web.StreamResponse:
     reason = "client disconnected"
     try:
         response = await streams.open_stream(request)
-        endpoint = f"{_forwarded_prefix(request)}/servers/{gateway.name}/messages?session_id={session.id}"
+        endpoint = f"{_forwarded_prefix(request)}{gateway.path}/messages?session_id={session.id}"
         # Through aiohttp, so that the headers go out with it; then events go to the socket directly.
         await response.write(b"event: endpoint\ndata: " + endpoint.encode() + _END)
         if request.transport is not None:
@@ -174,7 +173,7 @@ async def post_message(request: web.Request) -> web.Response:
 # The two steps of a message POST, shared with the fast path (see fastpath.py).
 
 
-def posted_session(gateway: Gateway, session_id: str | None, principal: str | None) -> Session:
+def posted_session(gateway: Served, session_id: str | None, principal: str | None) -> Session:
     """The session a POST names, or 404: unknown, ended, another transport's, or another token's."""
     session = gateway.session(session_id, principal)
     if session is None or session.transport != SseSession.transport:
@@ -182,7 +181,7 @@ def posted_session(gateway: Gateway, session_id: str | None, principal: str | No
     return session
 
 
-def take(gateway: Gateway, session: Session, payload: Any) -> None:
+def take(gateway: Served, session: Session, payload: Any) -> None:
     if session.ended:  # while its body was arriving
         raise HttpError(404, "unknown session")
     state.route(gateway, session, payload)

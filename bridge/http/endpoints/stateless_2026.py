@@ -92,7 +92,7 @@ class StatelessSession(Session):
         self.driver: Driver | None = None  # none while parked: the queue waits for the retry
         # Its call's (a listen stream has none): the request that made it, what it asks, and
         # the HTTP status of its answer once `finish` has made it a 2026-07-28 one.
-        self.post: Post | None = None
+        self.post: Post[Gateway] | None = None
         self.parking: Parking | None = None
         self.method = ""
         self.status = 200
@@ -199,7 +199,7 @@ class Driver:
 
     __slots__ = ("_again", "_running", "post", "over", "reply", "session", "sink")
 
-    def __init__(self, post: Post, session: StatelessSession, reply: Reply) -> None:
+    def __init__(self, post: Post[Gateway], session: StatelessSession, reply: Reply) -> None:
         self.post = post
         self.session = session
         self.reply = reply
@@ -337,7 +337,7 @@ class Parking:
 # ------------------------------------------------------------------ answers
 
 
-async def _refusing(post: Post, payload: Message, reply: Reply, step: Awaitable[None]) -> None:
+async def _refusing(post: Post[Gateway], payload: Message, reply: Reply, step: Awaitable[None]) -> None:
     """A step run by `reply.later`, whose refusals are answered as `answer` answers them."""
     try:
         await step
@@ -348,7 +348,7 @@ async def _refusing(post: Post, payload: Message, reply: Reply, step: Awaitable[
         raise
 
 
-def _refuse(post: Post, reply: Reply, exc: StatelessError) -> None:
+def _refuse(post: Post[Gateway], reply: Reply, exc: StatelessError) -> None:
     post.gateway.metrics.error_sent({"code": exc.code})
     reply.whole(exc.status, exc.body())
 
@@ -359,7 +359,7 @@ def _name(exc: HttpError, payload: Any) -> None:
         exc.request_id = payload["id"]
 
 
-def answer(post: Post, msg: Message, reply: Reply, parking: Parking) -> None:
+def answer(post: Post[Gateway], msg: Message, reply: Reply, parking: Parking) -> None:
     """Answer a 2026-07-28 POST (a decoded body that `stateless.is_stateless`)."""
     try:
         try:
@@ -410,7 +410,7 @@ def answer(post: Post, msg: Message, reply: Reply, parking: Parking) -> None:
 
 
 def _call(
-    post: Post, parking: Parking, msg: Message, method: str, params: dict[str, Any], reply: Reply, offered: dict[str, Any], session: StatelessSession
+    post: Post[Gateway], parking: Parking, msg: Message, method: str, params: dict[str, Any], reply: Reply, offered: dict[str, Any], session: StatelessSession
 ) -> None:  # fmt: skip
     """A fresh call, routed in its session and answered by an `Exchange`."""
     gateway = post.gateway
@@ -426,7 +426,7 @@ def _call(
     exchange.start()
 
 
-def _open(post: Post, env: Envelope, notices: frozenset[str], spare_key: Hashable | None) -> StatelessSession:
+def _open(post: Post[Gateway], env: Envelope, notices: frozenset[str], spare_key: Hashable | None) -> StatelessSession:
     """A session for the request: a kept one under `spare_key` if there is one, else a new one
     adopted as its `_meta` says, at once when its process is at hand (the common case); if it
     is not `adopted` yet, `_open_later` waits for its process."""
@@ -447,7 +447,7 @@ def _open(post: Post, env: Envelope, notices: frozenset[str], spare_key: Hashabl
 
 
 def _open_later(
-    post: Post, msg: Message, env: Envelope, reply: Reply, notices: frozenset[str], session: StatelessSession,
+    post: Post[Gateway], msg: Message, env: Envelope, reply: Reply, notices: frozenset[str], session: StatelessSession,
     then: Callable[[StatelessSession], None],
 ) -> None:  # fmt: skip
     """`then`, once the session `_open` made has its process and is adopted."""
@@ -475,7 +475,7 @@ class Exchange(Driver):
 
     def __init__(
         self,
-        post: Post,
+        post: Post[Gateway],
         parking: Parking,
         session: StatelessSession,
         call_id: RequestId,
@@ -586,7 +586,7 @@ def _can_stream(accept: str) -> bool:
     return bool(accept) and media.quality(accept, media.SSE) > 0
 
 
-def _resume(post: Post, msg: Message, reply: Reply, parking: Parking) -> None:
+def _resume(post: Post[Gateway], msg: Message, reply: Reply, parking: Parking) -> None:
     """A retry: check its requestState, give the parked call the client's answers, and
     carry the call on in this exchange."""
     gateway = post.gateway
@@ -654,7 +654,7 @@ def _response(downstream: RequestId, key: str, value: Any) -> Message:
     return jsonrpc.error(downstream, jsonrpc.INVALID_PARAMS, f"inputResponses[{key!r}] is not an object")
 
 
-def _spoil(parking: Parking, key: str | None, post: Post, why: str) -> None:
+def _spoil(parking: Parking, key: str | None, post: Post[Gateway], why: str) -> None:
     """End a parked call whose owner's retry was refused: the server's request gets an error."""
     if key is None:
         return
@@ -669,7 +669,7 @@ def _spoil(parking: Parking, key: str | None, post: Post, why: str) -> None:
 # ------------------------------------------------------------------ listen
 
 
-def _listen(post: Post, msg: Message, env: Envelope, reply: Reply) -> None:
+def _listen(post: Post[Gateway], msg: Message, env: Envelope, reply: Reply) -> None:
     rid = msg["id"]
     wanted = msg["params"].get("notifications")
     if wanted is None:
@@ -691,7 +691,7 @@ def _listen(post: Post, msg: Message, env: Envelope, reply: Reply) -> None:
         _open_later(post, msg, env, reply, notices, session, listen)
 
 
-def _start_listen(post: Post, reply: Reply, rid: RequestId, wanted: dict[str, Any], uris: list[str], session: StatelessSession) -> None:
+def _start_listen(post: Post[Gateway], reply: Reply, rid: RequestId, wanted: dict[str, Any], uris: list[str], session: StatelessSession) -> None:
     Listen(post, session, reply, rid, wanted, uris).start()
 
 
@@ -703,7 +703,7 @@ class Listen(Driver):
 
     __slots__ = ("answers", "meta", "pending", "rid", "uris", "wanted")
 
-    def __init__(self, post: Post, session: StatelessSession, reply: Reply, rid: RequestId, wanted: dict[str, Any], uris: list[str]) -> None:
+    def __init__(self, post: Post[Gateway], session: StatelessSession, reply: Reply, rid: RequestId, wanted: dict[str, Any], uris: list[str]) -> None:
         super().__init__(post, session, reply)
         self.rid, self.wanted, self.uris = rid, wanted, uris
         self.meta = {mcp.SUBSCRIPTION_KEY: rid}

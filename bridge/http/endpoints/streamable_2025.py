@@ -28,8 +28,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from bridge.gateway.gateway import Gateway
-from bridge.gateway.sessions import Session
+from bridge.gateway.sessions import Served, Session
 from bridge.http import state, streams
 from bridge.http.aiohttp_reply import AiohttpReply
 from bridge.http.endpoints.base import Post
@@ -382,7 +381,7 @@ class StreamableSession(Session):
 # ------------------------------------------------------------------ handlers
 
 
-def answer(post: Post, payload: Any, reply: Reply, holds: Holds) -> None:
+def answer(post: Post[Served], payload: Any, reply: Reply, holds: Holds) -> None:
     """Route a decoded POST body; `reply` is answered (202, one JSON body, or a stream of
     events) as the session's deliveries come, or at once with an HttpError raised."""
     messages: list[Any] | tuple[Any]
@@ -412,7 +411,7 @@ def answer(post: Post, payload: Any, reply: Reply, holds: Holds) -> None:
         raise HttpError(400, f"missing {SESSION_HEADER} header (only initialize may come without one)")
 
 
-async def _initialize(post: Post, payload: Any, request_ids: list[RequestId], form: Form, reply: Reply, holds: Holds) -> None:
+async def _initialize(post: Post[Served], payload: Any, request_ids: list[RequestId], form: Form, reply: Reply, holds: Holds) -> None:
     """A new session (which may wait for a process of its own), then its initialize."""
     gateway = post.gateway
     limits = gateway.limits
@@ -422,7 +421,7 @@ async def _initialize(post: Post, payload: Any, request_ids: list[RequestId], fo
 
 
 def _take(
-    post: Post, session: StreamableSession, payload: Any, request_ids: list[RequestId], form: Form, reply: Reply, holds: Holds, initializing: bool = False
+    post: Post[Served], session: StreamableSession, payload: Any, request_ids: list[RequestId], form: Form, reply: Reply, holds: Holds, initializing: bool = False
 ) -> None:
     gateway = post.gateway
     if not session.by_request.keys().isdisjoint(request_ids):
@@ -483,7 +482,7 @@ def _session_header(request: web.Request) -> str:
     return session_id
 
 
-def _session(gateway: Gateway, principal: str | None, session_id: str, version: str | None) -> StreamableSession:
+def _session(gateway: Served, principal: str | None, session_id: str, version: str | None) -> StreamableSession:
     """The session a request names (404 when it is not one of `principal`'s), if the
     `MCP-Protocol-Version` it sends is one sessions speak (else 400)."""
     session = gateway.session(session_id, principal)
@@ -494,7 +493,7 @@ def _session(gateway: Gateway, principal: str | None, session_id: str, version: 
     return session
 
 
-def _route(gateway: Gateway, session: StreamableSession, payload: Any, initializing: bool) -> None:
+def _route(gateway: Served, session: StreamableSession, payload: Any, initializing: bool) -> None:
     try:
         state.route(gateway, session, payload)
     except HttpError:
@@ -503,7 +502,7 @@ def _route(gateway: Gateway, session: StreamableSession, payload: Any, initializ
         raise
 
 
-def _after_initialize(gateway: Gateway, session: StreamableSession) -> None:
+def _after_initialize(gateway: Served, session: StreamableSession) -> None:
     """Keep the session only if its initialize succeeded; remember the version it speaks."""
     version = gateway.negotiated_version(session)
     if version is None:

@@ -12,6 +12,9 @@ TESTS = {
 }
 
 FAULTS = [
+    Fault('cfg-group-prefix-clash-allowed', 'bridge/config/load.py', '            if other != member and other.startswith(member + group.separator):', '            if False:'),
+    Fault('cfg-group-unknown-member', 'bridge/config/load.py', '        if member != "*" and member not in config.servers:', '        if False:'),
+    Fault('cfg-group-star-not-expanded', 'bridge/config/schema.py', '        for member in config.servers if name == "*" else (name,):', '        for member in (name,):'),
     Fault('cfg-token-and-sha256', 'bridge/config/load.py', 'if sum(source is not None for source in (token.token, token.sha256, token.token_file)) != 1:', 'if sum(source is not None for source in (token.token, token.sha256, token.token_file)) == 0:'),
     Fault('cfg-sha256-63-digits', 'bridge/config/load.py', 'r"[0-9a-fA-F]{64}"', 'r"[0-9a-fA-F]{63,64}"'),
     Fault('cfg-sha256-65-digits', 'bridge/config/load.py', 're.fullmatch(r"[0-9a-fA-F]{64}"', 're.match(r"[0-9a-fA-F]{64}"'),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from faults.fault import Fault
 
 TESTS: dict[str, tuple[str, ...]] = {
-    'bridge/app.py': ('tests/daemon/test_operations.py', 'tests/daemon/test_principals.py', 'tests/daemon/test_drain.py'),
+    'bridge/app.py': ('tests/daemon/test_operations.py', 'tests/daemon/test_principals.py', 'tests/daemon/test_drain.py', 'tests/daemon/test_groups.py'),
     'bridge/cli.py': ('tests/daemon/test_supervision.py', 'tests/daemon/test_operators.py', 'tests/daemon/test_pinned_servers.py::test_a_lock_file_made_by_pins_lock_is_what_the_daemon_holds_to_and_ctl_shows_what_waits', 'tests/daemon/test_pinned_servers.py::test_a_pins_file_that_is_wrong_stops_start_up_naming_the_key'),
     'bridge/ctl.py': ('tests/daemon/test_operators.py::test_ctl_every_action', 'tests/daemon/test_pinned_servers.py::test_a_lock_file_made_by_pins_lock_is_what_the_daemon_holds_to_and_ctl_shows_what_waits'),
     'bridge/runtime.py': ('tests/unit/test_runtime.py',),
@@ -17,7 +17,8 @@ FAULTS: list[Fault] = [
     # app.py
     Fault('app-ready-while-draining', 'bridge/app.py', '    if request.app[LIVE].draining:\n        problems["drain"]', '    if False:\n        problems["drain"]'),
     Fault('app-status-all-for-everyone', 'bridge/app.py', '    if caller is not None and not caller.admin:', '    if False:'),
-    Fault('app-status-servers-not-filtered', 'bridge/app.py', 'for name, g in gateways.items() if caller.may_use(name)}})', 'for name, g in gateways.items()}})'),
+    Fault('app-status-servers-not-filtered', 'bridge/app.py', 'for name, g in gateways.items() if caller.may_use(name)}}', 'for name, g in gateways.items()}}'),
+    Fault('app-status-groups-not-filtered', 'bridge/app.py', 'return {"members": list(group.allowed(principal)), "sessions": sum(1 for s in group.sessions.values() if s.owner == principal)}', 'return {"members": list(group.members), "sessions": len(group.sessions)}'),
     Fault('app-drain-ends-at-once', 'bridge/app.py', '        if not any(busy) and (forwarder is None or not forwarder.calls()):', '        if True:'),
     Fault('app-reload-keeps-changed-server', 'bridge/app.py', 'changed = [name for name in new.servers if name in old.servers and new.servers[name] != old.servers[name]]', 'changed: list[str] = []'),
     Fault('app-reload-limits-not-applied', 'bridge/app.py', '            gateway.update_limits(new.limits)\n', ''),

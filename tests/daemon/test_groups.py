@@ -1,0 +1,295 @@
+"""Groups: several servers behind `/groups/NAME/`, driven by the official SDK and raw HTTP over
+both 2025 transports (docs/how-to/groups.md). Real daemon, real server processes: the demo
+server, mcp-server-time and tests/servers/faulty.py (a crash, a hang, pages)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import time
+from typing import Any
+
+import aiohttp
+import mcp_types as types
+import pytest
+from mcp.shared.exceptions import MCPError
+from support.daemon import demo, faulty
+from support.metrics import http_get, scrape
+from support.rawstreamable import RawStreamable
+from support.sdk import TIME_SERVER, connect, text_of
+from test_drain import in_flight
+from test_fastpath import _wire
+from test_operations import reload
+from test_operators import ctl
+
+pytestmark = pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning")
+
+ALICE = "alice-token-0123456789"
+COUNTER = "demo://counter"
+BOB = "bob-token-0123456789ab"
+CAROL = "carol-token-0123456789a"
+
+
+def team(**groups: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "servers": {"demo": demo(), "time": TIME_SERVER, "f": faulty()},
+        "groups": groups or {"team": {"servers": ["demo", "time", "f"]}},
+    }
+
+
+def url(b: Any, group: str, streamable: bool) -> str:
+    return f"{b.base}/groups/{group}/{'mcp' if streamable else 'sse'}"
+
+
+async def all_tools(session: Any) -> tuple[list[str], int]:
+    """Every tool's name, following the cursors; and how many pages that took."""
+    names, pages, cursor = [], 0, None
+    while True:
+        page = await session.list_tools(params=types.PaginatedRequestParams(cursor=cursor) if cursor else None)
+        names += [t.name for t in page.tools]
+        pages += 1
+        cursor = page.next_cursor
+        if cursor is None:
+            return names, pages
+
+
+@pytest.mark.parametrize("streamable", [True, False], ids=["streamable", "sse"])
+async def test_a_group_lists_every_members_tools_prefixed_and_routes_each_call_to_its_member(bridge: Any, streamable: bool) -> None:
+    async with bridge(team()) as b:
+        async with connect(url(b, "team", streamable), streamable=streamable) as c:
+            assert c.init.server_info.name == "team"
+            assert c.init.capabilities.tools is not None and c.init.capabilities.resources is not None
+            assert "## demo" in (c.init.instructions or "")
+            names, _ = await all_tools(c.session)
+            assert {"demo__echo", "demo__add", "time__get_current_time", "f__pid", "f__echo"} <= set(names)
+            assert all(n.split("__", 1)[0] in ("demo", "time", "f") for n in names)
+            assert text_of(await c.session.call_tool("demo__add", {"a": 2, "b": 40})) == "42"
+            assert text_of(await c.session.call_tool("f__echo", {"text": "to f"})) == "to f"
+            assert '"timezone": "UTC"' in text_of(await c.session.call_tool("time__get_current_time", {"timezone": "UTC"}))
+            with pytest.raises(MCPError, match="Unknown tool: nobody__echo"):
+                await c.session.call_tool("nobody__echo", {})
+            c.wire.check_own_traffic()
+
+
+async def test_refusals_at_a_group_are_exact(bridge: Any) -> None:
+    async with bridge(team()) as b, aiohttp.ClientSession() as http:
+        async with RawStreamable(url(b, "team", True)) as raw:
+            await raw.initialize()
+            response, _ = await raw.request("tools/call", {"name": "nobody__echo", "arguments": {}})
+            assert response["error"]["code"] == -32602 and response["error"]["message"] == "Unknown tool: nobody__echo"
+            response, _ = await raw.request("resources/read", {"uri": "nowhere://x"})
+            assert response["error"]["code"] == -32002 and response["error"]["data"] == {"uri": "nowhere://x"}
+            response, _ = await raw.request("tools/list", {"cursor": "not-ours"})
+            assert response["error"] == {"code": -32602, "message": "invalid cursor"}
+            response, _ = await raw.request("sampling/createMessage", {})
+            assert response["error"]["code"] == -32601
+            response, _ = await raw.request("ping")
+            assert response["result"] == {}
+        async with http.post(f"{b.base}/groups/nobody/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}}) as resp:
+            assert resp.status == 404 and (await resp.json())["error"]["message"] == "unknown group 'nobody'"
+        stateless = {
+            "jsonrpc": "2.0", "id": 1, "method": "tools/list",
+            "params": {"_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28"}},
+        }  # fmt: skip
+        async with http.post(url(b, "team", True), json=stateless, headers={"Accept": "application/json, text/event-stream"}) as resp:
+            body = await resp.json()
+            assert resp.status == 400 and body["error"]["code"] == -32022, body
+            assert body["error"]["message"].startswith("/groups/team speaks 2025-11-25, ")
+
+
+async def test_pages_of_several_members_merge_under_one_cursor(bridge: Any) -> None:
+    config = {
+        "servers": {"f1": faulty(FAULTY_PAGE_SIZE="4"), "f2": faulty(FAULTY_PAGE_SIZE="5")},
+        "groups": {"two": {"servers": ["*"], "separator": "."}},
+    }
+    async with bridge(config) as b:
+        async with connect(url(b, "two", True), streamable=True) as paged, connect(f"{b.base}/servers/f1/mcp", streamable=True) as direct:
+            names, pages = await all_tools(paged.session)
+            own, _ = await all_tools(direct.session)
+            assert pages == -(-len(own) // 4)  # as many as the member with the smaller pages needs
+            assert names.count("f1.echo") == 1 and sorted(names) == sorted([f"f1.{n}" for n in own] + [f"f2.{n}" for n in own])
+            assert text_of(await paged.session.call_tool("f2.echo", {"text": "two"})) == "two"
+
+
+async def test_a_member_that_crashes_fails_the_calls_it_held_at_once_and_the_rest_answer(bridge: Any) -> None:
+    async with bridge(team()) as b:
+        async with connect(url(b, "team", True), streamable=True) as c:
+            hung = asyncio.ensure_future(c.session.call_tool("f__hang", {}))
+            await b.wait_for("server_stderr", where=lambda e: e.get("line", "").startswith("faulty: hang "))
+            started = time.monotonic()
+            crashed = asyncio.ensure_future(c.session.call_tool("f__crash", {}))
+            results = await asyncio.wait_for(asyncio.gather(hung, crashed, return_exceptions=True), 10)
+            assert time.monotonic() - started < 5
+            for result in results:  # each names the member, as every error the bridge makes for one does
+                assert isinstance(result, MCPError) and result.error.code == -32000, result
+                assert str(result) == "member 'f' of group 'team': server process exited with code 3"
+            assert text_of(await c.session.call_tool("demo__add", {"a": 1, "b": 1})) == "2"
+            await b.wait_for("server_started", where=lambda e: e.get("server") == "f", start=0)
+            assert text_of(await c.session.call_tool("f__echo", {"text": "back"})) == "back"  # restarted, in the same group session
+
+
+async def test_a_token_sees_only_the_members_it_may_use_and_their_filters(bridge: Any) -> None:
+    config = {
+        **team(),
+        "security": {
+            "tokens": [
+                {"name": "alice", "token": ALICE, "servers": ["demo", "time"], "tools": {"demo": {"deny": ["countdown"]}}},
+                {"name": "bob", "token": BOB, "servers": ["f"]},
+                {"name": "carol", "token": CAROL, "servers": ["lone"]},
+            ]
+        },
+    }
+    config["servers"] = {**config["servers"], "lone": demo()}
+    async with bridge(config) as b:
+        headers = {"Authorization": f"Bearer {ALICE}"}
+        async with connect(url(b, "team", True), streamable=True, headers=headers) as alice:
+            names, _ = await all_tools(alice.session)
+            assert "demo__add" in names and "time__get_current_time" in names
+            assert "demo__countdown" not in names and not [n for n in names if n.startswith("f__")]
+            with pytest.raises(MCPError, match="Unknown tool: f__echo"):
+                await alice.session.call_tool("f__echo", {"text": "x"})
+        async with connect(url(b, "team", False), headers={"Authorization": f"Bearer {BOB}"}) as bob:
+            names, _ = await all_tools(bob.session)
+            assert names and all(n.startswith("f__") for n in names)
+            status = json.loads((await http_get(f"{b.base}/status", {"Authorization": f"Bearer {BOB}"}))[1])
+            assert status["groups"] == {"team": {"members": ["f"], "sessions": 1}}, status  # its own, none of alice's
+        async with aiohttp.ClientSession() as http:
+            init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "x", "version": "0"}}}
+            async with http.post(url(b, "team", True), json=init, headers={"Accept": "application/json"}) as resp:
+                assert resp.status == 401
+            async with RawStreamable(url(b, "team", True), headers={"Authorization": f"Bearer {ALICE}"}) as raw:
+                await raw.initialize()  # alice's session: another token naming it finds nothing
+                stolen = await raw.post({"jsonrpc": "2.0", "id": 2, "method": "ping"}, headers={"Authorization": f"Bearer {BOB}"})
+                assert stolen.status == 404 and stolen.json["error"]["message"] == "unknown session"
+            carol = {"Accept": "application/json", "Authorization": f"Bearer {CAROL}"}
+            async with http.post(url(b, "team", True), json=init, headers=carol) as resp:
+                body = await resp.json()
+                assert resp.status == 403 and body["error"]["message"] == "token not allowed for any server of group 'team'", body
+
+
+async def test_a_group_session_ends_with_its_members_sessions_and_a_reload_keeps_the_others(bridge: Any) -> None:
+    async with bridge(team()) as b:
+        async with RawStreamable(url(b, "team", True)) as raw:
+            await raw.initialize()
+            opened = [e for e in b.named("session_opened") if e.get("transport") == "group"]
+            assert sorted(e["server"] for e in opened) == ["demo", "f", "time"]
+            gone = await raw.delete()
+            assert gone.status == 204
+            closed = await b.wait_for("session_closed", where=lambda e: e.get("group") == "team")
+            assert closed["reason"] == "client ended session"
+            for member in ("demo", "time", "f"):
+                await b.wait_for("session_closed", where=lambda e, m=member: e.get("server") == m and e.get("transport") == "group")
+            again = await raw.post({"jsonrpc": "2.0", "id": 9, "method": "ping"})
+            assert again.status == 404
+
+
+@pytest.mark.parametrize("streamable", [True, False], ids=["streamable", "sse"])
+async def test_a_members_list_changed_reaches_every_group_session_and_updates_only_the_subscriber(bridge: Any, streamable: bool) -> None:
+    async with bridge(team()) as b:
+        address = url(b, "team", streamable)
+        async with connect(address, streamable=streamable) as a, connect(address, streamable=streamable) as other:
+            await a.session.list_resources()  # the group learns which member lists which URI
+            await other.session.list_resources()
+            await a.session.subscribe_resource(COUNTER)
+            assert text_of(await other.session.call_tool("demo__bump", {})) == "1"
+            await a.wire.wait_for(lambda m: m.get("method") == "notifications/resources/updated")
+            assert text_of(await other.session.call_tool("f__grow", {"names": ["grown"]})) == "grown"
+            for c in (a, other):
+                await c.wire.wait_for(lambda m: m.get("method") == "notifications/tools/list_changed")
+                names, _ = await all_tools(c.session)
+                assert "f__grown" in names
+            assert not other.wire.notifications("notifications/resources/updated")  # it never subscribed
+            await a.session.list_resource_templates()
+            read = await a.session.read_resource("demo://greeting/Alice")  # by the member whose template matches
+            assert read.contents[0].text == "Hello, Alice!"  # type: ignore[union-attr]
+            a.wire.check_own_traffic()
+            other.wire.check_own_traffic()
+
+
+def group_post(body: bytes, *extra: str) -> bytes:
+    head = ["POST /groups/team/mcp HTTP/1.1", "Host: 127.0.0.1", "Accept: application/json", *extra]
+    if not any(h.lower().startswith("transfer-encoding") for h in extra):
+        head.append(f"Content-Length: {len(body)}")
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + body
+
+
+async def test_both_http_paths_answer_a_group_alike(bridge: Any) -> None:
+    """The fast path serves a group's POSTs as aiohttp's path does (a chunked body goes there)."""
+    async with bridge(team()) as b:
+        async for wire in _wire(b):
+            init = {"jsonrpc": "2.0", "id": 0, "method": "initialize",
+                    "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}}  # fmt: skip
+            await wire.send(group_post(json.dumps(init).encode()))
+            status, headers, body = await wire.response()
+            assert status == 200 and json.loads(body)["result"]["serverInfo"]["name"] == "team", body
+            session = f"Mcp-Session-Id: {headers['mcp-session-id']}"
+            await wire.send(group_post(b'{"jsonrpc":"2.0","method":"notifications/initialized"}', session))
+            assert (await wire.response())[0] == 202
+            bodies = {
+                "call": {"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": {"name": "demo__add", "arguments": {"a": 2, "b": 3}}},
+                "unknown": {"jsonrpc": "2.0", "id": 6, "method": "tools/call", "params": {"name": "demo_add", "arguments": {}}},
+                "batch": [{"jsonrpc": "2.0", "id": 7, "method": "ping"}, {"jsonrpc": "2.0", "id": 8, "method": "tools/call", "params": {"name": "f__echo", "arguments": {"text": "x"}}}],
+            }  # fmt: skip
+            for case, payload in bodies.items():
+                data = json.dumps(payload).encode()
+                answers = []
+                for chunked in (False, True):
+                    if chunked:
+                        await wire.send(group_post(b"", session, "Transfer-Encoding: chunked") + b"%x\r\n%s\r\n0\r\n\r\n" % (len(data), data))
+                    else:
+                        await wire.send(group_post(data, session))
+                    status, _, answer = await wire.response()
+                    answers.append((status, json.loads(answer)))
+                assert answers[0] == answers[1], (case, answers)
+                assert answers[0][0] == 200, (case, answers)
+            assert answers[0][1][1]["result"]["content"][0]["text"] == "x"
+            for chunked in (False, True):
+                data = json.dumps(bodies["call"]).encode()
+                extra = ("Mcp-Session-Id: nope",)
+                await wire.send(group_post(data, *extra) if not chunked else group_post(b"", *extra, "Transfer-Encoding: chunked") + b"%x\r\n%s\r\n0\r\n\r\n" % (len(data), data))
+                status, _, answer = await wire.response()
+                assert status == 404 and json.loads(answer)["error"]["message"] == "unknown session"
+
+
+async def test_a_reload_that_changes_the_members_tells_open_sessions_and_keeps_the_rest(bridge: Any) -> None:
+    config = {**team(), "groups": {"team": {"servers": ["demo", "f"]}}}
+    async with bridge(config) as b:
+        async with connect(url(b, "team", True), streamable=True) as c:
+            names, _ = await all_tools(c.session)
+            assert {n.split("__")[0] for n in names} == {"demo", "f"}
+            f_sessions = [e["session"] for e in b.named("session_opened") if e.get("server") == "f" and e.get("transport") == "group"]
+            demo_session = next(e["session"] for e in b.named("session_opened") if e.get("server") == "demo" and e.get("transport") == "group")
+            mark = len(c.wire.received)
+            await reload(b, lambda cfg: cfg["groups"]["team"].update(servers=["time", "demo"]))
+            await c.wire.wait_for(lambda m: m.get("method") == "notifications/tools/list_changed", start=mark)
+            async with asyncio.timeout(10):
+                while {n.split("__")[0] for n in (await all_tools(c.session))[0]} != {"demo", "time"}:
+                    await c.wire.wait_for(lambda m: m.get("method") == "notifications/tools/list_changed", start=len(c.wire.received) - 1)
+            assert '"timezone": "UTC"' in text_of(await c.session.call_tool("time__get_current_time", {"timezone": "UTC"}))
+            assert text_of(await c.session.call_tool("demo__add", {"a": 1, "b": 2})) == "3"
+            with pytest.raises(MCPError, match="Unknown tool: f__echo"):
+                await c.session.call_tool("f__echo", {"text": "x"})
+            closed = {e["session"]: e["reason"] for e in b.named("session_closed")}
+            assert [closed.get(s) for s in f_sessions] == ["group_changed"] and demo_session not in closed
+            body = json.loads((await http_get(f"{b.base}/status"))[1])
+            assert body["groups"]["team"]["members"] == ["time", "demo"] and body["groups"]["team"]["sessions"] == {"streamable": 1}
+            code, out, err = await ctl(b, None, "groups")
+            assert code == 0 and out.split("\n")[1].split() == ["team", "time,demo", "yes", "1"], (out, err)
+            samples = await scrape(b)
+            assert samples.get("mcp_bridge_group_sessions_open", group="team", transport="streamable") == 1
+            assert samples.get("mcp_bridge_sessions_open", server="demo", transport="group") == 1
+
+
+@pytest.mark.parametrize("streamable", [True, False], ids=["streamable", "sse"])
+async def test_a_drain_answers_a_group_call_in_flight_then_the_daemon_exits(bridge: Any, streamable: bool) -> None:
+    config = {**team(), "limits": {"drain_timeout": "10s"}}
+    async with bridge(config) as b, connect(url(b, "team", streamable), streamable=streamable) as c:
+        call = asyncio.ensure_future(c.session.call_tool("demo__countdown", {"steps": 10, "interval_ms": 100}))
+        await in_flight(b)
+        b.proc.send_signal(signal.SIGTERM)
+        assert text_of(await asyncio.wait_for(call, 20)) == "done"
+        draining = await b.wait_for("draining")
+        assert draining["in_flight"] == 1, draining  # at its member
+        assert await b.stop() == 0
+        assert not b.named("drain_timeout")
