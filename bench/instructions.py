@@ -161,7 +161,8 @@ def main() -> int:
         print(f"instructions per call, {args.sessions} session(s) x {args.calls // args.sessions:,} calls: a group of two against the server's own endpoint")
         for transport in [t for t in transports if t != "stateless"]:
             grouped = measure(transport, args.calls, args.sessions, args.region, group=True)
-            print(f"  {harness.TRANSPORTS[transport]:<16}{counts[transport]:>10,}{grouped:>10,}   {grouped / counts[transport]:.3f}x")
+            ratio = f"   {grouped / counts[transport]:.3f}x" if counts[transport] else ""  # a region off the direct path reads 0
+            print(f"  {harness.TRANSPORTS[transport]:<16}{counts[transport]:>10,}{grouped:>10,}{ratio}")
         return 0
     if args.json:
         print(json.dumps(counts))

@@ -77,6 +77,10 @@ class Names:
 
     members: tuple[str, ...]
     separator: str
+    _prefixes: tuple[tuple[str, str, int], ...] = field(init=False, repr=False, compare=False)  # (member, its prefix, its length)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_prefixes", tuple((m, m + self.separator, len(m) + len(self.separator)) for m in self.members))
 
     def show(self, member: str, name: object) -> str | None:
         """The name shown for `member`'s `name`; None when it breaks the tool-name rules."""
@@ -87,12 +91,11 @@ class Names:
 
     def split(self, shown: object) -> tuple[str, str] | None:
         """The member and its own name for a shown one; None when no member claims it."""
-        if not isinstance(shown, str):
+        if shown.__class__ is not str:
             return None
-        for member in self.members:
-            prefix = member + self.separator
-            if shown.startswith(prefix) and len(shown) > len(prefix):
-                return member, shown[len(prefix) :]
+        for member, prefix, length in self._prefixes:
+            if shown.startswith(prefix) and len(shown) > length:
+                return member, shown[length:]
         return None
 
 

@@ -521,6 +521,7 @@ class Gateway(Registry):
             "audit",
             principal=call.principal,
             session=call.session,
+            group=session.group if call.session is not None and (session := self.sessions.get(call.session)) is not None else None,
             method=call.method,
             name=call.target,
             outcome=outcome,

@@ -47,6 +47,7 @@ class MemberSession(Session):
     def __init__(self, joined: Joined, member: str) -> None:
         self.joined = joined
         super().__init__(member, joined.client.owner)
+        self.group = joined.group.name
 
     @property
     def last_seen(self) -> float:
@@ -286,12 +287,14 @@ class Group(Registry):
             except ProtocolError as exc:
                 raise ProtocolError(exc.code, f"batch[{i}]: {exc.message}" if payload.__class__ is list else exc.message, exc.request_id) from None
         lone = len(messages) == 1
+        answered = False  # by the group itself: a member's answers are flushed by its gateway
         for msg in messages:
             outs = joined.rules.from_client(msg)
             if msg.get("method") in LISTS and "id" in msg:
                 self._time_list(joined, msg["id"])
-            self.carry(joined, outs, throttle=lone)
-        session.flush()
+            answered = self.carry(joined, outs, throttle=lone) or answered
+        if answered:
+            session.flush()
 
     def _time_list(self, joined: Joined, client_id: RequestId) -> None:
         def due() -> None:
@@ -301,20 +304,24 @@ class Group(Registry):
 
         asyncio.get_running_loop().call_later(self.config.list_timeout, due)
 
-    def carry(self, joined: Joined, outs: list[Out], came: Message | None = None, data: bytes = b"", throttle: bool = False) -> None:
-        """Carry out a GroupSession's outs. `came`, `data`: the member's message they answer, as
-        read (passed on as it came when the rules left it as it was)."""
+    def carry(self, joined: Joined, outs: list[Out], came: Message | None = None, data: bytes = b"", throttle: bool = False) -> bool:
+        """Carry out a GroupSession's outs; whether any was the client's. `came`, `data`: the
+        member's message they answer, as read (passed on as it came when the rules left it as
+        it was)."""
         client = joined.client
+        delivered = False
         for out in outs:
             match out:
                 case ToClient(message=message, related=related, final=final):
+                    delivered = True
                     if not client.deliver(data if message is came and data else encode(message), related, final):
                         self.too_slow(client)
-                        return
+                        return True
                 case ToMember(member=member, message=message):
-                    self._to_member(joined, member, message, throttle and len(outs) == 1)
+                    delivered = self._to_member(joined, member, message, throttle and len(outs) == 1) or delivered
         if joined.rules.left_out:
             self._left_out(joined)
+        return delivered
 
     def _left_out(self, joined: Joined) -> None:
         """Names a member offers that would break the tool-name rules as the group shows them."""
@@ -324,15 +331,17 @@ class Group(Registry):
                 self.log.warning("group_name_left_out", member=member, name=name[:200], separator=self.config.separator, suppressed=held)
         joined.rules.left_out.clear()
 
-    def _to_member(self, joined: Joined, member: str, message: Message, throttle: bool) -> None:
+    def _to_member(self, joined: Joined, member: str, message: Message, throttle: bool) -> bool:
+        """Hand `message` to the group session's session of `member`; whether the client was
+        answered here instead (a member that is gone, a member's limit)."""
         sub = joined.members.get(member)
         gateway = self.gateways.get(member)
         if sub is None or gateway is None or sub.ended:
             if "method" in message and "id" in message:  # a request: it fails at once, naming the member
                 why = joined.gone.get(member, "it is not running")
                 error = jsonrpc.error(message["id"], jsonrpc.SERVER_UNAVAILABLE, f"member {member!r} of group {self.name!r}: {why}")
-                self.carry(joined, joined.rules.from_member(member, error, message["id"], True))
-            return
+                return self.carry(joined, joined.rules.from_member(member, error, message["id"], True))
+            return False
         try:
             # Valid JSON-RPC: the client's was checked (`from_client`), the group's own is made so.
             gateway.from_client(sub, message, REQUEST if "id" in message and "method" in message else NOTIFICATION if "method" in message else RESPONSE)
@@ -341,7 +350,8 @@ class Group(Registry):
                 raise
             if "method" in message and "id" in message:
                 error = jsonrpc.error(message["id"], jsonrpc.TOO_MANY_REQUESTS, f"member {member!r}: too many requests")
-                self.carry(joined, joined.rules.from_member(member, error, message["id"], True))
+                return self.carry(joined, joined.rules.from_member(member, error, message["id"], True))
+        return False
 
     def too_slow(self, session: Session) -> None:
         self.log.warning("session_too_slow", session=session.id, queue_limit=self.limits.session_queue, queue_bytes=self.limits.slow_bytes)

@@ -8,20 +8,24 @@ import asyncio
 import json
 import signal
 import time
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import mcp_types as types
 import pytest
 from mcp.shared.exceptions import MCPError
+from support import browser
+from support.browser import CHROMIUM
 from support.daemon import demo, faulty
 from support.metrics import http_get, scrape
 from support.rawstreamable import RawStreamable
 from support.sdk import TIME_SERVER, connect, text_of
 from test_drain import in_flight
 from test_fastpath import _wire
+from test_modern import INSPECTOR, NODE22, _run_client
 from test_operations import reload
-from test_operators import ctl
+from test_operators import by_id, ctl, sign_in
 
 pytestmark = pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning")
 
@@ -65,6 +69,8 @@ async def test_a_group_lists_every_members_tools_prefixed_and_routes_each_call_t
             assert {"demo__echo", "demo__add", "time__get_current_time", "f__pid", "f__echo"} <= set(names)
             assert all(n.split("__", 1)[0] in ("demo", "time", "f") for n in names)
             assert text_of(await c.session.call_tool("demo__add", {"a": 2, "b": 40})) == "42"
+            audit = await b.wait_for("audit", where=lambda e: e.get("method") == "tools/call" and e.get("name") == "add")
+            assert (audit["group"], audit["server"], audit["outcome"]) == ("team", "demo", "result"), audit
             assert text_of(await c.session.call_tool("f__echo", {"text": "to f"})) == "to f"
             assert '"timezone": "UTC"' in text_of(await c.session.call_tool("time__get_current_time", {"timezone": "UTC"}))
             with pytest.raises(MCPError, match="Unknown tool: nobody__echo"):
@@ -293,3 +299,32 @@ async def test_a_drain_answers_a_group_call_in_flight_then_the_daemon_exits(brid
         assert draining["in_flight"] == 1, draining  # at its member
         assert await b.stop() == 0
         assert not b.named("drain_timeout")
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium (Debian package chromium)")
+async def test_the_status_page_shows_groups_to_each_viewer_as_status_does(bridge: Any, tmp_path: Path) -> None:
+    config = {**team(), "security": {"tokens": [{"name": "admin", "token": ALICE, "roles": ["admin"]}, {"name": "bob", "token": BOB, "servers": ["f"]}]}}
+    async with bridge(config) as b, browser.launch(tmp_path) as page:
+        await page.navigate(b.base + "/ui")
+        await sign_in(page, BOB)
+        await page.wait_for("document.querySelector('tr[data-group=team]') !== null")
+        row = "[...document.querySelectorAll('tr[data-group=team] td')].map(td => td.textContent)"
+        assert await page.evaluate(row) == ["team", "f", "-", "0"]  # the members it may use, its own sessions
+        await page.evaluate(by_id("signout", ".click()"))
+        await sign_in(page, ALICE)
+        await page.wait_for(by_id("viewer", ".textContent === 'admin'"))
+        async with connect(url(b, "team", True), streamable=True, headers={"Authorization": f"Bearer {BOB}"}):
+            await page.wait_for("document.querySelector('tr[data-group=team] td.sessions')?.textContent === '1'")
+            assert await page.evaluate(row) == ["team", "demo, time, f", "ready", "1"]
+    assert not page.errors, page.errors
+
+
+@pytest.mark.skipif(not (INSPECTOR.exists() and NODE22.exists()), reason="the Inspector or Node.js 22 is not installed: run `npm ci --prefix tests/node`")
+@pytest.mark.parametrize("era", ["legacy", "auto"])  # auto asks server/discover first, is refused, and initializes
+async def test_the_inspector_cli_lists_and_calls_a_grouped_tool(bridge: Any, era: str) -> None:
+    async with bridge(team()) as b:
+        inspector = [str(NODE22), str(INSPECTOR), "--cli", url(b, "team", True), "--transport", "http", "--protocol-era", era]
+        listed = json.loads(await _run_client(*inspector, "--method", "tools/list"))
+        assert {"demo__echo", "time__get_current_time", "f__echo"} <= {t["name"] for t in listed["tools"]}
+        called = json.loads(await _run_client(*inspector, "--method", "tools/call", "--tool-name", "demo__echo", "--tool-arg", "text=hello-group"))
+        assert called["content"][0]["text"] == "hello-group"

@@ -77,6 +77,23 @@ function renderServers(servers) {
   }
 }
 
+function renderGroups(groups) {
+  // An admin sees every group, its readiness and sessions by transport; a token without the
+  // admin role, the groups it may use, the members it may use and its own session count.
+  $("groups-part").hidden = !groups || Object.keys(groups).length === 0;
+  const body = $("groups").tBodies[0];
+  body.replaceChildren();
+  for (const [name, g] of Object.entries(groups ?? {})) {
+    const row = document.createElement("tr");
+    row.dataset.group = name;
+    cell(row, name, "name");
+    cell(row, g.members.join(", "));
+    cell(row, g.ready === undefined ? "-" : g.ready ? "ready" : `not ready: ${g.not_ready}`, g.ready === false ? "bad" : "ok");
+    cell(row, typeof g.sessions === "number" ? g.sessions : Object.values(g.sessions).reduce((n, k) => n + k, 0), "num sessions");
+    body.appendChild(row);
+  }
+}
+
 function renderSessions(sessions) {
   const body = $("sessions").tBodies[0];
   body.replaceChildren();
@@ -159,6 +176,7 @@ async function refresh() {
     for (const el of document.querySelectorAll(".admin")) el.hidden = !admin;
     $("sessions-part").hidden = !admin;
     renderServers(status.body.servers);
+    renderGroups(status.body.groups);
     if (admin) renderSessions(sessions.body.sessions);
     if (admin) renderPins(status.body.servers);
     else $("pins-part").hidden = true;

@@ -144,7 +144,7 @@ FAULTS = [
     Fault('mux-pins-lists-unjudged', 'bridge/core/mux/mux.py', '        if self.pins is not None and (seen := self.pins.see(call.method, result)) is not None and (seen.changes or seen.recorded):', '        if False:'),
     Fault('views-withheld-ignored', 'bridge/core/mux/views.py', ' and name not in withheld.get(named.kind, ())', ''),
     # group.py
-    Fault('group-split-takes-an-empty-name', 'bridge/core/group.py', 'if shown.startswith(prefix) and len(shown) > len(prefix):', 'if shown.startswith(prefix):'),
+    Fault('group-split-takes-an-empty-name', 'bridge/core/group.py', 'if shown.startswith(prefix) and len(shown) > length:', 'if shown.startswith(prefix):'),
     Fault('group-long-names-shown', 'bridge/core/group.py', '        return shown if TOOL_NAME.match(shown) else None', '        return shown'),
     Fault('group-last-page-has-a-cursor', 'bridge/core/group.py', '        if not more:\n            return None', '        if False:\n            return None'),
     Fault('group-cursor-of-strangers', 'bridge/core/group.py', 'not all(m in known and isinstance(c, str) for m, c in more.items())', 'not all(isinstance(c, str) for m, c in more.items())'),
