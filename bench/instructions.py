@@ -18,7 +18,7 @@ not counted here.
     python -m bench.instructions --sessions 50 --calls 2000    # 50 clients at once (workload c's shape)
     python -m bench.instructions --transport streamable --region bridge.http.fastpath:parse_head
     python -m bench.instructions --record                      # and replace the table in bench/RESULTS.md
-    python -m bench.instructions --transport sse,streamable --group  # through a group of two, against direct
+    python -m bench.instructions --transport sse,streamable --group --record  # workloads a and c through a group of two
 
 `--region MODULE:ATTR` counts only what runs inside that function (a module's
 function or a class's method, and all it calls), to say what one part of the
@@ -141,7 +141,7 @@ def main() -> int:
     parser.add_argument("--calls", type=int, default=1000)
     parser.add_argument("--sessions", type=int, default=1, help="clients at once, sharing the calls (workload c's shape: 50)")
     parser.add_argument("--region", help="MODULE:ATTR (bridge.gateway.gateway:Gateway._audit): count only inside that function")
-    parser.add_argument("--group", action="store_true", help="also through a group of two such servers (sse and streamable), and the ratio")
+    parser.add_argument("--group", action="store_true", help="workloads a and c at the server's own endpoint and through a group of two such servers, and the ratio")
     parser.add_argument("--json", action="store_true", help="print {transport: instructions per call} as JSON (what bench/baselines.json holds)")
     parser.add_argument("--record", action="store_true", help="also replace the instructions table of bench/RESULTS.md (all transports, one session, no region)")
     args = parser.parse_args()
@@ -156,14 +156,9 @@ def main() -> int:
         parser.error(f"--region {args.region!r}: expected MODULE:ATTR, as bridge.http.fastpath:parse_head")
     if args.record and (args.region or args.sessions != 1 or transports[0] != "sse"):
         parser.error("--record: the table is of every transport, HTTP+SSE first, one session, no region")
-    counts = {t: measure(t, args.calls, args.sessions, args.region) for t in transports}
     if args.group:
-        print(f"instructions per call, {args.sessions} session(s) x {args.calls // args.sessions:,} calls: a group of two against the server's own endpoint")
-        for transport in [t for t in transports if t != "stateless"]:
-            grouped = measure(transport, args.calls, args.sessions, args.region, group=True)
-            ratio = f"   {grouped / counts[transport]:.3f}x" if counts[transport] else ""  # a region off the direct path reads 0
-            print(f"  {harness.TRANSPORTS[transport]:<16}{counts[transport]:>10,}{grouped:>10,}{ratio}")
-        return 0
+        return groups(transports, args.calls, args.region, args.record)
+    counts = {t: measure(t, args.calls, args.sessions, args.region) for t in transports}
     if args.json:
         print(json.dumps(counts))
         return 0
@@ -176,6 +171,33 @@ def main() -> int:
         print(f"  {harness.TRANSPORTS[transport]:<16}{count:>10,}{ratio}")
     if args.record and base:
         figures.record("instructions", table(counts, base, args.calls))
+    return 0
+
+
+GROUP_SHAPES = (("a", 1), ("c", 50))  # workload, sessions at once
+
+
+def groups(transports: list[str], calls: int, region: str | None, record: bool) -> int:
+    """Workloads a and c through a group of two, against the server's own endpoint."""
+    rows = []
+    print("instructions per call: the server's own endpoint, and through a group of two")
+    for transport in [t for t in transports if t != "stateless"]:  # a group serves the 2025 revisions
+        for workload, sessions in GROUP_SHAPES:
+            n = calls if sessions == 1 else calls * 2
+            direct, grouped = measure(transport, n, sessions, region), measure(transport, n, sessions, region, group=True)
+            ratio = f"{grouped / direct:.3f}x" if direct else "-"  # a region off the direct path reads 0
+            print(f"  {harness.TRANSPORTS[transport]:<16} {workload} {direct:>10,}{grouped:>10,}   {ratio}")
+            rows.append([VERSIONED[transport], workload, f"{direct:,}", f"{grouped:,}", ratio])
+    if record and region is None:
+        figures.record("groups", figures.Table(
+            title="Groups: instructions per call",
+            command=f"python -m bench.instructions --transport {','.join(transports)} --calls {calls} --group --record",
+            about=(f"callgrind, user space, as the table above: workload a ({calls:,} sequential calls, one session) and c "
+                   f"({calls * 2:,} calls from 50 sessions at once) to the server's own endpoint, and through a group of two "
+                   "such servers (`/groups/g/...`, the tool `bench__echo`)"),
+            columns=["transport", "workload", "own endpoint", "through a group", "against own"],
+            rows=rows,
+        ))  # fmt: skip
     return 0
 
 

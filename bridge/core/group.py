@@ -551,7 +551,13 @@ class GroupSession:
         out = self.member_gone(member, why)
         self.names = Names(tuple(m for m in self.names.members if m != member), self.names.separator)
         self.routes.forget(member)
-        return out + _changed() if self._initialize is not None else out
+        return out + self.lists_changed()
+
+    def lists_changed(self) -> list[Out]:
+        """What the client hears when what its lists show changed without its asking (a
+        member joined, left, or its session ended): each list's `list_changed`, once it has
+        initialized."""
+        return _changed() if self._initialize is not None else []
 
     def overdue(self, client_id: RequestId) -> list[Out]:
         """A list the client asked for is due (the group's `list_timeout`): answered with what

@@ -47,17 +47,7 @@ class MemberSession(Session):
     def __init__(self, joined: Joined, member: str) -> None:
         self.joined = joined
         super().__init__(member, joined.client.owner)
-        self.group = joined.group.name
-
-    @property
-    def last_seen(self) -> float:
-        """Its group session's: a member's gateway never takes it for idle (a drain, say)
-        while its client uses the group, whichever member it calls."""
-        return self.joined.client.last_seen
-
-    @last_seen.setter
-    def last_seen(self, value: float) -> None:
-        pass
+        self.group = joined.group.name  # its gateway leaves it to the group to reap and drain
 
     def deliver(self, data: bytes, related: RequestId | None, final: bool) -> bool:
         joined = self.joined
@@ -264,7 +254,8 @@ class Group(Registry):
             return
         del joined.members[sub.server]
         joined.gone[sub.server] = f"its session ended ({reason})"
-        self.carry(joined, joined.rules.member_gone(sub.server, f"its session ended ({reason})"))
+        rules = joined.rules
+        self.carry(joined, rules.member_gone(sub.server, f"its session ended ({reason})") + rules.lists_changed())
         joined.client.flush()
 
     def negotiated_version(self, session: Session) -> str | None:
@@ -337,9 +328,8 @@ class Group(Registry):
         sub = joined.members.get(member)
         gateway = self.gateways.get(member)
         if sub is None or gateway is None or sub.ended:
-            if "method" in message and "id" in message:  # a request: it fails at once, naming the member
-                why = joined.gone.get(member, "it is not running")
-                error = jsonrpc.error(message["id"], jsonrpc.SERVER_UNAVAILABLE, f"member {member!r} of group {self.name!r}: {why}")
+            if "method" in message and "id" in message:  # a request: it fails at once (the rules name the member)
+                error = jsonrpc.error(message["id"], jsonrpc.SERVER_UNAVAILABLE, joined.gone.get(member, "it is not running"))
                 return self.carry(joined, joined.rules.from_member(member, error, message["id"], True))
             return False
         try:
@@ -349,7 +339,7 @@ class Group(Registry):
             if throttle:
                 raise
             if "method" in message and "id" in message:
-                error = jsonrpc.error(message["id"], jsonrpc.TOO_MANY_REQUESTS, f"member {member!r}: too many requests")
+                error = jsonrpc.error(message["id"], jsonrpc.TOO_MANY_REQUESTS, "too many requests")
                 return self.carry(joined, joined.rules.from_member(member, error, message["id"], True))
         return False
 

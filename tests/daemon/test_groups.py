@@ -328,3 +328,36 @@ async def test_the_inspector_cli_lists_and_calls_a_grouped_tool(bridge: Any, era
         assert {"demo__echo", "time__get_current_time", "f__echo"} <= {t["name"] for t in listed["tools"]}
         called = json.loads(await _run_client(*inspector, "--method", "tools/call", "--tool-name", "demo__echo", "--tool-arg", "text=hello-group"))
         assert called["content"][0]["text"] == "hello-group"
+
+
+async def test_a_member_session_an_admin_ends_is_gone_for_its_group_session_and_its_tools_withdrawn(bridge: Any) -> None:
+    config = {**team(), "servers": {**team()["servers"], "f": {**faulty(), "mode": "per-session"}}}
+    async with bridge(config) as b, connect(url(b, "team", True), streamable=True) as c:
+        with pytest.raises(MCPError) as crashed:  # a per-session member's process exits: restarted, as for a direct session
+            await c.session.call_tool("f__crash", {})
+        assert str(crashed.value) == "member 'f' of group 'team': server process exited with code 3"
+        assert text_of(await c.session.call_tool("f__echo", {"text": "back"})) == "back"
+        member = next(e["session"] for e in b.named("session_opened") if e.get("server") == "f" and e.get("transport") == "group")
+        mark = len(c.wire.received)
+        async with aiohttp.ClientSession() as http, http.delete(f"{b.base}/admin/sessions/{member}") as resp:
+            assert resp.status == 200, await resp.text()
+        await c.wire.wait_for(lambda m: m.get("method") == "notifications/tools/list_changed", start=mark)
+        names, _ = await all_tools(c.session)
+        assert not [n for n in names if n.startswith("f__")] and "demo__add" in names
+        with pytest.raises(MCPError) as gone:
+            await c.session.call_tool("f__echo", {"text": "again"})
+        assert gone.value.error.code == -32003 and str(gone.value) == "member 'f' of group 'team': its session ended (ended)"
+        assert text_of(await c.session.call_tool("demo__add", {"a": 1, "b": 1})) == "2"
+
+
+async def test_a_slow_members_list_is_left_out_at_the_timeout_and_announced_when_it_comes(bridge: Any) -> None:
+    config = {
+        "servers": {"demo": demo(), "f": faulty(FAULTY_SLOW_LIST_MS="1500")},
+        "groups": {"team": {"servers": ["demo", "f"], "list_timeout": "300ms"}},
+    }
+    async with bridge(config) as b, connect(url(b, "team", True), streamable=True) as c:
+        started = time.monotonic()
+        names = [t.name for t in (await c.session.list_tools()).tools]
+        assert time.monotonic() - started < 1.2, "the list waited for the slow member"
+        assert names and all(n.startswith("demo__") for n in names)
+        await c.wire.wait_for(lambda m: m.get("method") == "notifications/tools/list_changed", timeout=5)

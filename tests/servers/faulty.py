@@ -23,6 +23,7 @@ Environment switches:
   FAULTY_SILENT_DISCOVER=1 never answer server/discover (a legacy server the era probe must wait out)
   FAULTY_PID_VERSION=1     say `1.0.<pid>` as serverInfo.version (each process a new version)
   FAULTY_PAGE_SIZE=N       list the tools N a page (the cursor is the offset)
+  FAULTY_SLOW_LIST_MS=N    answer tools/list after N ms (and nothing else meanwhile)
 """
 
 from __future__ import annotations
@@ -320,6 +321,7 @@ def handle(message: JSON) -> None:
         note(f"ping {json.dumps(request_id)}")
         reply(request_id, {})
     elif method == "tools/list":
+        time.sleep(int(os.environ.get("FAULTY_SLOW_LIST_MS", "0")) / 1000)
         size = int(os.environ.get("FAULTY_PAGE_SIZE", "0")) or len(TOOLS)
         start = int(params.get("cursor") or 0)
         page: JSON = {"tools": TOOLS[start : start + size]}

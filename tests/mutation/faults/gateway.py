@@ -25,7 +25,7 @@ FAULTS: list[Fault] = [
     # group.py
     Fault('grp-members-not-filtered-by-token', 'bridge/gateway/group.py', ' and (servers is None or m in servers))', ')'),
     Fault('grp-closed-leaves-members-open', 'bridge/gateway/group.py', '        self._close_members(joined, reason)\n        self.log.info(', '        self.log.info('),
-    Fault('grp-crashed-member-calls-wait', 'bridge/gateway/group.py', '        self.carry(joined, joined.rules.member_gone(sub.server, f"its session ended ({reason})"))', '        pass', equivalent="a member gateway answers every call of a session before it closes it (its mux's shutdown, end_session's errors, a process's exit), so nothing is left to fail here; kept against a gateway that one day does not"),
+    Fault('grp-crashed-member-calls-wait', 'bridge/gateway/group.py', 'rules.member_gone(sub.server, f"its session ended ({reason})") + ', '', equivalent="a member gateway answers every call of a session before it closes it (its mux's shutdown, end_session's errors, a process's exit), so nothing is left to fail here; kept against a gateway that one day does not"),
     Fault('grp-rewritten-answer-sent-as-it-came', 'bridge/gateway/group.py', 'data if message is came and data else encode(message)', 'data if data else encode(message)'),
     Fault('grp-error-passed-on-unnamed', 'bridge/gateway/group.py', ' and b\'"error"\' not in data and', ' and'),
     Fault('grp-reload-keeps-leavers', 'bridge/gateway/group.py', '            for member in [m for m in joined.rules.names.members if m not in allowed]:', '            for member in []:'),
