@@ -65,7 +65,7 @@ def test_an_event_the_code_logs_with_no_description_stops_the_generator(tmp_path
 
 def test_the_log_reference_reads_levels_and_fields_off_the_code() -> None:
     text = (ROOT / "docs" / "reference" / "logs.md").read_text()
-    assert "| `session_too_slow` | warning | `queue_bytes`, `queue_limit`, `session` | gateway/gateway.py |" in text
+    assert "| `session_too_slow` | warning | `queue_bytes`, `queue_limit`, `session` | gateway/gateway.py, gateway/group.py |" in text
 
 
 def test_the_metrics_reference_is_what_a_registry_exposes() -> None:
