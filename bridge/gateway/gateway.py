@@ -17,6 +17,8 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from structlog.typing import FilteringBoundLogger
+
 from bridge import logs
 from bridge.access.policy import RateLimiter, Throttled, View
 from bridge.config.schema import Limits, RateLimit, Server
@@ -112,6 +114,7 @@ class Gateway(Registry):
         self.pins_file: PinsFile | None = None
         self.pins: Gate | None = None  # what its processes offer that is pinned (servers.NAME.pin)
         self.audit = logs.get(server=name).bind(logger="mcp_bridge.audit")  # operators route it by this name
+        self._group_audits: dict[str, FilteringBoundLogger] = {}  # the audit logger bound to each group's name
 
     def upstreams(self) -> Iterable[Upstream]:
         return self.placement.upstreams()
@@ -517,11 +520,13 @@ class Gateway(Registry):
             outcome = "timeout" if code == jsonrpc.REQUEST_TIMEOUT else "error"
         else:
             outcome = "result"
-        self.audit.info(
+        audit = self.audit
+        if call.session is not None and (session := self.sessions.get(call.session)) is not None and session.group is not None:
+            audit = self._group_audits.get(session.group) or self._group_audits.setdefault(session.group, audit.bind(group=session.group))
+        audit.info(
             "audit",
             principal=call.principal,
             session=call.session,
-            group=session.group if call.session is not None and (session := self.sessions.get(call.session)) is not None else None,
             method=call.method,
             name=call.target,
             outcome=outcome,

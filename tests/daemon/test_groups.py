@@ -19,13 +19,15 @@ from support import browser
 from support.browser import CHROMIUM
 from support.daemon import demo, faulty
 from support.metrics import http_get, scrape
-from support.rawstreamable import RawStreamable
+from support.rawstreamable import JSON_ONLY, RawStreamable, tool_call
+from support.rawstreamable import text_of as rs_text_of
 from support.sdk import TIME_SERVER, connect, text_of
 from test_drain import in_flight
 from test_fastpath import _wire
 from test_modern import INSPECTOR, NODE22, _run_client
 from test_operations import reload
 from test_operators import by_id, ctl, sign_in
+from test_replicas import forwarded_count, replicas
 
 pytestmark = pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning")
 
@@ -361,3 +363,47 @@ async def test_a_slow_members_list_is_left_out_at_the_timeout_and_announced_when
         assert time.monotonic() - started < 1.2, "the list waited for the slow member"
         assert names and all(n.startswith("demo__") for n in names)
         await c.wire.wait_for(lambda m: m.get("method") == "notifications/tools/list_changed", timeout=5)
+
+
+async def test_a_group_session_is_used_through_each_replica(tmp_path: Path) -> None:
+    """Opened on one replica; a call, a member's server request answered, and DELETE, each
+    through another: the id names its owner, which every replica forwards to."""
+    config = {"servers": {"demo": demo(), "f": faulty()}, "groups": {"team": {"servers": ["demo", "f"]}}}
+    async with replicas(tmp_path, 3, config) as (a, b, c), RawStreamable(f"{a.base}/groups/team/mcp") as client:
+        await client.initialize(capabilities={"sampling": {}})
+        client.url = f"{b.base}/groups/team/mcp"
+        reply = await client.post(tool_call("demo__add", {"a": 2, "b": 3}, 1), accept=JSON_ONLY)
+        assert reply.status == 200 and rs_text_of(reply.json) == "5", reply.text
+        client.url = f"{c.base}/groups/team/mcp"
+        asked = await client.post(tool_call("demo__sample", {"prompt": "2+2?"}, "s"))
+        assert asked.stream is not None
+        ask = await asked.stream.message()
+        assert ask["method"] == "sampling/createMessage"
+        client.url = f"{b.base}/groups/team/mcp"
+        answer = {"jsonrpc": "2.0", "id": ask["id"], "result": {"role": "assistant", "content": {"type": "text", "text": "4"}, "model": "m"}}
+        assert (await client.post(answer)).status == 202
+        response, _ = await asked.stream.response("s")
+        assert rs_text_of(response) == "4"
+        assert await forwarded_count(b, "forwarded") >= 2 and await forwarded_count(c, "forwarded") >= 1
+        client.url = f"{c.base}/groups/team/mcp"
+        assert (await client.delete()).status == 204
+        for via in (a, b):
+            client.url = f"{via.base}/groups/team/mcp"
+            assert (await client.post(tool_call("demo__echo", {"text": "x"}, 9))).status == 404
+
+
+@pytest.mark.parametrize("mode", ["shared", "per-principal", "per-session"])
+async def test_a_members_question_reaches_the_group_session_whose_call_asked_in_every_mode(bridge: Any, mode: str) -> None:
+    config = {"servers": {"demo": demo(mode=mode), "time": TIME_SERVER}, "groups": {"team": {"servers": ["demo", "time"]}}}
+
+    def answer(client: Any, params: types.CreateMessageRequestParams) -> str:
+        return f"{client.name} answers"
+
+    async with bridge(config) as b:
+        address = url(b, "team", True)
+        async with connect(address, name="A", sampling=answer, streamable=True) as a, connect(address, name="B", sampling=answer, streamable=True) as other:
+            results = await asyncio.gather(a.session.call_tool("demo__sample", {"prompt": "a?"}), other.session.call_tool("demo__sample", {"prompt": "b?"}))
+            assert [text_of(r) for r in results] == ["A answers", "B answers"]
+            assert len(a.sampled) == 1 and len(other.sampled) == 1
+            a.wire.check_own_traffic()
+            other.wire.check_own_traffic()

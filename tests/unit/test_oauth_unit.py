@@ -16,6 +16,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
+from bridge.access import guard as guard_module
 from bridge.access.guard import Guard, Principal, Refusal, admit
 from bridge.access.oauth import NeedsFetch, OAuthVerifier, TokenRefused, Unavailable
 from bridge.config.load import parse
@@ -418,3 +419,24 @@ async def test_a_token_naming_an_unknown_kid_fetches_the_keys_again(aiohttp_serv
             verifier.check(token({"aud": BASE, "sub": "mallory"}, kid="r2"), audiences)
     finally:
         await verifier.close()
+
+
+def test_the_servers_a_principal_may_use_are_known_after_its_check_for_what_opens_later() -> None:
+    """A group opens its members' sessions after the request's check: `servers_of` says what
+    that principal's token granted, static or OAuth (as it last signed in), and nothing for a
+    name it has never seen."""
+    g = guard(text=CONFIG + "  tokens: [{name: ci, token: ci-token-0123456789ab, servers: [files]}]\n")
+    assert g.servers_of("ci") == frozenset({"files"}) and g.servers_of(None) is None
+    assert g.servers_of(f"{ISSUER}#alice") == frozenset()  # not signed in yet: nothing
+    assert isinstance(check(g, token({"aud": BASE})), Principal)
+    assert g.servers_of(f"{ISSUER}#alice") == frozenset({"time"})
+    assert isinstance(check(g, token({"aud": BASE, "groups": ["mcp:all"]})), Principal)
+    assert g.servers_of(f"{ISSUER}#alice") is None  # as its newest token grants: every server
+
+
+def test_the_principals_remembered_are_bounded_the_oldest_forgotten_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(guard_module, "SIGNED_IN_KEPT", 2)
+    g = guard()
+    for who in ("alice", "bob", "alice", "carol"):  # alice's second sign-in makes bob the oldest
+        assert isinstance(check(g, token({"aud": BASE, "sub": who})), Principal)
+    assert [g.servers_of(f"{ISSUER}#{who}") for who in ("alice", "bob", "carol")] == [frozenset({"time"}), frozenset(), frozenset({"time"})]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from faults.fault import Fault
 
 TESTS = {
-    'bridge/access/guard.py': ('tests/daemon/test_security.py',),
+    'bridge/access/guard.py': ('tests/daemon/test_security.py', 'tests/unit/test_oauth_unit.py'),
     'bridge/access/oauth.py': ('tests/unit/test_oauth_unit.py',),
     'bridge/access/policy.py': ('tests/unit/test_policy_unit.py', 'tests/daemon/test_principals.py'),
 }
@@ -30,6 +30,9 @@ FAULTS = [
     Fault('sec-host-cache-wrong-after-clear', 'bridge/access/guard.py', '                self._hosts.clear()', '                self._hosts.clear()\n                return True'),
     Fault('sec-origin-none-checked', 'bridge/access/guard.py', 'if origin is not None and not guard.origin_allowed(origin):', 'if not guard.origin_allowed(origin):', equivalent='origin_allowed(None) is True, so the None test in admit only saves a call'),
     Fault('sec-token-spaces-kept', 'bridge/access/guard.py', '    token = token.strip()\n', ''),
+    Fault('sec-unseen-principal-may-use-all', 'bridge/access/guard.py', '        return self._signed_in.get(principal, frozenset())', '        return self._signed_in.get(principal)'),
+    Fault('sec-signed-in-unbounded', 'bridge/access/guard.py', '        if len(signed_in) > SIGNED_IN_KEPT:', '        if False:'),
+    Fault('sec-signed-in-newest-forgotten', 'bridge/access/guard.py', '        signed_in.pop(identity.name, None)  # the newest last: the oldest give way\n', ''),
     Fault('sec-forbidden-server-as-401', 'bridge/access/guard.py', 'return Refusal(403, "forbidden_server"', 'return Refusal(401, "forbidden_server"'),
     Fault('oauth-cache-outlives-exp', 'bridge/access/oauth.py', 'identity.expires <= self._wall()', 'identity.expires + 3600 <= self._wall()'),
     Fault('oauth-active-truthy', 'bridge/access/oauth.py', 'claims.get("active") is True', 'claims.get("active")'),
