@@ -234,7 +234,7 @@ async def apply_config(app: web.Application, new: Config) -> None:
 
 async def _reload_groups(app: web.Application, old: Config, new: Config) -> None:
     """Groups removed end their sessions; groups added start; the others take their new
-    members and limits for the sessions to come."""
+    members and limits, their open sessions the members that joined and left (`Group.update`)."""
     groups = app[GROUPS]
     for name in [n for n in groups if n not in new.groups]:
         await groups.pop(name).stop("server_gone")
@@ -350,12 +350,13 @@ def group_status(group: Group, principal: str | None = None) -> dict[str, object
     """A group as an admin sees it, or, for `principal`, the members it may use and its own sessions."""
     if principal is not None:
         return {"members": list(group.allowed(principal)), "sessions": sum(1 for s in group.sessions.values() if s.owner == principal)}
+    not_ready = group.readiness()
     return {
         "members": list(group.members),
         "separator": group.config.separator,
         "sessions": group.session_counts(),
-        "ready": group.readiness() is None,
-        "not_ready": group.readiness(),
+        "ready": not_ready is None,
+        "not_ready": not_ready,
         "names_left_out": dict(group.names_left_out),
     }
 

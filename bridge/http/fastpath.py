@@ -62,8 +62,8 @@ LINGER_S, LINGER_BYTES = 2.0, 1 << 20  # reading on after a refusal, before clos
 # (Streamable HTTP) or `/servers/{name}/messages` (HTTP+SSE), or the same of a group
 # (`/groups/{name}/...`), with a query that has no "+";
 # visible ASCII only (no controls, no spaces, no bare LF), and neither "#" nor "%": aiohttp
-# drops a fragment and decodes an escape, so those targets are its to read. Groups: servers
-# or groups, the name (no "/" or "?"), the endpoint, the query.
+# drops a fragment and decodes an escape, so those targets are its to read. Captured:
+# servers or groups, the name (no "/" or "?"), the endpoint, the query.
 _TARGET = re.compile(rb"/(servers|groups)/([!\"$&-.0->@-~]+)/(mcp|messages)(?:\?([!\"$&-*,-~]*))?")
 _REQUEST_LINE = re.compile(rb"POST " + _TARGET.pattern + rb" HTTP/1\.1")
 # The header block after the request line, each field after a CRLF, in the one shape this path
