@@ -22,11 +22,11 @@ from bridge import logs
 from bridge.access.policy import Throttled
 from bridge.config.schema import Group as GroupConfig
 from bridge.config.schema import Limits
-from bridge.core.group import LISTS, GroupSession, Names, Out, ToClient, ToMember
+from bridge.core.group import LISTS, GroupSession, Names, Out, Routes, ToClient, ToMember
 from bridge.gateway.gateway import Gateway, SessionLimitError
 from bridge.gateway.sessions import Registry, Session
 from bridge.metrics import ServerMetrics
-from bridge.protocol import jsonrpc
+from bridge.protocol import jsonrpc, stateless
 from bridge.protocol.jsonrpc import NOTIFICATION, REQUEST, RESPONSE, Kind, Message, ProtocolError, RequestId
 
 _decode = msgspec.json.Decoder().decode
@@ -125,6 +125,10 @@ class Group(Registry):
         self.names_left_out: Counter[str] = Counter()  # by member: names that would break the tool-name rules
         self._left_out_log = logs.Throttle(1.0, 10)
         self.new_id: Callable[[str | None], str] | None = None  # with a cluster: ids that name this replica (the app sets it)
+        # 2026-07-28 requests (endpoints/group_2026.py), which no session holds: the URIs and
+        # templates their lists showed (rule 2), and the Names of each set of members used.
+        self.routes = Routes()
+        self._names: dict[tuple[str, ...], Names] = {}
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -145,6 +149,8 @@ class Group(Registry):
         as the client initialized the others); its client hears that the lists changed. Its
         other members' sessions are untouched. A new separator applies to new sessions."""
         self.config, self.members, self.limits, self.keepalive = config, members, limits, keepalive
+        self._names.clear()
+        self.routes = Routes()
         for joined in list(self._joined.values()):
             allowed = self.allowed(joined.client.owner)
             for member in [m for m in joined.rules.names.members if m not in allowed]:
@@ -315,12 +321,30 @@ class Group(Registry):
         return delivered
 
     def _left_out(self, joined: Joined) -> None:
-        """Names a member offers that would break the tool-name rules as the group shows them."""
-        for member, name in joined.rules.left_out:
+        self.left_out(joined.rules.left_out)
+        joined.rules.left_out.clear()
+
+    def left_out(self, names: list[tuple[str, str]]) -> None:
+        """Names members offer that would break the tool-name rules as the group shows them."""
+        for member, name in names:
             self.names_left_out[member] += 1
             if (held := self._left_out_log.allow()) is not None:
                 self.log.warning("group_name_left_out", member=member, name=name[:200], separator=self.config.separator, suppressed=held)
-        joined.rules.left_out.clear()
+
+    def names_for(self, members: tuple[str, ...]) -> Names:
+        """The group's Names for `members` (one per set of members a principal may use: few)."""
+        names = self._names.get(members)
+        if names is None:
+            if len(self._names) >= 64:
+                self._names.clear()
+            names = self._names[members] = Names(members, self.config.separator)
+        return names
+
+    def identity(self) -> stateless.Server:
+        """What a merged 2026-07-28 answer is decorated with: the group's name, and a cache
+        scope that is public only when every member's is."""
+        public = all(g.server.cache_scope == "public" for m in self.members if (g := self.gateways.get(m)) is not None)
+        return stateless.Server({"name": self.name, "version": "group"}, "public" if public else "private")
 
     def _to_member(self, joined: Joined, member: str, message: Message, throttle: bool) -> bool:
         """Hand `message` to the group session's session of `member`; whether the client was

@@ -24,10 +24,25 @@ from support.rawstreamable import text_of as rs_text_of
 from support.sdk import TIME_SERVER, connect, text_of
 from test_drain import in_flight
 from test_fastpath import _wire
-from test_modern import INSPECTOR, NODE22, _run_client
+from test_modern import (
+    INSPECTOR,
+    NODE22,
+    PATHS,
+    TS_CLIENT,
+    _run_client,
+    answering_client,
+    error_of,
+    headers_for,
+    post,
+    request,
+    retry,
+    sdk_client,
+)
 from test_operations import reload
 from test_operators import by_id, ctl, sign_in
 from test_replicas import forwarded_count, replicas
+
+from bridge.demo_server import GREET_NAMES, GREETING_TEMPLATE
 
 pytestmark = pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning")
 
@@ -96,14 +111,6 @@ async def test_refusals_at_a_group_are_exact(bridge: Any) -> None:
             assert response["result"] == {}
         async with http.post(f"{b.base}/groups/nobody/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}}) as resp:
             assert resp.status == 404 and (await resp.json())["error"]["message"] == "unknown group 'nobody'"
-        stateless = {
-            "jsonrpc": "2.0", "id": 1, "method": "tools/list",
-            "params": {"_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28"}},
-        }  # fmt: skip
-        async with http.post(url(b, "team", True), json=stateless, headers={"Accept": "application/json, text/event-stream"}) as resp:
-            body = await resp.json()
-            assert resp.status == 400 and body["error"]["code"] == -32022, body
-            assert body["error"]["message"].startswith("/groups/team speaks 2025-11-25, ")
 
 
 async def test_pages_of_several_members_merge_under_one_cursor(bridge: Any) -> None:
@@ -392,6 +399,18 @@ async def test_a_group_session_is_used_through_each_replica(tmp_path: Path) -> N
             assert (await client.post(tool_call("demo__echo", {"text": "x"}, 9))).status == 404
 
 
+async def test_a_2026_07_28_retry_through_a_group_at_another_replica_resumes_the_call_at_its_holder(tmp_path: Path) -> None:
+    config = {"servers": {"demo": demo(), "f": faulty()}, "groups": {"team": {"servers": ["demo", "f"]}}}
+    async with replicas(tmp_path, 2, config) as (a, b):
+        call = request("tools/call", {"name": "demo__sample", "arguments": {"prompt": "where?"}}, capabilities={"sampling": {}})
+        first = (await post(f"{a.base}/groups/team/mcp", call, headers_for(call))).json()["result"]
+        assert first["resultType"] == "input_required", first
+        again = retry(call, first, "at the holder")
+        final = (await post(f"{b.base}/groups/team/mcp", again, headers_for(again))).final()
+        assert final["id"] == 2 and final["result"]["content"][0]["text"] == "at the holder", final
+        assert await forwarded_count(b, "forwarded") >= 1
+
+
 @pytest.mark.parametrize("mode", ["shared", "per-principal", "per-session"])
 async def test_a_members_question_reaches_the_group_session_whose_call_asked_in_every_mode(bridge: Any, mode: str) -> None:
     config = {"servers": {"demo": demo(mode=mode), "time": TIME_SERVER}, "groups": {"team": {"servers": ["demo", "time"]}}}
@@ -407,3 +426,104 @@ async def test_a_members_question_reaches_the_group_session_whose_call_asked_in_
             assert len(a.sampled) == 1 and len(other.sampled) == 1
             a.wire.check_own_traffic()
             other.wire.check_own_traffic()
+
+
+# ------------------------------------------------------------------ 2026-07-28
+
+SERVER_INFO = "io.modelcontextprotocol/serverInfo"
+
+
+@pytest.mark.parametrize("path", PATHS)
+async def test_2026_07_28_requests_through_a_group_merge_route_and_resume(bridge: Any, path: str) -> None:
+    async with bridge(team()) as b:
+        at = url(b, "team", True)
+
+        async def ask(method: str, params: dict[str, Any] | None = None, rid: int = 1, **meta: Any) -> Any:
+            msg = request(method, params, rid, **meta)
+            return await post(at, msg, headers_for(msg), path)
+
+        discovered = (await ask("server/discover")).json()["result"]
+        assert discovered["_meta"][SERVER_INFO] == {"name": "team", "version": "group"}, discovered
+        assert {"tools", "prompts", "resources"} <= set(discovered["capabilities"]) and "## demo" in discovered["instructions"]
+        assert discovered["resultType"] == "complete" and discovered["cacheScope"] == "private"
+        listed = (await ask("tools/list")).json()["result"]
+        names = {t["name"] for t in listed["tools"]}
+        assert {"demo__echo", "demo__sample", "time__get_current_time", "f__echo"} <= names, names
+        assert listed["_meta"][SERVER_INFO]["name"] == "team" and listed["ttlMs"] == 0
+
+        echoed = (await ask("tools/call", {"name": "demo__echo", "arguments": {"text": "through"}})).json()["result"]
+        assert echoed["content"][0]["text"] == "through" and echoed["_meta"][SERVER_INFO]["name"] == "mcp-bridge-demo"
+        now = (await ask("tools/call", {"name": "time__get_current_time", "arguments": {"timezone": "UTC"}})).json()["result"]
+        assert json.loads(now["content"][0]["text"])["timezone"] == "UTC"
+        # A URI no list here has shown: each member is asked, and the one that has it answers.
+        read = (await ask("resources/read", {"uri": COUNTER})).json()["result"]
+        assert read["contents"][0]["uri"] == COUNTER
+        gone = await ask("resources/read", {"uri": "nowhere://x"})
+        assert gone.status == 400 and error_of(gone)["code"] == -32602, gone.body
+        assert "demo__greet" in {p["name"] for p in (await ask("prompts/list")).json()["result"]["prompts"]}
+        greeting = (await ask("prompts/get", {"name": "demo__greet", "arguments": {"name": "Ada"}})).json()["result"]
+        assert "Ada" in greeting["messages"][0]["content"]["text"]
+        for ref in ({"type": "ref/prompt", "name": "demo__greet"}, {"type": "ref/resource", "uri": GREETING_TEMPLATE}):
+            completed = (await ask("completion/complete", {"ref": ref, "argument": {"name": "name", "value": "a"}})).json()
+            assert completed["result"]["completion"]["values"] == [n for n in GREET_NAMES if n.lower().startswith("a")], (ref, completed)
+
+        unknown = await ask("tools/call", {"name": "nobody__echo", "arguments": {}})
+        assert unknown.status == 400 and error_of(unknown) == {"code": -32602, "message": "Unknown tool: nobody__echo"}
+        cursor = await ask("tools/list", {"cursor": "not-ours"})
+        assert cursor.status == 400 and error_of(cursor) == {"code": -32602, "message": "invalid cursor"}
+        listen = await ask("subscriptions/listen", {"notifications": {"toolsListChanged": True}})
+        assert listen.status == 404 and error_of(listen)["code"] == -32601
+        removed = await ask("ping")
+        assert removed.status == 404 and error_of(removed)["code"] == -32601
+        msg = request("tools/call", {"name": "demo__echo", "arguments": {"text": "x"}})
+        mismatch = await post(at, msg, headers_for(msg, Mcp_Name="echo"), path)
+        assert mismatch.status == 400 and error_of(mismatch)["code"] == -32020, mismatch.body
+
+        # MRTR: the member's question, its requestState; the retry (by the group's name) resumes the call there.
+        call = request("tools/call", {"name": "demo__sample", "arguments": {"prompt": "p"}}, capabilities={"sampling": {}})
+        first = (await post(at, call, headers_for(call), path)).json()["result"]
+        assert first["resultType"] == "input_required", first
+        again = retry(call, first, "answered through the group")
+        final = (await post(at, again, headers_for(again), path)).final()
+        assert final["id"] == 2 and final["result"]["content"][0]["text"] == "answered through the group", final
+        assert b.named("input_expired") == [] and b.named("session_opened") == []
+
+
+async def test_a_2026_07_28_list_pages_across_members_and_leaves_out_a_slow_one(bridge: Any) -> None:
+    config = {
+        "servers": {"f1": faulty(FAULTY_PAGE_SIZE="4"), "f2": faulty(FAULTY_PAGE_SIZE="5"), "slow": faulty(FAULTY_SLOW_LIST_MS="4000")},
+        "groups": {"two": {"servers": ["f1", "f2"], "separator": "."}, "late": {"servers": ["f1", "slow"], "list_timeout": "0.5s"}},
+    }
+    async with bridge(config) as b:
+        names: list[str] = []
+        cursor = None
+        for _ in range(50):
+            msg = request("tools/list", {"cursor": cursor} if cursor else {})
+            result = (await post(url(b, "two", True), msg, headers_for(msg))).json()["result"]
+            names += [t["name"] for t in result["tools"]]
+            cursor = result.get("nextCursor")
+            if cursor is None:
+                break
+        own = sorted(n[3:] for n in names if n.startswith("f1."))
+        assert own and sorted(names) == sorted([f"f1.{n}" for n in own] + [f"f2.{n}" for n in own])
+        msg = request("tools/list")
+        started = time.monotonic()
+        result = (await post(url(b, "late", True), msg, headers_for(msg))).json()["result"]
+        assert time.monotonic() - started < 3
+        shown = {t["name"] for t in result["tools"]}
+        assert "f1__echo" in shown and not any(n.startswith("slow__") for n in shown), shown
+
+
+async def test_sdk_clients_at_2026_07_28_through_a_group(bridge: Any) -> None:
+    async with bridge(team()) as b:
+        async with answering_client(url(b, "team", True)) as client:
+            assert {"demo__echo", "f__echo"} <= {t.name for t in (await client.list_tools()).tools}
+            assert (await client.call_tool("demo__sample", {"prompt": "py"})).content[0].text == "sampled: py"
+            assert (await client.call_tool("f__echo", {"text": "f"})).content[0].text == "f"
+        async with sdk_client(url(b, "team", True), mode="auto") as client:
+            assert (await client.call_tool("demo__add", {"a": 1, "b": 2})).content[0].text == "3"
+        out = await _run_client("node", str(TS_CLIENT), url(b, "team", True), "demo__")
+        seen = json.loads(out.decode().strip().splitlines()[-1])
+        assert "demo__echo" in seen["tools"] and seen["echoed"] == "from typescript", seen
+        assert seen["sampled"] == "ts answers ts prompt" and seen["serverInfo"] == "mcp-bridge-demo"
+        assert b.named("session_opened") == [] and b.named("input_expired") == []

@@ -16,17 +16,17 @@ from typing import Any, TypeGuard
 from aiohttp import web
 
 from bridge.gateway.gateway import Gateway
+from bridge.gateway.group import Group
 from bridge.gateway.sessions import Served, Session
 from bridge.http import state
 from bridge.http.aiohttp_reply import AiohttpHead, AiohttpReply
 from bridge.http.body import read_message
-from bridge.http.endpoints import sse_2024, stateless_2026, streamable_2025
+from bridge.http.endpoints import group_2026, sse_2024, stateless_2026, streamable_2025
 from bridge.http.endpoints.base import Post
-from bridge.http.errors import HttpError
 from bridge.http.forward import Forwarder
 from bridge.http.reply import Reply
 from bridge.protocol import jsonrpc, stateless
-from bridge.protocol.mcp import PROTOCOL_VERSIONS, SESSION_HEADER, UNSUPPORTED_VERSION, VERSION_HEADER
+from bridge.protocol.mcp import SESSION_HEADER, VERSION_HEADER
 
 
 class Posts:
@@ -43,16 +43,22 @@ class Posts:
 
     def mcp(self, post: Post[Served], payload: Any, reply: Reply) -> None:
         if stateless.is_stateless(payload) or (post.session_id is None and _lone_request(payload)):
-            if not _of_server(post):
-                supported = ", ".join(reversed(PROTOCOL_VERSIONS))
-                raise HttpError(400, f"{post.gateway.path} speaks {supported} (initialize first), not 2026-07-28", UNSUPPORTED_VERSION)
-            stateless_2026.answer(post, payload, reply, self.parking)
+            if _of_server(post):
+                stateless_2026.answer(post, payload, reply, self.parking)
+            elif _of_group(post):
+                group_2026.answer(post, payload, reply, self.parking)
+            else:
+                raise TypeError(f"{post.gateway!r} is neither a server's gateway nor a group")
         else:
             streamable_2025.answer(post, payload, reply, self.holds)
 
 
 def _of_server(post: Post[Served]) -> TypeGuard[Post[Gateway]]:
     return isinstance(post.gateway, Gateway)
+
+
+def _of_group(post: Post[Served]) -> TypeGuard[Post[Group]]:
+    return isinstance(post.gateway, Group)
 
 
 def _lone_request(payload: Any) -> bool:

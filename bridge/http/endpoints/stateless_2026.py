@@ -53,7 +53,7 @@ from bridge.core import request_state
 from bridge.core.cluster import FORWARDED_HEADER
 from bridge.core.request_state import State, StateKeys
 from bridge.gateway.gateway import Gateway, SessionLimitError
-from bridge.gateway.sessions import Session, Spares
+from bridge.gateway.sessions import Served, Session, Spares
 from bridge.http import errors, forward, state, streams
 from bridge.http.endpoints.base import Post
 from bridge.http.errors import HttpError
@@ -342,18 +342,19 @@ async def _refusing(post: Post[Gateway], payload: Message, reply: Reply, step: A
     try:
         await step
     except StatelessError as exc:
-        _refuse(post, reply, exc)
+        refuse(post.gateway, reply, exc)
     except HttpError as exc:
-        _name(exc, payload)
+        name_request(exc, payload)
         raise
 
 
-def _refuse(post: Post[Gateway], reply: Reply, exc: StatelessError) -> None:
-    post.gateway.metrics.error_sent({"code": exc.code})
+def refuse(served: Served, reply: Reply, exc: StatelessError) -> None:
+    """Answer a refused 2026-07-28 request: its error, with the status the spec gives it."""
+    served.metrics.error_sent({"code": exc.code})
     reply.whole(exc.status, exc.body())
 
 
-def _name(exc: HttpError, payload: Any) -> None:
+def name_request(exc: HttpError, payload: Any) -> None:
     """A refusal of the daemon's (limits, rate limits): its error names the request too."""
     if exc.request_id is None and "method" in payload and jsonrpc.is_id(payload.get("id")):
         exc.request_id = payload["id"]
@@ -362,16 +363,8 @@ def _name(exc: HttpError, payload: Any) -> None:
 def answer(post: Post[Gateway], msg: Message, reply: Reply, parking: Parking) -> None:
     """Answer a 2026-07-28 POST (a decoded body that `stateless.is_stateless`)."""
     try:
-        try:
-            kind = jsonrpc.classify(msg)
-        except jsonrpc.ProtocolError as exc:
-            raise StatelessError(exc.code, exc.message, request_id=exc.request_id) from None
-        if kind is jsonrpc.NOTIFICATION:
-            # 2026-07-28 defines no client notifications over HTTP (a client cancels by closing its stream).
-            reply.whole(202, b"")
+        if not is_request(msg, reply):
             return
-        if kind is jsonrpc.RESPONSE:
-            raise StatelessError(jsonrpc.INVALID_REQUEST, "a 2026-07-28 client sends no responses: input goes in a retry's inputResponses")
         gateway = post.gateway
         env = stateless.admit(msg, post.request.mirrored(), post.accept, parking.tool_headers.get(gateway.name))
         method, params = msg["method"], msg["params"]
@@ -403,10 +396,26 @@ def answer(post: Post[Gateway], msg: Message, reply: Reply, parking: Parking) ->
         else:
             _open_later(post, msg, env, reply, _NO_NOTICES, session, functools.partial(_call, post, parking, msg, method, params, reply, offered))
     except StatelessError as exc:
-        _refuse(post, reply, exc)
+        refuse(post.gateway, reply, exc)
     except HttpError as exc:
-        _name(exc, msg)
+        name_request(exc, msg)
         raise
+
+
+def is_request(msg: Any, reply: Reply) -> bool:
+    """Whether a 2026-07-28 POST is a request to serve: a notification is answered here (202:
+    2026-07-28 defines none a client sends over HTTP; a client cancels by closing its stream);
+    a response, or what is not JSON-RPC, raises StatelessError."""
+    try:
+        kind = jsonrpc.classify(msg)
+    except jsonrpc.ProtocolError as exc:
+        raise StatelessError(exc.code, exc.message, request_id=exc.request_id) from None
+    if kind is jsonrpc.NOTIFICATION:
+        reply.whole(202, b"")
+        return False
+    if kind is jsonrpc.RESPONSE:
+        raise StatelessError(jsonrpc.INVALID_REQUEST, "a 2026-07-28 client sends no responses: input goes in a retry's inputResponses")
+    return True
 
 
 def _call(

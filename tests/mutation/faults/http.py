@@ -22,6 +22,7 @@ TESTS = {
     'bridge/http/endpoints/sse_2024.py': ('tests/daemon/test_sse_transport.py',),
     'bridge/http/endpoints/streamable_2025.py': ('tests/daemon/test_streamable.py',),
     'bridge/http/endpoints/stateless_2026.py': ('tests/unit/test_stateless_2026_unit.py', 'tests/daemon/test_modern.py'),
+    'bridge/http/endpoints/group_2026.py': ('tests/daemon/test_groups.py',),
     'bridge/http/fastpath.py': (
         'tests/daemon/test_operations.py::test_refusals_at_an_mcp_endpoint_count_as_errors_sent_on_either_http_path',
         'tests/daemon/test_streamable.py::test_a_stream_under_way_outlives_the_idle_timeout',
@@ -84,6 +85,15 @@ FAULTS = [
     Fault('stream-either-is-stream', 'bridge/http/endpoints/streamable_2025.py', 'return Form.EITHER if sse == json else Form.STREAM if sse > json else Form.JSON', 'return Form.STREAM if sse >= json else Form.JSON'),
     Fault('stream-event-id-unparsed', 'bridge/http/endpoints/streamable_2025.py', '        if key and seq.isdigit():\n            return key, int(seq)', '        if key and seq.isdigit():\n            return key, 0'),
     Fault('stream-failed-initialize-kept', 'bridge/http/endpoints/streamable_2025.py', '    if version is None:\n        gateway.close_session(session, "initialize failed")\n    else:', '    if False:\n        pass\n    else:'),
+    # endpoints/group_2026.py
+    Fault('group26-name-not-rewritten', 'bridge/http/endpoints/group_2026.py', '        params["name"] = found[1]\n', ''),
+    Fault('group26-head-not-rewritten', 'bridge/http/endpoints/group_2026.py', '    head = post.request if own is None else _MemberHead(post.request, own)', '    head = post.request'),
+    Fault('group26-cursor-ignored', 'bridge/http/endpoints/group_2026.py', '    if cursor is not None:\n        msg["params"]["cursor"] = cursor\n', ''),
+    Fault('group26-no-timeout', 'bridge/http/endpoints/group_2026.py', '    await _gathered(kept.values(), group.config.list_timeout)', '    await _gathered(kept.values(), None)'),
+    Fault('group26-first-member-only', 'bridge/http/endpoints/group_2026.py', '    kept = {member: _ask(post, member, body, parking) for member in members}', '    kept = {member: _ask(post, member, body, parking) for member in members[:1]}'),
+    Fault('group26-listen-served', 'bridge/http/endpoints/group_2026.py', '        if method == LISTEN:\n', '        if False:\n'),
+    Fault('group26-discover-unmerged', 'bridge/http/endpoints/group_2026.py', '    status = stateless.complete(message, method, group.identity())', '    status = stateless.complete(message, method, stateless.Server(None, "private"))'),
+    Fault('group26-no-admit', 'bridge/http/endpoints/group_2026.py', '        stateless.admit(msg, post.request.mirrored(), post.accept, None)', '        pass'),
     # endpoints/stateless_2026.py
     Fault('modern-ended-is-200', 'bridge/http/endpoints/stateless_2026.py', '            self._end(ended, 503)', '            self._end(ended, 200)'),
     Fault('modern-retry-keeps-call-id', 'bridge/http/endpoints/stateless_2026.py', '        if self.reply_id != self.call_id:\n            data = stateless.with_id(data, self.reply_id)', '        if False:\n            data = stateless.with_id(data, self.reply_id)'),
