@@ -26,6 +26,7 @@ from test_drain import in_flight
 from test_fastpath import _wire
 from test_modern import (
     INSPECTOR,
+    MODERN,
     NODE22,
     PATHS,
     TS_CLIENT,
@@ -33,6 +34,7 @@ from test_modern import (
     answering_client,
     error_of,
     headers_for,
+    metric,
     post,
     request,
     retry,
@@ -435,7 +437,7 @@ SERVER_INFO = "io.modelcontextprotocol/serverInfo"
 
 @pytest.mark.parametrize("path", PATHS)
 async def test_2026_07_28_requests_through_a_group_merge_route_and_resume(bridge: Any, path: str) -> None:
-    async with bridge(team()) as b:
+    async with bridge(team(team={"servers": ["time", "f", "demo"]})) as b:  # the one with resources last
         at = url(b, "team", True)
 
         async def ask(method: str, params: dict[str, Any] | None = None, rid: int = 1, **meta: Any) -> Any:
@@ -455,7 +457,8 @@ async def test_2026_07_28_requests_through_a_group_merge_route_and_resume(bridge
         assert echoed["content"][0]["text"] == "through" and echoed["_meta"][SERVER_INFO]["name"] == "mcp-bridge-demo"
         now = (await ask("tools/call", {"name": "time__get_current_time", "arguments": {"timezone": "UTC"}})).json()["result"]
         assert json.loads(now["content"][0]["text"])["timezone"] == "UTC"
-        # A URI no list here has shown: each member is asked, and the one that has it answers.
+        # A URI no list here has shown: each member is asked, and the one that has it answers
+        # (the others serve no resources/read: the one that does says what it does not have).
         read = (await ask("resources/read", {"uri": COUNTER})).json()["result"]
         assert read["contents"][0]["uri"] == COUNTER
         gone = await ask("resources/read", {"uri": "nowhere://x"})
@@ -471,8 +474,6 @@ async def test_2026_07_28_requests_through_a_group_merge_route_and_resume(bridge
         assert unknown.status == 400 and error_of(unknown) == {"code": -32602, "message": "Unknown tool: nobody__echo"}
         cursor = await ask("tools/list", {"cursor": "not-ours"})
         assert cursor.status == 400 and error_of(cursor) == {"code": -32602, "message": "invalid cursor"}
-        listen = await ask("subscriptions/listen", {"notifications": {"toolsListChanged": True}})
-        assert listen.status == 404 and error_of(listen)["code"] == -32601
         removed = await ask("ping")
         assert removed.status == 404 and error_of(removed)["code"] == -32601
         msg = request("tools/call", {"name": "demo__echo", "arguments": {"text": "x"}})
@@ -527,3 +528,29 @@ async def test_sdk_clients_at_2026_07_28_through_a_group(bridge: Any) -> None:
         assert "demo__echo" in seen["tools"] and seen["echoed"] == "from typescript", seen
         assert seen["sampled"] == "ts answers ts prompt" and seen["serverInfo"] == "mcp-bridge-demo"
         assert b.named("session_opened") == [] and b.named("input_expired") == []
+
+
+async def test_a_listen_at_a_group_hears_every_member_on_one_stream(bridge: Any) -> None:
+    from mcp.client.subscriptions import ResourceUpdated
+
+    async with bridge(team(team={"servers": ["time", "f", "demo"]})) as b:  # acknowledgements merge in the group's order
+        at = url(b, "team", True)
+
+        async def open_stateless() -> float:
+            return sum([await metric(b, f'mcp_bridge_sessions_open{{server="{m}",transport="stateless"}}') for m in ("demo", "time", "f")])
+
+        async with sdk_client(at, mode=MODERN) as client, sdk_client(at, mode=MODERN) as other:
+            async with client.listen(tools_list_changed=True, resource_subscriptions=[COUNTER, "nowhere://x"]) as sub:
+                assert sub.honored.tools_list_changed and sub.honored.resource_subscriptions == [COUNTER], sub.honored
+                assert (await other.call_tool("demo__bump", {})).content
+                async with asyncio.timeout(10):
+                    event = await anext(aiter(sub))
+                assert event == ResourceUpdated(uri=COUNTER)
+                listening = await open_stateless()
+            # The client closed its stream: each member's listen has ended too (what is left open is kept calls' sessions).
+            for _ in range(100):
+                if await open_stateless() == listening - 3:
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                raise AssertionError("a member's listen outlived the client's stream")

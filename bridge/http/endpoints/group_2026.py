@@ -17,7 +17,10 @@ pins, audit, kept sessions, MRTR, forwarding of a retry to the replica holding i
   kept in memory (`Kept`, a `Reply` that holds what it is given) and merged as a 2025 group
   session merges them (rules 3 and 4), by the group's `list_timeout` at the latest: a member
   still to answer then is left out of that answer (the client's next request sees it).
-- `subscriptions/listen` is refused (-32601): a group's listen stream is not served yet.
+- `subscriptions/listen` goes to every member (`Listening`): the client's stream opens with
+  one acknowledgement, what any member honours, once each has acknowledged or refused, and
+  then carries every member's notifications as they come, until the client closes it (or
+  every member's has ended).
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from bridge.http.errors import HttpError
 from bridge.http.reply import EventSink, Reply, later
 from bridge.protocol import jsonrpc, media, stateless
 from bridge.protocol.jsonrpc import Message
-from bridge.protocol.mcp import LISTEN, NAME_HEADER, STATELESS_VERSION
+from bridge.protocol.mcp import LISTEN, NAME_HEADER, STATELESS_VERSION, SUBSCRIPTION_KEY
 from bridge.protocol.stateless import StatelessError
 
 _decode = msgspec.json.Decoder().decode
@@ -60,7 +63,8 @@ def answer(post: Post[Group], msg: Any, reply: Reply, parking: Parking) -> None:
             raise HttpError(403, f"token not allowed for any server of group {group.name!r}", request_id=rid)
         names = group.names_for(members)
         if method == LISTEN:
-            raise StatelessError(jsonrpc.METHOD_NOT_FOUND, f"{LISTEN} is not served at a group", request_id=rid)
+            _listen(post, msg, reply, parking, members)
+            return
         if method in FANNED:
             asked = _cursors(params, members, rid) if method in LISTS else dict.fromkeys(members)
             later(reply, _refusing(post, msg, reply, _fan_out(post, msg, reply, parking, names, asked)), "group_request")
@@ -295,12 +299,176 @@ def _code(kept: Kept) -> object:
     return error.get("code") if isinstance(error, dict) else None
 
 
+# ------------------------------------------------------------------ listen
+
+
+def _listen(post: Post[Group], msg: Message, reply: Reply, parking: Parking, members: tuple[str, ...]) -> None:
+    listening = Listening(reply, msg["id"], members, post.gateway.limits.slow_bytes)
+    body = jsonrpc.encode(msg)
+    for member in members:
+        gateway = post.gateway.gateways.get(member)
+        if gateway is None:
+            listening.refused(member, 503, b"")
+            continue
+        try:
+            stateless_2026.answer(Post(gateway, post.principal, None, post.version, post.accept, post.resume_buffer, post.request), _decode(body), listening.of(member), parking)
+        except HttpError as exc:
+            listening.refused(member, exc.status, exc.body())
+
+
+class Listening:
+    """One `subscriptions/listen` at a group: a listen at each member, whose streams are the
+    client's one stream. The members' events pass as they are (each is tagged with the
+    client's subscription id already); only the acknowledgements merge, and only the last
+    member's end ends the client's stream."""
+
+    def __init__(self, reply: Reply, rid: Any, members: tuple[str, ...], held_limit: int) -> None:
+        self.reply = reply
+        self.rid = rid
+        self.members = members
+        self.waiting = set(members)
+        self.open = set(members)  # members whose listen has not ended
+        self.acks: dict[str, dict[str, Any]] = {}  # member -> its acknowledgement
+        self.refusal: tuple[int, bytes] | None = None
+        self.sink: EventSink | None = None
+        self.held: list[bytes] = []  # events before every member has acknowledged
+        self.held_bytes = 0
+        self.held_limit = held_limit
+        self.lefts: list[Any] = []
+        self.over = False
+        reply.watch(self.left)
+
+    def of(self, member: str) -> MemberListen:
+        return MemberListen(self, member)
+
+    def acknowledged(self, member: str, first: bytes) -> None:
+        for line in first.split(b"\n"):
+            if line.startswith(b"data: "):
+                ack = _decode(line[6:])
+                if isinstance(ack, dict) and isinstance(ack.get("params"), dict):
+                    self.acks[member] = ack
+        self._settled(member)
+
+    def refused(self, member: str, status: int, body: bytes) -> None:
+        if self.refusal is None and body:
+            self.refusal = (status, body)
+        self.open.discard(member)
+        self._settled(member)
+
+    def _settled(self, member: str) -> None:
+        self.waiting.discard(member)
+        if self.waiting or self.over:
+            return
+        if not self.acks:
+            self.over = True
+            status, body = self.refusal or (503, jsonrpc.encode(jsonrpc.error(self.rid, jsonrpc.SERVER_UNAVAILABLE, "no member could listen")))
+            self.reply.whole(status, body)
+            return
+        acks = [self.acks[m] for m in self.members if m in self.acks]  # merged in the group's order
+        ack = acks[0]
+        agreed: dict[str, Any] = {}
+        for each in acks:
+            for flag, value in (each["params"].get("notifications") or {}).items():
+                if flag == "resourceSubscriptions" and isinstance(value, list):
+                    agreed[flag] = list(dict.fromkeys([*agreed.get(flag, []), *value]))
+                elif value is True:
+                    agreed[flag] = True
+        ack = {**ack, "params": {**ack["params"], "notifications": agreed}}
+        self.sink = self.reply.open_stream(None, _event(jsonrpc.encode(ack)) + b"".join(self.held))
+        self.held.clear()
+        if not self.open:
+            self._end()
+
+    def write(self, data: bytes) -> None:
+        if self.over:
+            return
+        if self.sink is not None:
+            self.sink.write(data)
+            return
+        self.held.append(data)
+        self.held_bytes += len(data)
+        if self.held_bytes > self.held_limit:
+            self.left()
+            self.reply.abort()
+
+    def unsent(self) -> int:
+        return self.sink.unsent() if self.sink is not None else self.held_bytes
+
+    def ended(self, member: str, last: bytes) -> None:
+        """A member's listen ended (its server went, shutdown): its last events but its final answer."""
+        self.write(last[: last.rfind(b"event: message\n")])
+        self.open.discard(member)
+        if not self.open and not self.waiting:
+            self._end()
+
+    def _end(self) -> None:
+        if self.over:
+            return
+        self.over = True
+        done = jsonrpc.result(self.rid, {"resultType": "complete", "_meta": {SUBSCRIPTION_KEY: self.rid}})
+        self.reply.end_stream(_event(jsonrpc.encode(done)))
+
+    def left(self) -> None:
+        """The client went: every member's listen ends."""
+        self.over = True
+        lefts, self.lefts = self.lefts, []
+        for left in lefts:
+            left()
+
+
+class MemberListen:
+    """The `Reply` one member's listen is answered through, and its stream's sink."""
+
+    __slots__ = ("listening", "member")
+
+    streaming = False
+
+    def __init__(self, listening: Listening, member: str) -> None:
+        self.listening = listening
+        self.member = member
+
+    @property
+    def gone(self) -> bool:
+        return self.listening.over
+
+    def whole(self, status: int, body: bytes, session_id: str | None = None) -> None:
+        self.listening.refused(self.member, status, body)
+
+    def error(self, exc: HttpError) -> None:
+        self.listening.refused(self.member, exc.status, exc.body())
+
+    def open_stream(self, session_id: str | None, first: bytes = b"") -> EventSink:
+        self.listening.acknowledged(self.member, first)
+        return self
+
+    def write(self, data: bytes) -> None:
+        self.listening.write(data)
+
+    def unsent(self) -> int:
+        return self.listening.unsent()
+
+    def end_stream(self, last: bytes = b"") -> None:
+        self.listening.ended(self.member, last)
+
+    def abort(self) -> None:
+        listening = self.listening
+        listening.left()
+        listening.reply.abort()
+
+    def watch(self, left: Any) -> None:
+        self.listening.lefts.append(left)
+
+
+def _event(data: bytes) -> bytes:
+    return b"event: message\ndata: %s\n\n" % data
+
+
 def _send(post: Post[Group], reply: Reply, status: int, body: bytes) -> None:
     """One answer, as the client takes it: a JSON body, else one event."""
     if stateless.accepts(post.accept)[1]:
         reply.whole(status, body)
     else:
-        reply.end_stream(b"event: message\ndata: %s\n\n" % body)
+        reply.end_stream(_event(body))
 
 
 async def _refusing(post: Post[Group], msg: Message, reply: Reply, step: Awaitable[None]) -> None:

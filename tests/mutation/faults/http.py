@@ -91,9 +91,11 @@ FAULTS = [
     Fault('group26-cursor-ignored', 'bridge/http/endpoints/group_2026.py', '    if cursor is not None:\n        msg["params"]["cursor"] = cursor\n', ''),
     Fault('group26-no-timeout', 'bridge/http/endpoints/group_2026.py', '    await _gathered(kept.values(), group.config.list_timeout)', '    await _gathered(kept.values(), None)'),
     Fault('group26-first-member-only', 'bridge/http/endpoints/group_2026.py', '    kept = {member: _ask(post, member, body, parking) for member in members}', '    kept = {member: _ask(post, member, body, parking) for member in members[:1]}'),
-    Fault('group26-listen-served', 'bridge/http/endpoints/group_2026.py', '        if method == LISTEN:\n', '        if False:\n'),
     Fault('group26-discover-unmerged', 'bridge/http/endpoints/group_2026.py', '    status = stateless.complete(message, method, group.identity())', '    status = stateless.complete(message, method, stateless.Server(None, "private"))'),
     Fault('group26-no-admit', 'bridge/http/endpoints/group_2026.py', '        stateless.admit(msg, post.request.mirrored(), post.accept, None)', '        pass'),
+    Fault('group26-listen-left-kept', 'bridge/http/endpoints/group_2026.py', '        self.listening.lefts.append(left)', '        pass'),
+    Fault('group26-ack-first-only', 'bridge/http/endpoints/group_2026.py', '        for each in acks:\n', '        for each in acks[:1]:\n'),
+    Fault('group26-refusal-not-found-first', 'bridge/http/endpoints/group_2026.py', "        if refused is None or (_code(refused) == jsonrpc.METHOD_NOT_FOUND and not (isinstance(error, dict) and error.get(\"code\") == jsonrpc.METHOD_NOT_FOUND)):", '        if refused is None:'),
     # endpoints/stateless_2026.py
     Fault('modern-ended-is-200', 'bridge/http/endpoints/stateless_2026.py', '            self._end(ended, 503)', '            self._end(ended, 200)'),
     Fault('modern-retry-keeps-call-id', 'bridge/http/endpoints/stateless_2026.py', '        if self.reply_id != self.call_id:\n            data = stateless.with_id(data, self.reply_id)', '        if False:\n            data = stateless.with_id(data, self.reply_id)'),
