@@ -72,6 +72,7 @@ class GroupView(Protocol):
 
     name: str
     names_left_out: Counter[str]  # by member
+    requests: Counter[str]  # by member
 
     def session_counts(self) -> dict[str, int]: ...
 
@@ -381,13 +382,21 @@ class _Collector(Collector):
             "Tool and prompt names a group's member offered that, prefixed, would break MCP's tool-name rules: left out of lists.",
             labels=["group", "member"],
         )
+        requests = CounterMetricFamily(
+            f"{PREFIX}_group_requests",
+            "Requests a group handed to each of its members (a call to one, a list to each).",
+            labels=["group", "member"],
+        )
         for group in self._metrics.groups():
             for transport, n in sorted(group.session_counts().items()):
                 sessions.add_metric([group.name, transport], n)
             for member, n in sorted(group.names_left_out.items()):
                 left_out.add_metric([group.name, member], n)
+            for member, n in sorted(group.requests.items()):
+                requests.add_metric([group.name, member], n)
         yield sessions
         yield left_out
+        yield requests
 
     def _state(self, views: list[ServerView], rss: dict[str, int]) -> Iterator[Metric]:
         sessions = GaugeMetricFamily(f"{PREFIX}_sessions_open", "Client sessions open now.", labels=["server", "transport"])

@@ -263,8 +263,8 @@ class Gateway(Registry):
         for session in list(self.sessions.values()):
             if self.session_inflight(session):
                 calling[session] = now
-            elif session.last_seen <= quiet_since and calling.get(session, 0.0) <= quiet_since and session.group is None:
-                self.close_session(session, "shutdown")  # (a group's member session closes with its group session)
+            elif session.last_seen <= quiet_since and calling.get(session, 0.0) <= quiet_since and session.transport != "group":
+                self.close_session(session, "shutdown")  # (a group session's member session closes with it)
         return bool(self.sessions) or self.last_request > quiet_since or any(t > quiet_since for t in calling.values())
 
     def quiet(self, session: Session) -> bool:

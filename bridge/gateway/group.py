@@ -47,7 +47,7 @@ class MemberSession(Session):
     def __init__(self, joined: Joined, member: str) -> None:
         self.joined = joined
         super().__init__(member, joined.client.owner)
-        self.group = joined.group.name  # its gateway leaves it to the group to reap and drain
+        self.group = joined.group.name
 
     def deliver(self, data: bytes, related: RequestId | None, final: bool) -> bool:
         joined = self.joined
@@ -123,6 +123,7 @@ class Group(Registry):
         self.last_request = 0.0
         self._tasks: set[asyncio.Task[None]] = set()
         self.names_left_out: Counter[str] = Counter()  # by member: names that would break the tool-name rules
+        self.requests: Counter[str] = Counter()  # by member: requests the group handed it
         self._left_out_log = logs.Throttle(1.0, 10)
         self.new_id: Callable[[str | None], str] | None = None  # with a cluster: ids that name this replica (the app sets it)
         # 2026-07-28 requests (endpoints/group_2026.py), which no session holds: the URIs and
@@ -356,6 +357,8 @@ class Group(Registry):
                 error = jsonrpc.error(message["id"], jsonrpc.SERVER_UNAVAILABLE, joined.gone.get(member, "it is not running"))
                 return self.carry(joined, joined.rules.from_member(member, error, message["id"], True))
             return False
+        if "id" in message and "method" in message:
+            self.requests[member] += 1
         try:
             # Valid JSON-RPC: the client's was checked (`from_client`), the group's own is made so.
             gateway.from_client(sub, message, REQUEST if "id" in message and "method" in message else NOTIFICATION if "method" in message else RESPONSE)

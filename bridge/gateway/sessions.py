@@ -42,7 +42,7 @@ class Session:
     # Set while the gateway ends it from outside (the admin API): a transport that closes it on
     # the errors this delivers (a 2026-07-28 call, answered by one) closes it for this reason.
     ending: str | None = None
-    group: str | None = None  # the group whose session this is a member session of (gateway/group.py)
+    group: str | None = None  # the group it serves (a group session's member session, or a 2026-07-28 request's)
 
     def __init__(self, server: str, owner: str | None, session_id: str | None = None) -> None:
         self.id = session_id or new_session_id()

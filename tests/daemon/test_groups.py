@@ -95,6 +95,9 @@ async def test_a_group_lists_every_members_tools_prefixed_and_routes_each_call_t
             with pytest.raises(MCPError, match="Unknown tool: nobody__echo"):
                 await c.session.call_tool("nobody__echo", {})
             c.wire.check_own_traffic()
+        # initialize, the lists, and the calls: each member's share of the group's requests
+        handed = {m: await metric(b, f'mcp_bridge_group_requests_total{{group="team",member="{m}"}}') for m in ("demo", "time", "f")}
+        assert handed["demo"] >= 3 and handed["time"] >= 3 and handed["f"] >= 3, handed
 
 
 async def test_refusals_at_a_group_are_exact(bridge: Any) -> None:
@@ -455,6 +458,8 @@ async def test_2026_07_28_requests_through_a_group_merge_route_and_resume(bridge
 
         echoed = (await ask("tools/call", {"name": "demo__echo", "arguments": {"text": "through"}})).json()["result"]
         assert echoed["content"][0]["text"] == "through" and echoed["_meta"][SERVER_INFO]["name"] == "mcp-bridge-demo"
+        audit = await b.wait_for("audit", where=lambda e: e.get("name") == "echo")
+        assert (audit["group"], audit["server"], audit["outcome"]) == ("team", "demo", "result"), audit
         now = (await ask("tools/call", {"name": "time__get_current_time", "arguments": {"timezone": "UTC"}})).json()["result"]
         assert json.loads(now["content"][0]["text"])["timezone"] == "UTC"
         # A URI no list here has shown: each member is asked, and the one that has it answers
@@ -488,6 +493,8 @@ async def test_2026_07_28_requests_through_a_group_merge_route_and_resume(bridge
         final = (await post(at, again, headers_for(again), path)).final()
         assert final["id"] == 2 and final["result"]["content"][0]["text"] == "answered through the group", final
         assert b.named("input_expired") == [] and b.named("session_opened") == []
+        handed = {m: await metric(b, f'mcp_bridge_group_requests_total{{group="team",member="{m}"}}') for m in ("time", "f", "demo")}
+        assert handed["demo"] >= 10 and handed["time"] >= 5 and handed["f"] >= 4, handed  # lists to each, calls to one
 
 
 async def test_a_2026_07_28_list_pages_across_members_and_leaves_out_a_slow_one(bridge: Any) -> None:

@@ -41,6 +41,7 @@ class Post(msgspec.Struct, Generic[S], frozen=True):
     accept: str
     resume_buffer: int  # streamable.resume_buffer of the config the request came under
     request: RequestHead
+    group: str | None = None  # the group a 2026-07-28 request came through (its audit names it)
 
 
 class Dispatcher(Protocol):

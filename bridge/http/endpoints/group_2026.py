@@ -33,6 +33,7 @@ import msgspec
 from multidict import CIMultiDict, MultiMapping
 
 from bridge.core.group import LISTS, Cursor, CursorError, Names, merge_initialize, merge_list
+from bridge.gateway.gateway import Gateway
 from bridge.gateway.group import Group
 from bridge.http.endpoints import stateless_2026
 from bridge.http.endpoints.base import Post, RequestHead
@@ -133,7 +134,14 @@ def _to_member(post: Post[Group], member: str, msg: Message, reply: Reply, parki
     if gateway is None:
         raise StatelessError(jsonrpc.SERVER_UNAVAILABLE, f"member {member!r} of group {post.gateway.name!r} is not configured", request_id=msg["id"], status=503)
     head = post.request if own is None else _MemberHead(post.request, own)
-    stateless_2026.answer(Post(gateway, post.principal, None, post.version, post.accept, post.resume_buffer, head), msg, reply, parking)
+    stateless_2026.answer(_member_post(post, gateway, post.accept, head), msg, reply, parking)
+
+
+def _member_post(post: Post[Group], gateway: Gateway, accept: str, head: RequestHead) -> Post[Gateway]:
+    """The request as `gateway`'s endpoint is handed it, counted as one the group handed that member."""
+    group = post.gateway
+    group.requests[gateway.name] += 1
+    return Post(gateway, post.principal, None, post.version, accept, post.resume_buffer, head, group.name)
 
 
 class _MemberHead:
@@ -220,7 +228,7 @@ def _ask(post: Post[Group], member: str, body: bytes, parking: Parking, cursor: 
     if cursor is not None:
         msg["params"]["cursor"] = cursor
     try:
-        stateless_2026.answer(Post(gateway, post.principal, None, post.version, media.JSON, post.resume_buffer, post.request), msg, kept, parking)
+        stateless_2026.answer(_member_post(post, gateway, media.JSON, post.request), msg, kept, parking)
     except HttpError as exc:
         kept.error(exc)
     return kept
@@ -311,7 +319,7 @@ def _listen(post: Post[Group], msg: Message, reply: Reply, parking: Parking, mem
             listening.refused(member, 503, b"")
             continue
         try:
-            stateless_2026.answer(Post(gateway, post.principal, None, post.version, post.accept, post.resume_buffer, post.request), _decode(body), listening.of(member), parking)
+            stateless_2026.answer(_member_post(post, gateway, post.accept, post.request), _decode(body), listening.of(member), parking)
         except HttpError as exc:
             listening.refused(member, exc.status, exc.body())
 

@@ -389,7 +389,7 @@ def answer(post: Post[Gateway], msg: Message, reply: Reply, parking: Parking) ->
         spare_key: Hashable | None = None
         if env.log_level is None and gateway.server.mode == "shared":
             alike = jsonrpc.encode(env.capabilities)
-            spare_key = (post.principal, alike) if len(alike) <= _SPARE_KIND_BYTES else None
+            spare_key = (post.principal, post.group, alike) if len(alike) <= _SPARE_KIND_BYTES else None
         session = _open(post, env, _NO_NOTICES, spare_key)
         if session.adopted:
             _call(post, parking, msg, method, params, reply, offered, session)
@@ -447,6 +447,7 @@ def _open(post: Post[Gateway], env: Envelope, notices: frozenset[str], spare_key
             return spare
     limits = gateway.limits
     session = StatelessSession(gateway.name, post.principal, limits.session_queue, limits.slow_bytes)
+    session.group = post.group
     session.spare_key = spare_key
     try:
         session.adopted = gateway.open_request(session, env, notices)

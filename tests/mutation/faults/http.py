@@ -96,6 +96,8 @@ FAULTS = [
     Fault('group26-listen-left-kept', 'bridge/http/endpoints/group_2026.py', '        self.listening.lefts.append(left)', '        pass'),
     Fault('group26-ack-first-only', 'bridge/http/endpoints/group_2026.py', '        for each in acks:\n', '        for each in acks[:1]:\n'),
     Fault('group26-refusal-not-found-first', 'bridge/http/endpoints/group_2026.py', "        if refused is None or (_code(refused) == jsonrpc.METHOD_NOT_FOUND and not (isinstance(error, dict) and error.get(\"code\") == jsonrpc.METHOD_NOT_FOUND)):", '        if refused is None:'),
+    Fault('group26-audit-unnamed', 'bridge/http/endpoints/group_2026.py', '    return Post(gateway, post.principal, None, post.version, accept, post.resume_buffer, head, group.name)', '    return Post(gateway, post.principal, None, post.version, accept, post.resume_buffer, head)'),
+    Fault('group26-uncounted', 'bridge/http/endpoints/group_2026.py', '    group.requests[gateway.name] += 1\n', ''),
     # endpoints/stateless_2026.py
     Fault('modern-ended-is-200', 'bridge/http/endpoints/stateless_2026.py', '            self._end(ended, 503)', '            self._end(ended, 200)'),
     Fault('modern-retry-keeps-call-id', 'bridge/http/endpoints/stateless_2026.py', '        if self.reply_id != self.call_id:\n            data = stateless.with_id(data, self.reply_id)', '        if False:\n            data = stateless.with_id(data, self.reply_id)'),
