@@ -19,6 +19,7 @@ not counted here.
     python -m bench.instructions --transport streamable --region bridge.http.fastpath:parse_head
     python -m bench.instructions --record                      # and replace the table in bench/RESULTS.md
     python -m bench.instructions --transport sse,streamable --group --record  # workloads a and c through a group of two
+    python -m bench.instructions --transport sse,streamable --traces 0.01,1 --record  # a and c with tracing off and on
 
 `--region MODULE:ATTR` counts only what runs inside that function (a module's
 function or a class's method, and all it calls), to say what one part of the
@@ -35,6 +36,8 @@ exactly the processes it started.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import http.server
 import json
 import os
 import re
@@ -42,6 +45,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
+from collections.abc import Iterator
 
 from bench import figures
 from bench import run as harness  # the config and the daemon handling of bench/run.py
@@ -102,15 +107,53 @@ groups:
 """
 
 
-def measure(transport: str, calls: int, sessions: int = 1, region: str | None = None, group: bool = False) -> int:
+TRACES = """
+telemetry:
+  traces: {{endpoint: "{endpoint}", sampler: {{ratio: {ratio}}}}}
+"""
+
+
+class _Sink(http.server.BaseHTTPRequestHandler):
+    """An OTLP/HTTP collector that takes every export and keeps nothing (its work is not the bridge's)."""
+
+    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 (http.server's name)
+        pass
+
+
+@contextlib.contextmanager
+def sink() -> Iterator[str]:
+    """A collector on loopback for the bridge's spans: its URL."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Sink)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/v1/traces"
+    finally:
+        server.shutdown()
+
+
+def measure(
+    transport: str, calls: int, sessions: int = 1, region: str | None = None, group: bool = False, traces: tuple[str, float] | None = None
+) -> int:
     """User-space instructions the bridge executes per call of `transport` (inside `region` only, if
-    given), at the server's own endpoint or, with `group`, through a group of two such servers."""
+    given), at the server's own endpoint or, with `group`, through a group of two such servers;
+    with `traces` (a collector's URL, a sampler ratio), tracing on."""
     with tempfile.TemporaryDirectory(prefix="mcp-bridge-instr-") as workdir:
         config, log = os.path.join(workdir, "bridge.yaml"), os.path.join(workdir, "bridge.log")
         harness.bridge_config(config)
         if group:
             with open(config, "a") as f:
                 f.write(GROUP.format(command=json.dumps(harness.SERVER_CMD[0]), args=json.dumps(harness.SERVER_CMD[1:])))
+        if traces is not None:
+            with open(config, "a") as f:
+                f.write(TRACES.format(endpoint=traces[0], ratio=traces[1]))
         out = os.path.join(workdir, "callgrind.%p")
         bridge = ["-m", "bridge"] if region is None else ["-c", _REGION_RUNNER, region]
         only = [] if region is None else ["--collect-atstart=no", "--toggle-collect=functools_reduce"]
@@ -140,8 +183,9 @@ def main() -> int:
     parser.add_argument("--transport", default="sse,streamable,stateless", help="comma-separated: sse, streamable, stateless")
     parser.add_argument("--calls", type=int, default=1000)
     parser.add_argument("--sessions", type=int, default=1, help="clients at once, sharing the calls (workload c's shape: 50)")
-    parser.add_argument("--region", help="MODULE:ATTR (bridge.gateway.gateway:Gateway._audit): count only inside that function")
+    parser.add_argument("--region", help="MODULE:ATTR (bridge.gateway.gateway:Gateway._call_ended): count only inside that function")
     parser.add_argument("--group", action="store_true", help="workloads a and c at the server's own endpoint and through a group of two such servers, and the ratio")
+    parser.add_argument("--traces", help="comma-separated sampler ratios (0.01,1): workloads a and c with tracing off and at each ratio")
     parser.add_argument("--json", action="store_true", help="print {transport: instructions per call} as JSON (what bench/baselines.json holds)")
     parser.add_argument("--record", action="store_true", help="also replace the instructions table of bench/RESULTS.md (all transports, one session, no region)")
     args = parser.parse_args()
@@ -158,6 +202,8 @@ def main() -> int:
         parser.error("--record: the table is of every transport, HTTP+SSE first, one session, no region")
     if args.group:
         return groups(transports, args.calls, args.region, args.record)
+    if args.traces:
+        return traced(transports, args.calls, [float(r) for r in args.traces.split(",")], args.record)
     counts = {t: measure(t, args.calls, args.sessions, args.region) for t in transports}
     if args.json:
         print(json.dumps(counts))
@@ -196,6 +242,34 @@ def groups(transports: list[str], calls: int, region: str | None, record: bool) 
                    f"({calls * 2:,} calls from 50 sessions at once) to the server's own endpoint, and through a group of two "
                    "such servers (`/groups/g/...`, the tool `bench__echo`)"),
             columns=["transport", "workload", "own endpoint", "through a group", "against own"],
+            rows=rows,
+        ))  # fmt: skip
+    return 0
+
+
+def traced(transports: list[str], calls: int, ratios: list[float], record: bool) -> int:
+    """Workloads a and c with tracing off, and on at each sampler ratio (spans to a collector
+    on loopback that takes them all): the export thread's work is the bridge's, and counted."""
+    rows = []
+    print("instructions per call: tracing off, and on at each ratio (against off)")
+    with sink() as url:
+        for transport in transports:
+            for workload, sessions in GROUP_SHAPES:
+                n = calls if sessions == 1 else calls * 2
+                off = measure(transport, n, sessions)
+                on = [measure(transport, n, sessions, traces=(url, ratio)) for ratio in ratios]
+                each = "".join(f"{count:>10,} {count / off:.3f}x" for count in on)
+                print(f"  {harness.TRANSPORTS[transport]:<16} {workload} {off:>10,}{each}")
+                rows.append([VERSIONED[transport], workload, f"{off:,}", *(f"{count:,} ({count / off:.3f}x)" for count in on)])
+    if record:
+        figures.record("traces", figures.Table(
+            title="Traces: instructions per call",
+            command=f"python -m bench.instructions --transport {','.join(transports)} --calls {calls} --traces {','.join(map(str, ratios))} --record",
+            about=(f"callgrind, user space, as the first table: workload a ({calls:,} sequential calls, one session) and c "
+                   f"({calls * 2:,} calls from 50 sessions at once), with tracing off and on (`telemetry.traces`, each ratio; "
+                   "the calls carry no trace context, so the ratio decides), spans exported over OTLP/HTTP to a collector on "
+                   "loopback: the bridge's export thread is counted"),
+            columns=["transport", "workload", "tracing off", *(f"ratio {ratio:g}" for ratio in ratios)],
             rows=rows,
         ))  # fmt: skip
     return 0

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import threading
 import time
+from typing import TYPE_CHECKING
 
 import msgspec
 from aiohttp import web
@@ -27,8 +30,14 @@ from bridge.http.state import GATEWAYS, GROUPS, LIVE, METRICS, Live
 from bridge.metrics import Forwarding, Metrics, ServerMetrics
 from bridge.ops import admin, statuspage
 from bridge.process.pool import Slots
+from bridge.traces import settings as trace_settings
+
+if TYPE_CHECKING:
+    from bridge.traces.spans import Spans  # imported only when tracing is on
 
 DRAIN_POLL_S = 0.05
+TRACES_FLUSH_S = 2.0  # at shutdown, what is queued for the collector gets this long
+TRACES: web.AppKey[Spans] = web.AppKey("traces")
 
 
 def create_app(config: Config) -> web.Application:
@@ -49,6 +58,11 @@ def create_app(config: Config) -> web.Application:
     app[GATEWAYS] = gateways
     forwarder = _add_cluster(app, config) if config.cluster is not None else None
     app[POSTS] = Posts(forwarder)
+    traces = trace_settings.start(config)
+    if traces is not None:
+        app[TRACES] = traces
+        metrics.traces = traces
+        app.on_cleanup.append(_stop_traces)
     limiter = policy.RateLimiter.of(config, live.in_flight, metrics.rate_limited)
     for name, server in config.servers.items():
         gateways[name] = Gateway(
@@ -56,6 +70,7 @@ def create_app(config: Config) -> web.Application:
         )
         _apply_policy(gateways[name], config, limiter)
         gateways[name].set_pins(live.pins)
+        gateways[name].traces = traces
         _mint_cluster_ids(app, gateways[name])
     groups: dict[str, Group] = {}
     app[GROUPS] = groups
@@ -125,6 +140,28 @@ def listening(app: web.Application, port: int) -> None:
     live.port = port
     if live.oauth is not None:
         live.guard = Guard(live.config, live.oauth, port)
+
+
+async def _stop_traces(app: web.Application) -> None:
+    """Export what is queued, for TRACES_FLUSH_S at most: a collector that is down never holds
+    up the daemon's exit (the exporting thread is a daemon thread, left to the exit)."""
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+
+    def flush() -> None:
+        try:
+            app[TRACES].shutdown()
+        finally:
+            loop.call_soon_threadsafe(_settle, done)
+
+    threading.Thread(target=flush, name="traces-shutdown", daemon=True).start()
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(done, TRACES_FLUSH_S)
+
+
+def _settle(done: asyncio.Future[None]) -> None:
+    if not done.done():
+        done.set_result(None)
 
 
 async def _close_oauth(app: web.Application) -> None:
@@ -209,6 +246,7 @@ async def apply_config(app: web.Application, new: Config) -> None:
         )
         _mint_cluster_ids(app, gateways[name])
         gateways[name].set_pins(live.pins)
+        gateways[name].traces = app.get(TRACES)
         await gateways[name].start()
     live.processes.changed()  # a higher cap may let waiting sessions in
     limiter = policy.RateLimiter.of(new, live.in_flight, metrics.rate_limited)

@@ -77,6 +77,13 @@ class GroupView(Protocol):
     def session_counts(self) -> dict[str, int]: ...
 
 
+class TraceCounts(Protocol):
+    """What the scrape-time collector reads of tracing, when it is on (traces/spans.py)."""
+
+    exported: int
+    dropped: int
+
+
 class ServerView(Protocol):
     """What the scrape-time collector reads from a gateway."""
 
@@ -205,6 +212,7 @@ class Metrics:
         self.rejections: Counter[str] = Counter()
         self.rate_limited: Counter[tuple[str | None, str]] = Counter()  # (principal, limit) -> calls refused
         self.oauth: Callable[[], OAuthVerifier | None] = lambda: None  # the live one, set by the app
+        self.traces: TraceCounts | None = None  # set by the app when tracing is on
         self.forwarding: Forwarding | None = None  # with a cluster: requests for other replicas' sessions
         # A server removed by a reload keeps its counts: counters never go back.
         self.retired: dict[str, ServerMetrics] = {}
@@ -248,6 +256,13 @@ class _Collector(Collector):
         yield limited
         yield from self._oauth()
         yield from self._groups()
+        if (traces := self._metrics.traces) is not None:
+            spans = CounterMetricFamily(
+                f"{PREFIX}_trace_spans", "Spans handed to the trace collector (exported), or lost: its queue full, or refused (dropped).", labels=["outcome"]
+            )
+            spans.add_metric(["exported"], traces.exported)
+            spans.add_metric(["dropped"], traces.dropped)
+            yield spans
         if (forwarding := self._metrics.forwarding) is not None:
             yield from forwarding.collect()
 

@@ -245,7 +245,9 @@ def metrics_reference() -> str:
     metrics = Metrics(lambda: [])
     metrics.oauth = lambda: SimpleNamespace(outcomes={}, issuers={})  # type: ignore[assignment,return-value]
     metrics.forwarding = Forwarding()
+    metrics.traces = SimpleNamespace(exported=0, dropped=0)  # type: ignore[assignment]
     only = {f"{PREFIX}_oauth_tokens": "with `security.oauth`", f"{PREFIX}_oauth_key_fetches": "with `security.oauth`"}
+    only[f"{PREFIX}_trace_spans"] = "with `telemetry.traces`"
     only.update({name: "with `cluster`" for name in (f"{PREFIX}_forwarded_requests", f"{PREFIX}_forward_duration_seconds", f"{PREFIX}_owner_gone_answers")})
     suffix = {"counter": "_total", "info": "_info", "histogram": "_bucket, _sum, _count", "gauge": ""}
     rows = []

@@ -312,6 +312,26 @@ class Group(Struct, frozen=True):
     list_timeout: Duration = Duration(5)  # a member's list later than this is left out (its entries come with list_changed)
 
 
+class Sampler(Struct, frozen=True):
+    ratio: Annotated[float, msgspec.Meta(ge=0, le=1)] | None = None  # of root traces sampled (a client's trace: as its parent says); unset: OTEL_TRACES_SAMPLER_ARG, else 1
+
+
+class Traces(Struct, frozen=True):
+    """OpenTelemetry traces of the requests the bridge serves (bridge/traces.py, docs/how-to/tracing.md).
+    Each key left unset takes the standard OTEL_* variable's value, else its default."""
+
+    endpoint: str | None = None  # the collector: http/protobuf a URL (http://collector:4318/v1/traces), grpc host:port; unset: OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT
+    protocol: Literal["http/protobuf", "grpc"] | None = None  # unset: OTEL_EXPORTER_OTLP_(TRACES_)PROTOCOL, else http/protobuf
+    headers: dict[str, str] = {}  # sent with each export (an API key, say); with OTEL_EXPORTER_OTLP_(TRACES_)HEADERS's
+    sampler: Sampler = Sampler()
+    service_name: str | None = None  # unset: OTEL_SERVICE_NAME, else mcp-bridge
+    queue_size: PositiveInt = 2048  # spans waiting for export; past it they are dropped (and counted)
+
+
+class Telemetry(Struct, frozen=True):
+    traces: Traces | None = None  # off unless set (or OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT is)
+
+
 class Config(Struct, frozen=True):
     servers: dict[str, Server]
     groups: dict[str, Group] = {}  # several servers behind one endpoint each
@@ -324,6 +344,7 @@ class Config(Struct, frozen=True):
     logging: Logging = Logging()
     cluster: Cluster | None = None
     pins: Pins | None = None
+    telemetry: Telemetry = Telemetry()
 
 
 def group_members(config: Config, group: str) -> tuple[str, ...]:
@@ -340,7 +361,7 @@ def group_members(config: Config, group: str) -> tuple[str, ...]:
 # What a reload (SIGHUP, the admin API) cannot change in a running daemon: a change to one
 # of these keys is logged (`reload_needs_restart`) and waits for the next start. A change
 # to a server's keys restarts that server's processes; everything else applies at once.
-NEEDS_RESTART = ("listen", "metrics", "logging", "cluster", "limits.keepalive_timeout")
+NEEDS_RESTART = ("listen", "metrics", "logging", "cluster", "limits.keepalive_timeout", "telemetry")
 
 
 class ConfigError(Exception):

@@ -15,7 +15,7 @@ import os
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from structlog.typing import FilteringBoundLogger
 
@@ -35,6 +35,9 @@ from bridge.process.pool import Full, Pool, Slots
 from bridge.process.supervisor import Status
 from bridge.protocol import jsonrpc, stateless
 from bridge.protocol.jsonrpc import Kind, Message, RequestId
+
+if TYPE_CHECKING:
+    from bridge.traces.spans import Spans  # imported only when tracing is on (traces/settings.py)
 
 encode = jsonrpc.encode
 
@@ -115,6 +118,7 @@ class Gateway(Registry):
         self.pins: Gate | None = None  # what its processes offer that is pinned (servers.NAME.pin)
         self.audit = logs.get(server=name).bind(logger="mcp_bridge.audit")  # operators route it by this name
         self._group_audits: dict[str, FilteringBoundLogger] = {}  # the audit logger bound to each group's name
+        self.traces: Spans | None = None  # tracing, when on (the app sets it)
 
     def upstreams(self) -> Iterable[Upstream]:
         return self.placement.upstreams()
@@ -232,6 +236,8 @@ class Gateway(Registry):
         upstream = self._upstreams.pop(session.id)
         self.apply(upstream, upstream.mux.close_session(session.id))
         session.end(reason)
+        if self.traces is not None:
+            self.traces.closed(session.id)
         if reason in DROP_REASONS:
             self.metrics.sessions_dropped[reason] += 1
         self.placement.released(session, upstream)
@@ -411,7 +417,8 @@ class Gateway(Registry):
                 if (held := self._throttled_log.allow()) is not None:
                     self.log.info("rate_limited", principal=session.owner, limit=exc.limit, calls=calls, suppressed=held)
                 raise
-        actions = upstream.mux.from_client(session.id, payload, kind)
+        traces = self.traces
+        actions = upstream.mux.from_client(session.id, payload, kind) if traces is None else self._traced(traces, upstream, session, payload, kind)
         metrics = self.metrics
         if payload.__class__ is list:
             for msg in payload:
@@ -421,6 +428,20 @@ class Gateway(Registry):
             metrics.message("from_client", payload.get("method", "response"))
             metrics.eras[session.era] += 1
         self.apply(upstream, actions)
+
+    def _traced(self, traces: Spans, upstream: Upstream, session: Session, payload: Any, kind: Kind | None) -> list[Action]:
+        """The mux's actions for `payload`, with tracing on: each request begins its span
+        (traces/spans.py) before the mux rewrites it, and one the mux answered at once (no
+        call went to the server) ends it here; a call's ends with `_call_ended`."""
+        version = session.era if session.transport == "stateless" else self.negotiated_version(session)
+        for msg in payload if payload.__class__ is list else (payload,):
+            if msg.__class__ is dict and "method" in msg and jsonrpc.is_id(msg.get("id")):
+                traces.started(session.id, msg, session.transport, version)
+        actions = upstream.mux.from_client(session.id, payload, kind)
+        for action in actions:
+            if isinstance(action, ToSession) and action.final and action.call is None and action.related is not None:
+                traces.answered(action.session, action.related, action.message)
+        return actions
 
     # ------------------------------------------------------------------ actions
 
@@ -456,8 +477,8 @@ class Gateway(Registry):
                         slow.append(session)
                     if call is not None:  # the call's answer: once per call
                         metrics.request_done(call.method, time.monotonic() - call.started)
-                        if call.target is not None:
-                            self._audit(call, message)
+                        if call.target is not None or self.traces is not None:
+                            self._call_ended(call, message)
                 case _:
                     self._carry_out(upstream, action, slow)
         if slow:
@@ -485,8 +506,8 @@ class Gateway(Registry):
                 if log:
                     self.log.warning("message_dropped", reason=reason, **detail)
             case Abandoned(call=call):
-                if call.target is not None:
-                    self._audit(call, None)
+                if call.target is not None or self.traces is not None:
+                    self._call_ended(call, None)
             case RestartServer(reason=reason):
                 upstream.supervisor.restart(reason)
             case Timer(delay=delay):
@@ -509,30 +530,40 @@ class Gateway(Registry):
             self.log.warning("session_too_slow", session=session.id, queue_limit=limits.session_queue, queue_bytes=limits.slow_bytes)
             self.close_session(session, "slow")
 
-    def _audit(self, call: Call, answer: Message | None) -> None:
-        """One `audit` event per tools/call, prompts/get and resources/read that ended: who, what,
-        how it ended (result, error, cancelled, timeout), how long it took. Never arguments or results."""
-        code = None
-        if answer is None:
-            outcome = "cancelled"
-        elif isinstance(error := answer.get("error"), dict):
-            code = error.get("code")
-            outcome = "timeout" if code == jsonrpc.REQUEST_TIMEOUT else "error"
-        else:
-            outcome = "result"
-        audit = self.audit
-        if call.session is not None and (session := self.sessions.get(call.session)) is not None and session.group is not None:
-            audit = self._group_audits.get(session.group) or self._group_audits.setdefault(session.group, audit.bind(group=session.group))
-        audit.info(
-            "audit",
-            principal=call.principal,
-            session=call.session,
-            method=call.method,
-            name=call.target,
-            outcome=outcome,
-            code=code,
-            duration_ms=round((time.monotonic() - call.started) * 1e6) / 1000,  # to the µs: round(x, 3) formats and parses a decimal
-        )
+    def _call_ended(self, call: Call, answer: Message | None) -> None:
+        """A call ended, answered or (`answer` None) not. One `audit` event per tools/call,
+        prompts/get and resources/read: who, what, how it ended (result, error, cancelled,
+        timeout), how long it took, its trace; never arguments or results. Traced: its span ends."""
+        traces = self.traces
+        if call.target is not None:
+            code = None
+            if answer is None:
+                outcome = "cancelled"
+            elif isinstance(error := answer.get("error"), dict):
+                code = error.get("code")
+                outcome = "timeout" if code == jsonrpc.REQUEST_TIMEOUT else "error"
+            else:
+                outcome = "result"
+            audit = self.audit
+            if call.session is not None and (session := self.sessions.get(call.session)) is not None and session.group is not None:
+                audit = self._group_audits.get(session.group) or self._group_audits.setdefault(session.group, audit.bind(group=session.group))
+            if traces is not None and (ids := traces.ids(call.session, call.client_id)) is not None:
+                audit = audit.bind(trace_id=ids[0], span_id=ids[1])
+            audit.info(
+                "audit",
+                principal=call.principal,
+                session=call.session,
+                method=call.method,
+                name=call.target,
+                outcome=outcome,
+                code=code,
+                duration_ms=round((time.monotonic() - call.started) * 1e6) / 1000,  # to the µs: round(x, 3) formats and parses a decimal
+            )
+        if traces is not None and call.session is not None:
+            if answer is None:
+                traces.abandoned(call.session, call.client_id, "cancelled")
+            else:
+                traces.answered(call.session, call.client_id, answer, call.started, call.sent_at)
 
     def flush(self) -> None:
         """Write out what the sessions were given since the last flush: one write per session."""

@@ -6,7 +6,7 @@ from faults.fault import Fault
 
 TESTS: dict[str, tuple[str, ...]] = {
     'bridge/gateway/sessions.py': ('tests/unit/test_sessions_unit.py',),
-    'bridge/gateway/gateway.py': ('tests/daemon/test_security.py::test_session_belongs_to_its_token', 'tests/daemon/test_security.py::test_max_sessions_503', 'tests/daemon/test_streamable.py::test_a_session_whose_client_holds_a_stream_open_is_never_reaped_as_idle', 'tests/daemon/test_policy.py::test_every_outcome_is_audited_once_without_arguments_or_results', 'tests/daemon/test_operations.py::test_slow_session_logged_once', 'tests/daemon/test_principals.py', 'tests/daemon/test_operators.py', 'tests/daemon/test_drain.py', 'tests/daemon/test_bounds.py', 'tests/daemon/test_pinned_servers.py'),
+    'bridge/gateway/gateway.py': ('tests/daemon/test_security.py::test_session_belongs_to_its_token', 'tests/daemon/test_security.py::test_max_sessions_503', 'tests/daemon/test_streamable.py::test_a_session_whose_client_holds_a_stream_open_is_never_reaped_as_idle', 'tests/daemon/test_policy.py::test_every_outcome_is_audited_once_without_arguments_or_results', 'tests/daemon/test_operations.py::test_slow_session_logged_once', 'tests/daemon/test_principals.py', 'tests/daemon/test_operators.py', 'tests/daemon/test_drain.py', 'tests/daemon/test_bounds.py', 'tests/daemon/test_pinned_servers.py', 'tests/daemon/test_traces.py'),
     'bridge/gateway/placement.py': (
         'tests/unit/test_placement_unit.py',
         'tests/daemon/test_operations.py::test_readyz_names_a_per_session_server_whose_command_is_missing',
@@ -23,6 +23,9 @@ TESTS: dict[str, tuple[str, ...]] = {
 
 FAULTS: list[Fault] = [
     # group.py
+    Fault('gw-mux-answer-span-open', 'bridge/gateway/gateway.py', '                traces.answered(action.session, action.related, action.message)\n', '                pass\n'),
+    Fault('gw-call-span-open', 'bridge/gateway/gateway.py', '                traces.answered(call.session, call.client_id, answer, call.started, call.sent_at)\n', '                pass\n'),
+    Fault('gw-audit-untraced', 'bridge/gateway/gateway.py', '            if traces is not None and (ids := traces.ids(call.session, call.client_id)) is not None:', '            if False:'),
     Fault('grp-requests-uncounted', 'bridge/gateway/group.py', '            self.requests[member] += 1\n', '            pass\n'),
     Fault('grp-members-not-filtered-by-token', 'bridge/gateway/group.py', ' and (servers is None or m in servers))', ')'),
     Fault('grp-closed-leaves-members-open', 'bridge/gateway/group.py', '        self._close_members(joined, reason)\n        self.log.info(', '        self.log.info('),

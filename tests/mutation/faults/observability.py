@@ -1,4 +1,4 @@
-"""Faults in metrics and logs."""
+"""Faults in metrics, logs and traces."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ from faults.fault import Fault
 TESTS: dict[str, tuple[str, ...]] = {
     'bridge/metrics.py': ('tests/unit/test_metrics_unit.py', 'tests/daemon/test_metrics.py', 'tests/daemon/test_pinned_servers.py::test_warn_serves_a_change_and_reports_it_once'),
     'bridge/logs.py': ('tests/unit/test_logs_unit.py', 'tests/daemon/test_logs.py'),
+    'bridge/traces/settings.py': ('tests/unit/test_traces_settings.py', 'tests/daemon/test_traces.py'),
+    'bridge/traces/spans.py': ('tests/daemon/test_traces.py',),
 }
 
 FAULTS: list[Fault] = [
@@ -17,6 +19,18 @@ FAULTS: list[Fault] = [
     Fault('metrics-buckets-not-cumulative', 'bridge/metrics.py', '            running += n\n', '            running = n\n'),
     Fault('metrics-exited-cpu-forgotten', 'bridge/metrics.py', '        self._cpu_exited += sum(cpu for key, cpu in self._cpu_seen.items() if key not in seen)\n', ''),
     Fault('metrics-stateless-sessions-counted', 'bridge/metrics.py', 'return sum(self.sessions_opened.values()) - self.sessions_opened["stateless"]', 'return sum(self.sessions_opened.values())'),
+    # traces/settings.py
+    Fault('traces-env-endpoint-ignored', 'bridge/traces/settings.py', '    if traces is None and (not env_endpoint or', '    if traces is None and (True or'),
+    Fault('traces-config-ratio-ignored', 'bridge/traces/settings.py', '    ratio = traces.sampler.ratio\n', '    ratio = None\n'),
+    Fault('traces-imported-always', 'bridge/traces/settings.py', '    found = settings(config, environ)\n    if found is None:\n        return None\n', '    found = settings(config, environ)\n    from bridge.traces import spans  # noqa: F401\n    if found is None:\n        return None\n'),
+    # traces/spans.py
+    Fault('traces-parent-ignored', 'bridge/traces/spans.py', '                parent = context\n', ''),
+    Fault('traces-unsampled-parent-traced', 'bridge/traces/spans.py', '                if not span_context.trace_flags.sampled:\n                    return\n', ''),
+    Fault('traces-not-injected', 'bridge/traces/spans.py', '        _PROPAGATOR.inject(meta, context=trace.set_span_in_context(span))\n', ''),
+    Fault('traces-no-stages', 'bridge/traces/spans.py', '        if sent:\n            since', '        if False:\n            since'),
+    Fault('traces-tool-error-unmarked', 'bridge/traces/spans.py', '        elif isinstance(result := message.get("result"), dict) and result.get("isError") is True:', '        elif False:'),
+    Fault('traces-failed-export-uncounted', 'bridge/traces/spans.py', '            self._spans.dropped += len(batch)\n', '            pass\n'),
+    Fault('traces-session-id-on-stateless', 'bridge/traces/spans.py', '        if transport != "stateless":', '        if True:'),
     # logs.py
     Fault('logs-throttle-count-kept', 'bridge/logs.py', '        held, self.suppressed = self.suppressed, 0', '        held = self.suppressed'),
     Fault('logs-bad-request-bytes-quoted', 'bridge/logs.py', '    text = _QUOTED.split(" ".join(exc.message.split()), 1)[0]', '    text = " ".join(exc.message.split())'),

@@ -1,0 +1,229 @@
+"""The spans of requests, as OpenTelemetry's SDK makes and exports them (imported only when
+tracing is on: `settings.start`). With tracing off a gateway's per-message path tests one
+attribute and nothing here runs.
+
+Rules
+-----
+1. Spans follow the OpenTelemetry semantic conventions for MCP (semantic-conventions v1.41,
+   docs/gen-ai/mcp.md, status development). A request from a client is one SERVER span named
+   `{mcp.method.name} {target}` (the tool or prompt; the method alone otherwise), from its
+   arrival at its gateway to its answer, with the conventions' attributes that apply
+   (`Spans.started`): never arguments or results.
+2. Its parent is the trace context in the request's `params._meta` (`traceparent`,
+   `tracestate`), when it is valid; a malformed one is ignored, never an error.
+3. Sampling is parent-based: a sampled parent's trace is traced, an unsampled one's is not,
+   and a trace the request begins is with probability `ratio`. A request not traced costs a
+   draw and two lookups: no span is made, and its `_meta` reaches the server as it came.
+4. The span's own context replaces the one in the `_meta` the server gets (nothing else of
+   `_meta` changes), so that a server that reads it (the official SDKs do) continues the trace.
+5. When the answer comes, the span gets two children made from the mux's times: `queued`
+   (from arrival to the line written to the server's stdin: waiting for a process, a slot,
+   room in the pipe) and `server` (from that line to the answer read). An error answer sets
+   `error.type` and `rpc.response.status_code` to its JSON-RPC code and the status to ERROR;
+   a tool's result with `isError`, `error.type` `tool_error`.
+6. Export never waits on the event loop: spans go to the SDK's batch processor (its own
+   thread) through a queue of `queue_size`; a span that finds it full, or that the collector
+   refuses or never takes, is dropped and counted (`dropped`).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from bridge import __version__, logs
+from bridge.traces.settings import Settings
+
+SCHEMA_URL: Final = "https://opentelemetry.io/schemas/1.41.0"
+# Methods whose span is named by a target, and the attribute that carries it.
+TARGETS: Final = {"tools/call": "gen_ai.tool.name", "prompts/get": "gen_ai.prompt.name"}
+URI_METHODS: Final = frozenset({"resources/read", "resources/subscribe", "resources/unsubscribe"})
+_PROPAGATOR: Final = TraceContextTextMapPropagator()
+
+
+class Spans:
+    """The daemon's tracing, when on: the spans of requests in flight, by session and the
+    client's request id, and the processor that exports them."""
+
+    def __init__(self, settings: Settings) -> None:
+        # The SDK logs each failed export and each span its full queue drops: `trace_export_failed`
+        # and mcp_bridge_trace_spans_total say it once a minute and count them instead.
+        logging.getLogger("opentelemetry").setLevel(logging.CRITICAL)
+        self.settings = settings
+        self.dropped = 0  # spans lost: the queue full, or the collector refused or never took them
+        self.exported = 0
+        self.processor = _Bounded(self, _Counted(self, _exporter(settings)), settings.queue_size)
+        resource = Resource.create({"service.name": settings.service_name, "service.version": __version__})
+        self.provider = TracerProvider(resource=resource, shutdown_on_exit=False)  # the app shuts it down, bounded in time
+        self.provider.add_span_processor(self.processor)
+        self.tracer = self.provider.get_tracer("mcp-bridge", __version__, schema_url=SCHEMA_URL)
+        self._open: dict[str, dict[Any, Span]] = {}  # session id -> the client's request id -> its span
+        self._draw = random.Random().random
+
+    def shutdown(self) -> None:
+        """Export what is queued and stop (blocks: the app runs it in a thread of its own)."""
+        self.provider.shutdown()
+
+    # ------------------------------------------------------------------ requests
+
+    def started(self, session_id: str, msg: dict[str, Any], transport: str, version: str | None) -> None:
+        """A client's request arrives at its gateway, before the mux rewrites it (rules 2-4)."""
+        params = msg.get("params")
+        meta = params.get("_meta") if params.__class__ is dict else None
+        parent = None
+        if meta.__class__ is dict and "traceparent" in meta:
+            context = _PROPAGATOR.extract(meta)
+            span_context = trace.get_current_span(context).get_span_context()
+            if span_context.is_valid:
+                if not span_context.trace_flags.sampled:
+                    return
+                parent = context
+        if parent is None and self._draw() >= self.settings.ratio:
+            return
+        method = msg["method"]
+        attributes: dict[str, Any] = {"mcp.method.name": method, "jsonrpc.request.id": str(msg["id"]), "network.transport": "tcp"}
+        name = method
+        if params.__class__ is dict:
+            key = TARGETS.get(method)
+            if key is not None and isinstance(target := params.get("name"), str):
+                attributes[key] = target
+                name = f"{method} {target}"
+                if method == "tools/call":
+                    attributes["gen_ai.operation.name"] = "execute_tool"
+            elif method in URI_METHODS and isinstance(uri := params.get("uri"), str):
+                attributes["mcp.resource.uri"] = uri
+        if transport != "stateless":  # a 2026-07-28 request is part of no session
+            attributes["mcp.session.id"] = session_id
+        if version is not None:
+            attributes["mcp.protocol.version"] = version
+        span = self.tracer.start_span(name, context=parent, kind=SpanKind.SERVER, attributes=attributes)
+        if params.__class__ is not dict:
+            params = msg["params"] = {}
+        if meta.__class__ is not dict:
+            meta = params["_meta"] = {}
+        meta.pop("tracestate", None)  # the span's own, if any, replaces the client's
+        _PROPAGATOR.inject(meta, context=trace.set_span_in_context(span))
+        self._open.setdefault(session_id, {})[msg["id"]] = span
+
+    def ids(self, session_id: str | None, request_id: Any) -> tuple[str, str] | None:
+        """The trace and span id (hex) of a request in flight, for the log events about it."""
+        spans = self._open.get(session_id) if session_id is not None else None
+        span = spans.get(request_id) if spans else None
+        if span is None:
+            return None
+        context = span.get_span_context()
+        return f"{context.trace_id:032x}", f"{context.span_id:016x}"
+
+    def answered(self, session_id: str, request_id: Any, message: Mapping[str, Any], started: float = 0.0, sent: float = 0.0) -> None:
+        """A request's answer is delivered (rule 5). `started`, `sent`: when the mux took it and
+        wrote it to the server (time.monotonic; 0: it was not, the mux answered it itself)."""
+        span = self._pop(session_id, request_id)
+        if span is None:
+            return
+        now = time.time_ns()
+        if sent:
+            since = time.monotonic()
+            written = now - int((since - sent) * 1e9)
+            parent = trace.set_span_in_context(span)
+            if started and sent > started:
+                self.tracer.start_span("queued", context=parent, start_time=now - int((since - started) * 1e9)).end(written)
+            self.tracer.start_span("server", context=parent, start_time=written).end(now)
+        error = message.get("error")
+        if isinstance(error, dict):
+            code = str(error.get("code"))
+            span.set_attributes({"error.type": code, "rpc.response.status_code": code})
+            span.set_status(Status(StatusCode.ERROR, str(error.get("message", ""))))
+        elif isinstance(result := message.get("result"), dict) and result.get("isError") is True:
+            span.set_attribute("error.type", "tool_error")
+            span.set_status(Status(StatusCode.ERROR, "tool_error"))
+        span.end(now)
+
+    def abandoned(self, session_id: str, request_id: Any, why: str) -> None:
+        """A request that ends with no answer delivered (cancelled, its session closed)."""
+        span = self._pop(session_id, request_id)
+        if span is not None:
+            span.set_attribute("error.type", why)
+            span.set_status(Status(StatusCode.ERROR, why))
+            span.end()
+
+    def closed(self, session_id: str) -> None:
+        """A session ended: what it still had in flight is abandoned."""
+        for request_id in list(self._open.get(session_id, ())):
+            self.abandoned(session_id, request_id, "session_closed")
+
+    def _pop(self, session_id: str, request_id: Any) -> Span | None:
+        spans = self._open.get(session_id)
+        span = spans.pop(request_id, None) if spans else None
+        if spans is not None and not spans:
+            del self._open[session_id]
+        return span
+
+
+# ---------------------------------------------------------------------- export
+
+
+def _exporter(settings: Settings) -> SpanExporter:
+    headers = dict(settings.headers) or None
+    if settings.protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+
+        # gRPC to a bare host:port or http:// is plaintext, as collectors serve it in-cluster.
+        insecure = None if settings.endpoint is None else not settings.endpoint.startswith("https://")
+        return GrpcExporter(endpoint=settings.endpoint, headers=headers, insecure=insecure)
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    return OTLPSpanExporter(endpoint=settings.endpoint, headers=headers)
+
+
+class _Counted(SpanExporter):
+    """The exporter, counting what it could not deliver as dropped (and saying so, at most once
+    a minute: a collector that is down fails every export)."""
+
+    def __init__(self, spans: Spans, inner: SpanExporter) -> None:
+        self._spans = spans
+        self._inner = inner
+        self._log = logs.Throttle(1 / 60, 1)
+
+    def export(self, batch: Sequence[ReadableSpan]) -> SpanExportResult:
+        try:
+            result = self._inner.export(batch)
+        except Exception:
+            result = SpanExportResult.FAILURE
+        if result is SpanExportResult.SUCCESS:
+            self._spans.exported += len(batch)
+        else:
+            self._spans.dropped += len(batch)
+            if (held := self._log.allow()) is not None:
+                logs.get().warning("trace_export_failed", dropped=self._spans.dropped, endpoint=self._spans.settings.endpoint, suppressed=held)
+        return result
+
+    def shutdown(self) -> None:
+        self._inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self._inner.force_flush(timeout_millis)
+
+
+class _Bounded(BatchSpanProcessor):
+    """The SDK's batch processor, counting the spans its full queue drops (which it only logs)."""
+
+    def __init__(self, spans: Spans, exporter: SpanExporter, max_queue_size: int) -> None:
+        super().__init__(exporter, max_queue_size=max_queue_size)
+        self._spans = spans
+        self._max = max_queue_size
+
+    def on_end(self, span: ReadableSpan) -> None:
+        # The queue is the SDK's own deque, which drops its oldest when full: read, never changed.
+        if len(self._batch_processor._queue) >= self._max:
+            self._spans.dropped += 1
+        super().on_end(span)

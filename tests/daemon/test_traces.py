@@ -1,0 +1,127 @@
+"""Traces (bridge/traces/, docs/how-to/tracing.md): a real OTLP/HTTP receiver (tests/support/otlp.py,
+decoding with the official opentelemetry-proto messages) and a real instrumented server (the
+official Python SDK's, tests/servers/traced.py): one client call yields one trace, the client's
+parent, the bridge's span, the server's span, in that order."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from support.daemon import PY, SERVERS, demo
+from support.otlp import Receiver, Span, receiver
+from support.rawstreamable import RawStreamable
+from test_modern import PATHS, headers_for, metric, post, request
+
+TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+CLIENT_SPAN = "00f067aa0ba902b7"
+TRACEPARENT = f"00-{TRACE}-{CLIENT_SPAN}-01"
+SERVER_KIND = 2  # opentelemetry.proto.trace.v1.Span.SPAN_KIND_SERVER
+ERROR = 2  # Status.STATUS_CODE_ERROR
+FAST_EXPORT = {"OTEL_BSP_SCHEDULE_DELAY": "50"}  # the bridge's batch goes out within 50 ms (default 5 s)
+
+
+def traced(r: Receiver, ratio: float = 1.0) -> dict[str, Any]:
+    server = {"command": PY, "args": [str(SERVERS / "traced.py")], "env": {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": r.url}}
+    return {"servers": {"traced": server}, "telemetry": {"traces": {"endpoint": r.url, "sampler": {"ratio": ratio}}}}
+
+
+def bridge_span(name: str, trace: str = TRACE) -> Any:
+    return lambda s: s.service == "mcp-bridge" and s.name == name and s.trace_id == trace
+
+
+async def chain(r: Receiver, name: str, trace: str = TRACE) -> tuple[Span, Span]:
+    """The bridge's span of a request and the server's span under it."""
+    ours = await r.wait_for(bridge_span(name, trace))
+    theirs = await r.wait_for(lambda s: s.service == "traced-server" and s.name == name and s.trace_id == ours.trace_id)
+    assert theirs.parent_id == ours.span_id, (ours, theirs)
+    assert ours.start <= theirs.start and theirs.end <= ours.end
+    return ours, theirs
+
+
+async def test_a_call_continues_the_clients_trace_through_the_bridge_into_the_server(bridge: Any) -> None:
+    async with receiver() as r, bridge(traced(r), env=FAST_EXPORT) as b, RawStreamable(b.url("traced", "mcp")) as raw:
+        await raw.initialize()
+        params = {"name": "echo", "arguments": {"text": "traced"}, "_meta": {"traceparent": TRACEPARENT, "tracestate": "client=1", "keep": "me"}}
+        response, _ = await raw.request("tools/call", params, request_id=7)
+        assert response["result"]["content"][0]["text"] == "traced"
+        ours, theirs = await chain(r, "tools/call echo")
+        assert ours.parent_id == CLIENT_SPAN and ours.kind == SERVER_KIND
+        assert ours.attributes == {
+            "mcp.method.name": "tools/call", "gen_ai.tool.name": "echo", "gen_ai.operation.name": "execute_tool",
+            "jsonrpc.request.id": "7", "network.transport": "tcp", "mcp.session.id": raw.session_id, "mcp.protocol.version": "2025-11-25",
+        }, ours.attributes  # fmt: skip
+        stages = {s.name: s for s in r.spans if s.parent_id == ours.span_id and s.service == "mcp-bridge"}
+        assert set(stages) == {"queued", "server"}, stages
+        assert ours.start <= stages["queued"].start <= stages["queued"].end <= stages["server"].start <= theirs.start
+        assert theirs.end <= stages["server"].end <= ours.end
+        audit = await b.wait_for("audit", where=lambda e: e.get("name") == "echo")
+        assert (audit["trace_id"], audit["span_id"]) == (TRACE, ours.span_id)
+        assert await metric(b, 'mcp_bridge_trace_spans_total{outcome="exported"}') >= 3  # the call's and its two stages
+        # A request the bridge answers itself (no call goes to the server) has its span too, ended.
+        await raw.request("ping", {"_meta": {"traceparent": TRACEPARENT}})
+        ping = await r.wait_for(bridge_span("ping"))
+        assert ping.parent_id == CLIENT_SPAN and not [s for s in r.spans if s.parent_id == ping.span_id]
+
+
+@pytest.mark.parametrize("path", PATHS)
+async def test_a_2026_07_28_call_is_traced_with_no_session(bridge: Any, path: str) -> None:
+    async with receiver() as r, bridge(traced(r), env=FAST_EXPORT) as b:
+        call = request("tools/call", {"name": "echo", "arguments": {"text": "modern"}}, rid="m1")
+        call["params"]["_meta"]["traceparent"] = TRACEPARENT
+        answer = (await post(b.url("traced", "mcp"), call, headers_for(call), path)).final()
+        assert answer["result"]["content"][0]["text"] == "modern"
+        ours, _ = await chain(r, "tools/call echo")
+        assert ours.parent_id == CLIENT_SPAN and "mcp.session.id" not in ours.attributes
+        assert ours.attributes["mcp.protocol.version"] == "2026-07-28" and ours.attributes["jsonrpc.request.id"] == "m1"
+
+
+async def test_a_malformed_traceparent_is_ignored_and_a_tool_error_marks_the_span(bridge: Any) -> None:
+    async with receiver() as r, bridge(traced(r), env=FAST_EXPORT) as b, RawStreamable(b.url("traced", "mcp")) as raw:
+        await raw.initialize()
+        bad = {"name": "echo", "arguments": {"text": "still served"}, "_meta": {"traceparent": "00-not-a-trace-01"}}
+        response, _ = await raw.request("tools/call", bad)
+        assert response["result"]["content"][0]["text"] == "still served"
+        ours = await r.wait_for(lambda s: s.service == "mcp-bridge" and s.name == "tools/call echo")
+        assert ours.parent_id == "" and ours.trace_id != TRACE  # a trace of its own
+        await chain(r, "tools/call echo", ours.trace_id)
+        failed, _ = await raw.request("tools/call", {"name": "fail", "arguments": {}})
+        assert failed["result"]["isError"] is True
+        span = await r.wait_for(lambda s: s.service == "mcp-bridge" and s.name == "tools/call fail")
+        assert span.attributes["error.type"] == "tool_error" and span.status_code == ERROR
+        unknown, _ = await raw.request("tools/call", {"name": "nobody", "arguments": {}})
+        refused = await r.wait_for(lambda s: s.service == "mcp-bridge" and s.name == "tools/call nobody")
+        if "error" in unknown:  # the SDK answers an unknown tool with an error or a tool error, by version
+            code = str(unknown["error"]["code"])
+            assert refused.attributes["error.type"] == code == refused.attributes["rpc.response.status_code"] and refused.status_code == ERROR
+
+
+async def test_an_unsampled_parent_is_not_traced_and_a_ratio_of_zero_traces_no_root(bridge: Any) -> None:
+    async with receiver() as r, bridge(traced(r, ratio=0.0), env=FAST_EXPORT) as b, RawStreamable(b.url("traced", "mcp")) as raw:
+        await raw.initialize()
+        await raw.request("tools/call", {"name": "echo", "arguments": {"text": "root"}})
+        unsampled = f"00-{TRACE}-{CLIENT_SPAN}-00"
+        await raw.request("tools/call", {"name": "echo", "arguments": {"text": "off"}, "_meta": {"traceparent": unsampled}})
+        await raw.request("tools/call", {"name": "echo", "arguments": {"text": "on"}, "_meta": {"traceparent": TRACEPARENT}})
+        await chain(r, "tools/call echo")  # the sampled parent's: traced whatever the ratio
+        traced_calls = [s for s in r.spans if s.service == "mcp-bridge" and s.name == "tools/call echo"]
+        assert len(traced_calls) == 1, traced_calls
+
+
+async def test_a_collector_that_is_down_loses_spans_counted_and_no_call(bridge: Any) -> None:
+    async with receiver() as r:
+        down = r.url
+    config = {"servers": {"demo": demo()}, "telemetry": {"traces": {"endpoint": down}}}
+    env = {**FAST_EXPORT, "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT": "1"}
+    async with bridge(config, env=env) as b, RawStreamable(b.url("demo", "mcp")) as raw:
+        await raw.initialize()
+        started = time.monotonic()
+        for i in range(20):
+            response, _ = await raw.request("tools/call", {"name": "echo", "arguments": {"text": str(i)}, "_meta": {"traceparent": TRACEPARENT}})
+            assert response["result"]["content"][0]["text"] == str(i)
+        assert time.monotonic() - started < 5  # export failing (1 s each, in its own thread) holds up no call
+        failed = await b.wait_for("trace_export_failed", timeout=20)
+        assert failed["dropped"] >= 1 and failed["level"] == "warning"
+        assert await metric(b, 'mcp_bridge_trace_spans_total{outcome="dropped"}') >= failed["dropped"]
+        assert await metric(b, 'mcp_bridge_trace_spans_total{outcome="exported"}') == 0

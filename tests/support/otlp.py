@@ -1,0 +1,88 @@
+"""A real OTLP/HTTP trace receiver on loopback, for tests: what collectors are sent, decoded with
+the official `opentelemetry-proto` messages, kept as flat `Span`s."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest, ExportTraceServiceResponse
+
+
+@dataclass
+class Span:
+    service: str
+    name: str
+    trace_id: str
+    span_id: str
+    parent_id: str
+    kind: int
+    start: int
+    end: int
+    attributes: dict[str, Any]
+    status_code: int
+    status_message: str
+    links: list[tuple[str, str]] = field(default_factory=list)
+
+
+def _value(v: Any) -> Any:
+    kind = v.WhichOneof("value")
+    return getattr(v, kind) if kind else None
+
+
+@dataclass
+class Receiver:
+    url: str = ""
+    spans: list[Span] = field(default_factory=list)
+    requests: int = 0
+    _changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def handle(self, request: web.Request) -> web.Response:
+        export = ExportTraceServiceRequest()
+        export.ParseFromString(await request.read())
+        self.requests += 1
+        for resource_spans in export.resource_spans:
+            service = next((_value(a.value) for a in resource_spans.resource.attributes if a.key == "service.name"), "")
+            for scope in resource_spans.scope_spans:
+                for s in scope.spans:
+                    self.spans.append(
+                        Span(
+                            service, s.name, s.trace_id.hex(), s.span_id.hex(), s.parent_span_id.hex(), s.kind,
+                            s.start_time_unix_nano, s.end_time_unix_nano, {a.key: _value(a.value) for a in s.attributes},
+                            s.status.code, s.status.message, [(link.trace_id.hex(), link.span_id.hex()) for link in s.links],
+                        )
+                    )  # fmt: skip
+        self._changed.set()
+        return web.Response(body=ExportTraceServiceResponse().SerializeToString(), content_type="application/x-protobuf")
+
+    async def wait_for(self, where: Callable[[Span], bool], timeout: float = 10.0) -> Span:
+        """The first span received that satisfies `where`."""
+        async with asyncio.timeout(timeout):
+            while True:
+                for span in self.spans:
+                    if where(span):
+                        return span
+                self._changed.clear()
+                await self._changed.wait()
+
+
+@asynccontextmanager
+async def receiver() -> AsyncIterator[Receiver]:
+    """A receiver at http://127.0.0.1:PORT/v1/traces, stopped on exit."""
+    got = Receiver()
+    app = web.Application()
+    app.router.add_post("/v1/traces", got.handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    got.url = f"http://127.0.0.1:{port}/v1/traces"
+    try:
+        yield got
+    finally:
+        await runner.cleanup()
