@@ -433,14 +433,20 @@ class Gateway(Registry):
         """The mux's actions for `payload`, with tracing on: each request begins its span
         (traces/spans.py) before the mux rewrites it, and one the mux answered at once (no
         call went to the server) ends it here; a call's ends with `_call_ended`."""
-        version = session.era if session.transport == "stateless" else self.negotiated_version(session)
+        began = False
+        http, session.http_trace = session.http_trace, None
         for msg in payload if payload.__class__ is list else (payload,):
-            if msg.__class__ is dict and "method" in msg and jsonrpc.is_id(msg.get("id")):
-                traces.started(session.id, msg, session.transport, version)
+            if msg.__class__ is not dict or "id" not in msg:
+                continue
+            if "method" in msg:
+                began = traces.started(session, msg, self.negotiated_version, http) or began
+            else:
+                traces.responded(session.id, msg)
         actions = upstream.mux.from_client(session.id, payload, kind)
-        for action in actions:
-            if isinstance(action, ToSession) and action.final and action.call is None and action.related is not None:
-                traces.answered(action.session, action.related, action.message)
+        if began:
+            for action in actions:
+                if isinstance(action, ToSession) and action.final and action.call is None and action.related is not None:
+                    traces.answered(action.session, action.related, action.message)
         return actions
 
     # ------------------------------------------------------------------ actions
@@ -547,7 +553,7 @@ class Gateway(Registry):
             audit = self.audit
             if call.session is not None and (session := self.sessions.get(call.session)) is not None and session.group is not None:
                 audit = self._group_audits.get(session.group) or self._group_audits.setdefault(session.group, audit.bind(group=session.group))
-            if traces is not None and (ids := traces.ids(call.session, call.client_id)) is not None:
+            if traces is not None and traces.open and (ids := traces.ids(call.session, call.client_id)) is not None:
                 audit = audit.bind(trace_id=ids[0], span_id=ids[1])
             audit.info(
                 "audit",
@@ -559,11 +565,11 @@ class Gateway(Registry):
                 code=code,
                 duration_ms=round((time.monotonic() - call.started) * 1e6) / 1000,  # to the µs: round(x, 3) formats and parses a decimal
             )
-        if traces is not None and call.session is not None:
+        if traces is not None and traces.open and call.session is not None:  # (`open`: none traced, most often)
             if answer is None:
                 traces.abandoned(call.session, call.client_id, "cancelled")
             else:
-                traces.answered(call.session, call.client_id, answer, call.started, call.sent_at)
+                traces.answered(call.session, call.client_id, answer, call.sent_at)
 
     def flush(self) -> None:
         """Write out what the sessions were given since the last flush: one write per session."""

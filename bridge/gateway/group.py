@@ -126,6 +126,7 @@ class Group(Registry):
         self.requests: Counter[str] = Counter()  # by member: requests the group handed it
         self._left_out_log = logs.Throttle(1.0, 10)
         self.new_id: Callable[[str | None], str] | None = None  # with a cluster: ids that name this replica (the app sets it)
+        self.traces: object | None = None  # its members' gateways trace what it hands them
         # 2026-07-28 requests (endpoints/group_2026.py), which no session holds: the URIs and
         # templates their lists showed (rule 2), and the Names of each set of members used.
         self.routes = Routes()

@@ -43,6 +43,9 @@ class Session:
     # the errors this delivers (a 2026-07-28 call, answered by one) closes it for this reason.
     ending: str | None = None
     group: str | None = None  # the group it serves (a group session's member session, or a 2026-07-28 request's)
+    # Tracing on: the W3C trace context (traceparent, tracestate) of the HTTP request that
+    # carries the message being routed, set by its endpoint and taken by the gateway.
+    http_trace: tuple[str, str] | None = None
 
     def __init__(self, server: str, owner: str | None, session_id: str | None = None) -> None:
         self.id = session_id or new_session_id()
@@ -181,6 +184,10 @@ class Served(Protocol):
     limits: Limits
     metrics: ServerMetrics
     log: FilteringBoundLogger
+
+    @property
+    def traces(self) -> object | None:
+        """A server's gateway's tracing, when on (a group's members trace what it hands them)."""
 
     async def open_session(self, session: Session) -> None: ...
 

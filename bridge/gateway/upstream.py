@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from collections.abc import Iterable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from structlog.typing import FilteringBoundLogger
 
@@ -28,6 +28,10 @@ from bridge.protocol.jsonrpc import Message, ProtocolError
 NOT_READING = "server is not reading its input (limits.server_input_buffer)"
 
 
+if TYPE_CHECKING:
+    from bridge.traces.spans import Spans  # imported only when tracing is on
+
+
 class Host(Protocol):
     """What an upstream needs of its gateway: the server's config and limits, where to count
     and log, the pool its slot is from, and the interpreter of its mux's actions."""
@@ -43,6 +47,7 @@ class Host(Protocol):
     child_env: dict[str, str]
     accepting: bool
     pins: Gate | None
+    traces: Spans | None
 
     def apply(self, upstream: Upstream, actions: list[Action], flush: bool = True) -> None: ...
 
@@ -231,6 +236,8 @@ class Upstream:
             # A bug must not stop this server's output from being read: log it, drop the line.
             self._log.exception("internal_error", where="from_server", size=len(line))
             return
+        if self.gateway.traces is not None:
+            self.gateway.traces.from_server(actions)
         self.gateway.apply(self, actions, flush=False)  # the child calls flush after the read's last line
         if self._announce and self.mux.state is State.READY:
             self._announce = False

@@ -10,17 +10,22 @@ Rules
    arrival at its gateway to its answer, with the conventions' attributes that apply
    (`Spans.started`): never arguments or results.
 2. Its parent is the trace context in the request's `params._meta` (`traceparent`,
-   `tracestate`), when it is valid; a malformed one is ignored, never an error.
+   `tracestate`), when it is valid, else the one in the headers of the HTTP request that
+   carried it; with both, the HTTP one is a link. A malformed one is ignored, never an error.
 3. Sampling is parent-based: a sampled parent's trace is traced, an unsampled one's is not,
    and a trace the request begins is with probability `ratio`. A request not traced costs a
    draw and two lookups: no span is made, and its `_meta` reaches the server as it came.
 4. The span's own context replaces the one in the `_meta` the server gets (nothing else of
    `_meta` changes), so that a server that reads it (the official SDKs do) continues the trace.
-5. When the answer comes, the span gets two children made from the mux's times: `queued`
-   (from arrival to the line written to the server's stdin: waiting for a process, a slot,
-   room in the pipe) and `server` (from that line to the answer read). An error answer sets
+5. When the answer comes, the span gets an event, `written`, at the time the mux wrote the
+   request to the server's stdin: before it, the request waited at the bridge (its turn among
+   the calls the server is given at once, room in the pipe); after it, the server's own time.
+   (An event, not two child spans: a traced call costs half as much.) An error answer sets
    `error.type` and `rpc.response.status_code` to its JSON-RPC code and the status to ERROR;
    a tool's result with `isError`, `error.type` `tool_error`.
+7. A server's request to the client (sampling, elicitation, roots) attributed to a traced call
+   is a CLIENT span under that call's, named by its method, from the request to the client's
+   answer (for a 2026-07-28 client: to its retry carrying the answer).
 6. Export never waits on the event loop: spans go to the SDK's batch processor (its own
    thread) through a queue of `queue_size`; a span that finds it full, or that the collector
    refuses or never takes, is dropped and counted (`dropped`).
@@ -31,10 +36,11 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Mapping, Sequence
-from typing import Any, Final
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Final, Protocol, TypeVar
 
 from opentelemetry import trace
+from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
@@ -42,13 +48,26 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from bridge import __version__, logs
+from bridge.core.mux import ToSession
 from bridge.traces.settings import Settings
+
+
+class Session(Protocol):
+    """What a request's span reads of the session it came in (gateway/sessions.py's)."""
+
+    id: str
+    transport: str
+    era: str
+
+
+S = TypeVar("S", bound=Session)
 
 SCHEMA_URL: Final = "https://opentelemetry.io/schemas/1.41.0"
 # Methods whose span is named by a target, and the attribute that carries it.
 TARGETS: Final = {"tools/call": "gen_ai.tool.name", "prompts/get": "gen_ai.prompt.name"}
 URI_METHODS: Final = frozenset({"resources/read", "resources/subscribe", "resources/unsubscribe"})
 _PROPAGATOR: Final = TraceContextTextMapPropagator()
+ASKED_PER_SESSION: Final = 64  # server requests a session's client has not answered, traced at once
 
 
 class Spans:
@@ -67,7 +86,8 @@ class Spans:
         self.provider = TracerProvider(resource=resource, shutdown_on_exit=False)  # the app shuts it down, bounded in time
         self.provider.add_span_processor(self.processor)
         self.tracer = self.provider.get_tracer("mcp-bridge", __version__, schema_url=SCHEMA_URL)
-        self._open: dict[str, dict[Any, Span]] = {}  # session id -> the client's request id -> its span
+        self.open: dict[str, dict[Any, Span]] = {}  # session id -> the client's request id -> its span
+        self._asked: dict[str, dict[Any, Span]] = {}  # session id -> a server request's id there -> its span
         self._draw = random.Random().random
 
     def shutdown(self) -> None:
@@ -76,21 +96,25 @@ class Spans:
 
     # ------------------------------------------------------------------ requests
 
-    def started(self, session_id: str, msg: dict[str, Any], transport: str, version: str | None) -> None:
-        """A client's request arrives at its gateway, before the mux rewrites it (rules 2-4)."""
+    def started(self, session: S, msg: dict[str, Any], version: Callable[[S], str | None], http: tuple[str, str] | None = None) -> bool:
+        """A client's request arrives at its gateway, before the mux rewrites it (rules 2-4);
+        whether its span began. `version`: the session's protocol version, asked only then;
+        `http`: the trace context headers of the HTTP request that carried it."""
         params = msg.get("params")
         meta = params.get("_meta") if params.__class__ is dict else None
-        parent = None
-        if meta.__class__ is dict and "traceparent" in meta:
-            context = _PROPAGATOR.extract(meta)
-            span_context = trace.get_current_span(context).get_span_context()
-            if span_context.is_valid:
-                if not span_context.trace_flags.sampled:
-                    return
-                parent = context
-        if parent is None and self._draw() >= self.settings.ratio:
-            return
-        method = msg["method"]
+        parent = _parent(meta) if meta.__class__ is dict and "traceparent" in meta else None
+        carried = _parent({"traceparent": http[0], "tracestate": http[1]}) if http is not None else None
+        links = None
+        if parent is None:
+            parent = carried
+        elif carried is not None:
+            links = [trace.Link(trace.get_current_span(carried).get_span_context())]
+        if parent is None:
+            if self._draw() >= self.settings.ratio:
+                return False
+        elif not trace.get_current_span(parent).get_span_context().trace_flags.sampled:
+            return False
+        method, session_id = msg["method"], session.id
         attributes: dict[str, Any] = {"mcp.method.name": method, "jsonrpc.request.id": str(msg["id"]), "network.transport": "tcp"}
         name = method
         if params.__class__ is dict:
@@ -102,42 +126,40 @@ class Spans:
                     attributes["gen_ai.operation.name"] = "execute_tool"
             elif method in URI_METHODS and isinstance(uri := params.get("uri"), str):
                 attributes["mcp.resource.uri"] = uri
-        if transport != "stateless":  # a 2026-07-28 request is part of no session
+        if session.transport == "stateless":  # a 2026-07-28 request is part of no session
+            attributes["mcp.protocol.version"] = session.era
+        else:
             attributes["mcp.session.id"] = session_id
-        if version is not None:
-            attributes["mcp.protocol.version"] = version
-        span = self.tracer.start_span(name, context=parent, kind=SpanKind.SERVER, attributes=attributes)
+            if (negotiated := version(session)) is not None:
+                attributes["mcp.protocol.version"] = negotiated
+        span = self.tracer.start_span(name, context=parent, kind=SpanKind.SERVER, attributes=attributes, links=links)
         if params.__class__ is not dict:
             params = msg["params"] = {}
         if meta.__class__ is not dict:
             meta = params["_meta"] = {}
         meta.pop("tracestate", None)  # the span's own, if any, replaces the client's
         _PROPAGATOR.inject(meta, context=trace.set_span_in_context(span))
-        self._open.setdefault(session_id, {})[msg["id"]] = span
+        self.open.setdefault(session_id, {})[msg["id"]] = span
+        return True
 
     def ids(self, session_id: str | None, request_id: Any) -> tuple[str, str] | None:
         """The trace and span id (hex) of a request in flight, for the log events about it."""
-        spans = self._open.get(session_id) if session_id is not None else None
+        spans = self.open.get(session_id) if session_id is not None else None
         span = spans.get(request_id) if spans else None
         if span is None:
             return None
         context = span.get_span_context()
         return f"{context.trace_id:032x}", f"{context.span_id:016x}"
 
-    def answered(self, session_id: str, request_id: Any, message: Mapping[str, Any], started: float = 0.0, sent: float = 0.0) -> None:
-        """A request's answer is delivered (rule 5). `started`, `sent`: when the mux took it and
-        wrote it to the server (time.monotonic; 0: it was not, the mux answered it itself)."""
+    def answered(self, session_id: str, request_id: Any, message: Mapping[str, Any], sent: float = 0.0) -> None:
+        """A request's answer is delivered (rule 5). `sent`: when the mux wrote it to the server
+        (time.monotonic; 0: it was not, the mux answered it itself)."""
         span = self._pop(session_id, request_id)
         if span is None:
             return
         now = time.time_ns()
         if sent:
-            since = time.monotonic()
-            written = now - int((since - sent) * 1e9)
-            parent = trace.set_span_in_context(span)
-            if started and sent > started:
-                self.tracer.start_span("queued", context=parent, start_time=now - int((since - started) * 1e9)).end(written)
-            self.tracer.start_span("server", context=parent, start_time=written).end(now)
+            span.add_event("written", timestamp=now - int((time.monotonic() - sent) * 1e9))
         error = message.get("error")
         if isinstance(error, dict):
             code = str(error.get("code"))
@@ -157,16 +179,59 @@ class Spans:
             span.end()
 
     def closed(self, session_id: str) -> None:
-        """A session ended: what it still had in flight is abandoned."""
-        for request_id in list(self._open.get(session_id, ())):
+        """A session ended: what it still had in flight is abandoned, what it was asked ends."""
+        for request_id in list(self.open.get(session_id, ())):
             self.abandoned(session_id, request_id, "session_closed")
+        for span in self._asked.pop(session_id, {}).values():
+            span.set_status(Status(StatusCode.ERROR, "session_closed"))
+            span.end()
+
+    # ------------------------------------------------------------- server requests
+
+    def from_server(self, actions: Sequence[object]) -> None:
+        """A server's requests to a client, among the mux's `actions` for what it read (rule 7)."""
+        for action in actions:
+            if action.__class__ is not ToSession:
+                continue
+            session, message, related = action.session, action.message, action.related
+            if related is None or "method" not in message or "id" not in message:
+                continue
+            calls = self.open.get(session)
+            call = calls.get(related) if calls else None
+            if call is None:
+                continue
+            attributes = {"mcp.method.name": message["method"], "jsonrpc.request.id": str(message["id"]), "mcp.session.id": session}
+            asked = self.tracer.start_span(message["method"], context=trace.set_span_in_context(call), kind=SpanKind.CLIENT, attributes=attributes)
+            mine = self._asked.setdefault(session, {})
+            if len(mine) >= ASKED_PER_SESSION:  # a client that never answers: the oldest ends unanswered
+                oldest = next(iter(mine))
+                mine.pop(oldest).end()
+            mine[message["id"]] = asked
+
+    def responded(self, session_id: str, msg: Mapping[str, Any]) -> None:
+        """A client's answer to a server's request: its span ends."""
+        asked = self._asked.get(session_id)
+        span = asked.pop(msg.get("id"), None) if asked else None
+        if span is None:
+            return
+        if isinstance(error := msg.get("error"), dict):
+            code = str(error.get("code"))
+            span.set_attributes({"error.type": code, "rpc.response.status_code": code})
+            span.set_status(Status(StatusCode.ERROR, str(error.get("message", ""))))
+        span.end()
 
     def _pop(self, session_id: str, request_id: Any) -> Span | None:
-        spans = self._open.get(session_id)
+        spans = self.open.get(session_id)
         span = spans.pop(request_id, None) if spans else None
         if spans is not None and not spans:
-            del self._open[session_id]
+            del self.open[session_id]
         return span
+
+
+def _parent(carrier: Mapping[str, str]) -> Context | None:
+    """The trace context a W3C `traceparent` (and `tracestate`) carries; None when malformed."""
+    context = _PROPAGATOR.extract(carrier)
+    return context if trace.get_current_span(context).get_span_context().is_valid else None
 
 
 # ---------------------------------------------------------------------- export
@@ -218,7 +283,7 @@ class _Bounded(BatchSpanProcessor):
     """The SDK's batch processor, counting the spans its full queue drops (which it only logs)."""
 
     def __init__(self, spans: Spans, exporter: SpanExporter, max_queue_size: int) -> None:
-        super().__init__(exporter, max_queue_size=max_queue_size)
+        super().__init__(exporter, max_queue_size=max_queue_size, max_export_batch_size=min(512, max_queue_size))  # the SDK's default batch, at most the queue
         self._spans = spans
         self._max = max_queue_size
 

@@ -27,6 +27,7 @@ class Span:
     status_code: int
     status_message: str
     links: list[tuple[str, str]] = field(default_factory=list)
+    events: list[tuple[str, int]] = field(default_factory=list)  # (name, time)
 
 
 def _value(v: Any) -> Any:
@@ -54,6 +55,7 @@ class Receiver:
                             service, s.name, s.trace_id.hex(), s.span_id.hex(), s.parent_span_id.hex(), s.kind,
                             s.start_time_unix_nano, s.end_time_unix_nano, {a.key: _value(a.value) for a in s.attributes},
                             s.status.code, s.status.message, [(link.trace_id.hex(), link.span_id.hex()) for link in s.links],
+                            [(e.name, e.time_unix_nano) for e in s.events],
                         )
                     )  # fmt: skip
         self._changed.set()

@@ -26,6 +26,13 @@ class RequestHead(Protocol):
         """What a 2026-07-28 request's headers mirror of its body."""
 
 
+def trace_context(head: RequestHead) -> tuple[str, str] | None:
+    """A request's W3C trace context headers (read only with tracing on): `traceparent`, `tracestate`."""
+    fields = head.fields()
+    parent = fields.get("traceparent")
+    return (parent, fields.get("tracestate", "")) if parent else None
+
+
 S = TypeVar("S", bound=Served)
 
 

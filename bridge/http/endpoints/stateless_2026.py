@@ -55,7 +55,7 @@ from bridge.core.request_state import State, StateKeys
 from bridge.gateway.gateway import Gateway, SessionLimitError
 from bridge.gateway.sessions import Served, Session, Spares
 from bridge.http import errors, forward, state, streams
-from bridge.http.endpoints.base import Post
+from bridge.http.endpoints.base import Post, trace_context
 from bridge.http.errors import HttpError
 from bridge.http.reply import EventSink, Reply, later
 from bridge.protocol import jsonrpc, mcp, media, stateless
@@ -427,6 +427,8 @@ def _call(
     # `params` is digested only if the call is ever parked: of them, routing changes only what
     # is in _meta, which a digest leaves out.
     exchange = Exchange(post, parking, session, rid, method, rid, reply, params, offered)  # before routing: what it routes may be answered at once
+    if gateway.traces is not None:
+        session.http_trace = trace_context(post.request)
     try:
         state.route(gateway, session, msg, jsonrpc.REQUEST)
     except BaseException:

@@ -25,12 +25,14 @@ FAULTS: list[Fault] = [
     Fault('traces-imported-always', 'bridge/traces/settings.py', '    found = settings(config, environ)\n    if found is None:\n        return None\n', '    found = settings(config, environ)\n    from bridge.traces import spans  # noqa: F401\n    if found is None:\n        return None\n'),
     # traces/spans.py
     Fault('traces-parent-ignored', 'bridge/traces/spans.py', '                parent = context\n', ''),
-    Fault('traces-unsampled-parent-traced', 'bridge/traces/spans.py', '                if not span_context.trace_flags.sampled:\n                    return\n', ''),
+    Fault('traces-unsampled-parent-traced', 'bridge/traces/spans.py', '                if not span_context.trace_flags.sampled:\n                    return False\n', ''),
     Fault('traces-not-injected', 'bridge/traces/spans.py', '        _PROPAGATOR.inject(meta, context=trace.set_span_in_context(span))\n', ''),
-    Fault('traces-no-stages', 'bridge/traces/spans.py', '        if sent:\n            since', '        if False:\n            since'),
+    Fault('traces-no-stages', 'bridge/traces/spans.py', '        if sent:\n            span.add_event(', '        if False:\n            span.add_event('),
+    Fault('traces-asked-unlinked', 'bridge/traces/spans.py', 'context=trace.set_span_in_context(call), kind=SpanKind.CLIENT', 'context=None, kind=SpanKind.CLIENT'),
+    Fault('traces-answer-never-ends-asked', 'bridge/traces/spans.py', '        if span is None:\n            return\n        if isinstance(error := msg.get("error"), dict):', '        if True:\n            return\n        if isinstance(error := msg.get("error"), dict):'),
     Fault('traces-tool-error-unmarked', 'bridge/traces/spans.py', '        elif isinstance(result := message.get("result"), dict) and result.get("isError") is True:', '        elif False:'),
     Fault('traces-failed-export-uncounted', 'bridge/traces/spans.py', '            self._spans.dropped += len(batch)\n', '            pass\n'),
-    Fault('traces-session-id-on-stateless', 'bridge/traces/spans.py', '        if transport != "stateless":', '        if True:'),
+    Fault('traces-session-id-on-stateless', 'bridge/traces/spans.py', '        if session.transport == "stateless":', '        if False:'),
     # logs.py
     Fault('logs-throttle-count-kept', 'bridge/logs.py', '        held, self.suppressed = self.suppressed, 0', '        held = self.suppressed'),
     Fault('logs-bad-request-bytes-quoted', 'bridge/logs.py', '    text = _QUOTED.split(" ".join(exc.message.split()), 1)[0]', '    text = " ".join(exc.message.split())'),
