@@ -236,8 +236,8 @@ class Upstream:
             # A bug must not stop this server's output from being read: log it, drop the line.
             self._log.exception("internal_error", where="from_server", size=len(line))
             return
-        if self.gateway.traces is not None:
-            self.gateway.traces.from_server(actions)
+        if (traces := self.gateway.traces) is not None and traces.open:  # (`open`: a traced call in flight)
+            traces.from_server(actions)
         self.gateway.apply(self, actions, flush=False)  # the child calls flush after the read's last line
         if self._announce and self.mux.state is State.READY:
             self._announce = False

@@ -30,6 +30,10 @@ class AiohttpHead:
     def mirrored(self) -> stateless.Headers:
         return mirrored(self._headers)
 
+    def trace_context(self) -> tuple[str, str] | None:
+        parent = self._headers.get("traceparent")
+        return (parent, self._headers.get("tracestate", "")) if parent else None
+
 
 class AiohttpReply:
     """An `reply.Reply` through aiohttp: the handler waits in `send` for what the exchange

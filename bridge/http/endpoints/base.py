@@ -25,12 +25,8 @@ class RequestHead(Protocol):
     def mirrored(self) -> stateless.Headers:
         """What a 2026-07-28 request's headers mirror of its body."""
 
-
-def trace_context(head: RequestHead) -> tuple[str, str] | None:
-    """A request's W3C trace context headers (read only with tracing on): `traceparent`, `tracestate`."""
-    fields = head.fields()
-    parent = fields.get("traceparent")
-    return (parent, fields.get("tracestate", "")) if parent else None
+    def trace_context(self) -> tuple[str, str] | None:
+        """Its W3C trace context headers, `traceparent` and `tracestate` (read with tracing on)."""
 
 
 S = TypeVar("S", bound=Served)

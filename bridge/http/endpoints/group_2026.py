@@ -163,6 +163,9 @@ class _MemberHead:
     def mirrored(self) -> stateless.Headers:
         return msgspec.structs.replace(self._head.mirrored(), name=self._name)
 
+    def trace_context(self) -> tuple[str, str] | None:
+        return self._head.trace_context()
+
 
 # ------------------------------------------------------------------ asked of several
 

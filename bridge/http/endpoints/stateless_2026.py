@@ -55,7 +55,7 @@ from bridge.core.request_state import State, StateKeys
 from bridge.gateway.gateway import Gateway, SessionLimitError
 from bridge.gateway.sessions import Served, Session, Spares
 from bridge.http import errors, forward, state, streams
-from bridge.http.endpoints.base import Post, trace_context
+from bridge.http.endpoints.base import Post
 from bridge.http.errors import HttpError
 from bridge.http.reply import EventSink, Reply, later
 from bridge.protocol import jsonrpc, mcp, media, stateless
@@ -428,7 +428,7 @@ def _call(
     # is in _meta, which a digest leaves out.
     exchange = Exchange(post, parking, session, rid, method, rid, reply, params, offered)  # before routing: what it routes may be answered at once
     if gateway.traces is not None:
-        session.http_trace = trace_context(post.request)
+        session.http_trace = post.request.trace_context()
     try:
         state.route(gateway, session, msg, jsonrpc.REQUEST)
     except BaseException:

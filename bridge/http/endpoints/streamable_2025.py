@@ -31,7 +31,7 @@ from aiohttp import web
 from bridge.gateway.sessions import Served, Session
 from bridge.http import state, streams
 from bridge.http.aiohttp_reply import AiohttpReply
-from bridge.http.endpoints.base import Post, trace_context
+from bridge.http.endpoints.base import Post
 from bridge.http.errors import HttpError
 from bridge.http.reply import EventSink, Reply, later
 from bridge.protocol import jsonrpc, media
@@ -437,7 +437,7 @@ def _take(
     stream = session.open_post_stream(request_ids)
     primed = session.mark()  # before routing: a reply the mux makes at once comes after it
     if gateway.traces is not None:
-        session.http_trace = trace_context(post.request)
+        session.http_trace = post.request.trace_context()
     try:
         _route(gateway, session, payload, initializing)
     except HttpError:
