@@ -42,6 +42,19 @@ def test_a_repeat_of_a_field_it_does_not_read_keeps_the_fast_path() -> None:
     assert head is not None and head.session_id == SID
 
 
+def test_the_trace_context_is_read_as_aiohttp_reads_it() -> None:
+    """Tracing reads `traceparent` and `tracestate` by one search of the head: any case, blanks
+    around the value stripped, as aiohttp's headers give them."""
+    traced = GOOD_HEAD + b"\r\nTRACEPARENT: \t00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01 \r\ntracestate:a=1,b=2"
+    cases = [(GOOD_HEAD, None), (GOOD_HEAD + b"\r\nX-Traceparent: no", None), (traced, ("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "a=1,b=2"))]
+    for raw, expected in cases:
+        head = parse_head(raw)
+        assert head is not None
+        assert head.trace_context() == expected
+        fields = head.fields()
+        assert aiohttp_reply.AiohttpHead(fields).trace_context() == expected  # type: ignore[arg-type]
+
+
 def test_session_id_spellings() -> None:
     def sid(query: str) -> str | None:
         head = parse_head(f"POST /servers/demo/messages{query} HTTP/1.1\r\nHost: h".encode())
