@@ -24,8 +24,9 @@ FAULTS: list[Fault] = [
     Fault('traces-config-ratio-ignored', 'bridge/traces/settings.py', '    ratio = traces.sampler.ratio\n', '    ratio = None\n'),
     Fault('traces-imported-always', 'bridge/traces/settings.py', '    found = settings(config, environ)\n    if found is None:\n        return None\n', '    found = settings(config, environ)\n    from bridge.traces import spans  # noqa: F401\n    if found is None:\n        return None\n'),
     # traces/spans.py
-    Fault('traces-parent-ignored', 'bridge/traces/spans.py', '                parent = context\n', ''),
-    Fault('traces-unsampled-parent-traced', 'bridge/traces/spans.py', '                if not span_context.trace_flags.sampled:\n                    return False\n', ''),
+    Fault('traces-parent-ignored', 'bridge/traces/spans.py', '        parent = _parent(meta) if meta.__class__ is dict and "traceparent" in meta else None', '        parent = None'),
+    Fault('traces-header-ignored', 'bridge/traces/spans.py', '        if parent is None:\n            parent = carried\n', ''),
+    Fault('traces-unsampled-parent-traced', 'bridge/traces/spans.py', '        elif not trace.get_current_span(parent).get_span_context().trace_flags.sampled:\n            return False\n', ''),
     Fault('traces-not-injected', 'bridge/traces/spans.py', '        _PROPAGATOR.inject(meta, context=trace.set_span_in_context(span))\n', ''),
     Fault('traces-no-stages', 'bridge/traces/spans.py', '        if sent:\n            span.add_event(', '        if False:\n            span.add_event('),
     Fault('traces-asked-unlinked', 'bridge/traces/spans.py', 'context=trace.set_span_in_context(call), kind=SpanKind.CLIENT', 'context=None, kind=SpanKind.CLIENT'),
