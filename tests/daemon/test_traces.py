@@ -5,6 +5,7 @@ parent, the bridge's span, the server's span, in that order."""
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -63,6 +64,11 @@ async def test_a_call_continues_the_clients_trace_through_the_bridge_into_the_se
         await raw.request("ping", {"_meta": {"traceparent": TRACEPARENT}})
         ping = await r.wait_for(bridge_span("ping"))
         assert ping.parent_id == CLIENT_SPAN and ping.events == []  # never written to the server
+        # The server gets the bridge's span as its parent, and the rest of _meta as it was.
+        seen, _ = await raw.request("tools/call", {"name": "meta", "arguments": {}, "_meta": {"traceparent": TRACEPARENT, "keep": "me"}})
+        meta = json.loads(seen["result"]["content"][0]["text"])
+        mine = await r.wait_for(bridge_span("tools/call meta"))
+        assert meta["traceparent"] == f"00-{TRACE}-{mine.span_id}-01" and meta["keep"] == "me", meta
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -102,7 +108,9 @@ async def test_an_unsampled_parent_is_not_traced_and_a_ratio_of_zero_traces_no_r
         await raw.initialize()
         await raw.request("tools/call", {"name": "echo", "arguments": {"text": "root"}})
         unsampled = f"00-{TRACE}-{CLIENT_SPAN}-00"
-        await raw.request("tools/call", {"name": "echo", "arguments": {"text": "off"}, "_meta": {"traceparent": unsampled}})
+        seen, _ = await raw.request("tools/call", {"name": "meta", "arguments": {}, "_meta": {"traceparent": unsampled, "keep": "me"}})
+        meta = json.loads(seen["result"]["content"][0]["text"])
+        assert meta["traceparent"] == unsampled and meta["keep"] == "me", meta  # reaches the server as it came
         await raw.request("tools/call", {"name": "echo", "arguments": {"text": "on"}, "_meta": {"traceparent": TRACEPARENT}})
         await chain(r, "tools/call echo")  # the sampled parent's: traced whatever the ratio
         traced_calls = [s for s in r.spans if s.service == "mcp-bridge" and s.name == "tools/call echo"]

@@ -6,11 +6,13 @@ Run as ``python tests/servers/traced.py``. Tools:
   echo        its text back
   nap         sleeps `ms` milliseconds, then "rested"
   fail        a tool error (isError)
+  meta        the `_meta` its request came with, as JSON
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 
 from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
@@ -22,7 +24,7 @@ provider = TracerProvider(resource=Resource.create({"service.name": "traced-serv
 provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter()))
 trace.set_tracer_provider(provider)
 
-from mcp.server.mcpserver import MCPServer  # noqa: E402 (after the tracer provider: the SDK's tracer binds to it)
+from mcp.server.mcpserver import Context, MCPServer  # noqa: E402 (after the tracer provider: the SDK's tracer binds to it)
 
 server = MCPServer("traced", version="1.0")
 
@@ -41,6 +43,12 @@ async def nap(ms: int) -> str:
 @server.tool()
 def fail() -> str:
     raise ValueError("it failed, as asked")
+
+
+@server.tool()
+def meta(ctx: Context) -> str:
+    params = ctx.request_context.params or {}
+    return json.dumps(params.get("_meta") or {}, default=str, sort_keys=True)
 
 
 if __name__ == "__main__":
