@@ -440,7 +440,7 @@ SERVER_INFO = "io.modelcontextprotocol/serverInfo"
 
 @pytest.mark.parametrize("path", PATHS)
 async def test_2026_07_28_requests_through_a_group_merge_route_and_resume(bridge: Any, path: str) -> None:
-    async with bridge(team(team={"servers": ["time", "f", "demo"]})) as b:  # the one with resources last
+    async with bridge(team(team={"servers": ["f", "time", "demo"]})) as b:  # the one with resources last
         at = url(b, "team", True)
 
         async def ask(method: str, params: dict[str, Any] | None = None, rid: int = 1, **meta: Any) -> Any:
@@ -467,7 +467,8 @@ async def test_2026_07_28_requests_through_a_group_merge_route_and_resume(bridge
         read = (await ask("resources/read", {"uri": COUNTER})).json()["result"]
         assert read["contents"][0]["uri"] == COUNTER
         gone = await ask("resources/read", {"uri": "nowhere://x"})
-        assert gone.status == 400 and error_of(gone)["code"] == -32602, gone.body
+        # No member has it: the first that says so answers (f serves no resources/read at all: -32601).
+        assert gone.status == 400 and error_of(gone) == {"code": -32602, "message": "Unknown resource: nowhere://x", "data": {"uri": "nowhere://x"}}, gone.body
         assert "demo__greet" in {p["name"] for p in (await ask("prompts/list")).json()["result"]["prompts"]}
         greeting = (await ask("prompts/get", {"name": "demo__greet", "arguments": {"name": "Ada"}})).json()["result"]
         assert "Ada" in greeting["messages"][0]["content"]["text"]
