@@ -269,7 +269,8 @@ class _Counted(SpanExporter):
         else:
             self._spans.dropped += len(batch)
             if (held := self._log.allow()) is not None:
-                logs.get().warning("trace_export_failed", dropped=self._spans.dropped, endpoint=self._spans.settings.endpoint, suppressed=held)
+                # Not the endpoint: a collector's URL may carry its credentials.
+                logs.get().warning("trace_export_failed", dropped=self._spans.dropped, suppressed=held)
         return result
 
     def shutdown(self) -> None:
