@@ -21,6 +21,11 @@ SSE_HEADERS = {
 PING = b": ping\n\n"
 
 
+def event(data: bytes) -> bytes:
+    """One JSON-RPC message as an SSE `message` event."""
+    return b"event: message\ndata: %s\n\n" % data
+
+
 # A peer that stops acknowledging (gone without a reset) is dropped after this long,
 # instead of after the kernel's default of about 15 minutes of retransmissions.
 UNACKED_TIMEOUT_MS = 120_000

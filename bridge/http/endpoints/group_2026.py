@@ -26,7 +26,7 @@ pins, audit, kept sessions, MRTR, forwarding of a retry to the replica holding i
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import msgspec
@@ -40,6 +40,7 @@ from bridge.http.endpoints.base import Post, RequestHead
 from bridge.http.endpoints.stateless_2026 import Parking
 from bridge.http.errors import HttpError
 from bridge.http.reply import EventSink, Reply, later
+from bridge.http.streams import event
 from bridge.protocol import jsonrpc, media, stateless
 from bridge.protocol.jsonrpc import Message
 from bridge.protocol.mcp import LISTEN, NAME_HEADER, STATELESS_VERSION, SUBSCRIPTION_KEY
@@ -68,11 +69,11 @@ def answer(post: Post[Group], msg: Any, reply: Reply, parking: Parking) -> None:
             return
         if method in FANNED:
             asked = _cursors(params, members, rid) if method in LISTS else dict.fromkeys(members)
-            later(reply, _refusing(post, msg, reply, _fan_out(post, msg, reply, parking, names, asked)), "group_request")
+            later(reply, stateless_2026.refusing(post, msg, reply, _fan_out(post, msg, reply, parking, names, asked)), "group_request")
             return
         member, own = _member_of(group, names, parking, msg)
         if member is None:
-            later(reply, _refusing(post, msg, reply, _ask_each(post, msg, reply, parking, members)), "group_request")
+            later(reply, stateless_2026.refusing(post, msg, reply, _ask_each(post, msg, reply, parking, members)), "group_request")
             return
         _to_member(post, member, msg, reply, parking, own)
     except StatelessError as exc:
@@ -385,7 +386,7 @@ class Listening:
                 elif value is True:
                     agreed[flag] = True
         ack = {**ack, "params": {**ack["params"], "notifications": agreed}}
-        self.sink = self.reply.open_stream(None, _event(jsonrpc.encode(ack)) + b"".join(self.held))
+        self.sink = self.reply.open_stream(None, event(jsonrpc.encode(ack)) + b"".join(self.held))
         self.held.clear()
         if not self.open:
             self._end()
@@ -417,7 +418,7 @@ class Listening:
             return
         self.over = True
         done = jsonrpc.result(self.rid, {"resultType": "complete", "_meta": {SUBSCRIPTION_KEY: self.rid}})
-        self.reply.end_stream(_event(jsonrpc.encode(done)))
+        self.reply.end_stream(event(jsonrpc.encode(done)))
 
     def left(self) -> None:
         """The client went: every member's listen ends."""
@@ -470,23 +471,9 @@ class MemberListen:
         self.listening.lefts.append(left)
 
 
-def _event(data: bytes) -> bytes:
-    return b"event: message\ndata: %s\n\n" % data
-
-
 def _send(post: Post[Group], reply: Reply, status: int, body: bytes) -> None:
     """One answer, as the client takes it: a JSON body, else one event."""
     if stateless.accepts(post.accept)[1]:
         reply.whole(status, body)
     else:
-        reply.end_stream(_event(body))
-
-
-async def _refusing(post: Post[Group], msg: Message, reply: Reply, step: Awaitable[None]) -> None:
-    try:
-        await step
-    except StatelessError as exc:
-        stateless_2026.refuse(post.gateway, reply, exc)
-    except HttpError as exc:
-        stateless_2026.name_request(exc, msg)
-        raise
+        reply.end_stream(event(body))

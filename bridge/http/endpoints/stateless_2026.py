@@ -58,6 +58,7 @@ from bridge.http import errors, forward, state, streams
 from bridge.http.endpoints.base import Post
 from bridge.http.errors import HttpError
 from bridge.http.reply import EventSink, Reply, later
+from bridge.http.streams import event
 from bridge.protocol import jsonrpc, mcp, media, stateless
 from bridge.protocol.jsonrpc import Message, RequestId
 from bridge.protocol.stateless import Envelope, StatelessError
@@ -337,8 +338,9 @@ class Parking:
 # ------------------------------------------------------------------ answers
 
 
-async def _refusing(post: Post[Gateway], payload: Message, reply: Reply, step: Awaitable[None]) -> None:
-    """A step run by `reply.later`, whose refusals are answered as `answer` answers them."""
+async def refusing(post: Post[Any], payload: Message, reply: Reply, step: Awaitable[None]) -> None:
+    """A step run by `reply.later`, whose refusals are answered as `answer` answers them (a
+    group's endpoint runs its own so too)."""
     try:
         await step
     except StatelessError as exc:
@@ -463,7 +465,7 @@ def _open_later(
     then: Callable[[StatelessSession], None],
 ) -> None:  # fmt: skip
     """`then`, once the session `_open` made has its process and is adopted."""
-    later(reply, _refusing(post, msg, reply, _opened(post.gateway, session, env, notices, then)), "stateless_request")
+    later(reply, refusing(post, msg, reply, _opened(post.gateway, session, env, notices, then)), "stateless_request")
 
 
 async def _opened(
@@ -541,7 +543,7 @@ class Exchange(Driver):
                     del asked[key], ids[key]
                 continue
             if self.sink is not None or (not asked and _can_stream(self.post.accept)):
-                events.append(_event(data))
+                events.append(event(data))
         if events:
             self._send(b"".join(events))
         if asked:
@@ -567,7 +569,7 @@ class Exchange(Driver):
         if self.sink is None and not events and stateless.accepts(self.post.accept)[1]:
             self.reply.whole(status, body)
         else:
-            self.reply.end_stream(events + _event(body))
+            self.reply.end_stream(events + event(body))
 
     def _finish(self, data: bytes, events: bytes) -> None:
         """The call's answer, finished as it was delivered (`StatelessSession.finish`)."""
@@ -589,7 +591,7 @@ class Exchange(Driver):
         if self.sink is None and stateless.accepts(post.accept)[1]:
             self.reply.whole(200, body)
         else:
-            self.reply.end_stream(_event(body))
+            self.reply.end_stream(event(body))
 
 
 def _can_stream(accept: str) -> bool:
@@ -747,7 +749,7 @@ class Listen(Driver):
                     self.reply.error(HttpError(503, "listen ended before its subscriptions were in place", jsonrpc.SESSION_CLOSED, request_id=self.rid))
                 return
             ack = jsonrpc.notification("notifications/subscriptions/acknowledged", {"_meta": self.meta, "notifications": self._agreed()})
-            self.sink = self.reply.open_stream(None, _event(jsonrpc.encode(ack)))
+            self.sink = self.reply.open_stream(None, event(jsonrpc.encode(ack)))
         events: list[bytes] = []
         while session.queue:
             data, related, _ = session.pop()
@@ -759,12 +761,12 @@ class Listen(Driver):
                 params = note["params"] = {}
             note_meta = params.get("_meta")
             params["_meta"] = {**note_meta, **self.meta} if note_meta.__class__ is dict else self.meta
-            events.append(_event(jsonrpc.encode(note)))
+            events.append(event(jsonrpc.encode(note)))
         if session.ended:
             # The bridge ends it (shutdown, server gone): a response says it ended gracefully.
             done = jsonrpc.result(self.rid, {"resultType": "complete", "_meta": self.meta})
             self.close("ended")
-            self.reply.end_stream(b"".join(events) + _event(jsonrpc.encode(done)))
+            self.reply.end_stream(b"".join(events) + event(jsonrpc.encode(done)))
             return
         if session.ping_due:
             session.ping_due = False
@@ -784,6 +786,3 @@ class Listen(Driver):
             agreed["resourceSubscriptions"] = [uri for i, uri in enumerate(self.uris) if "result" in self.answers[f"{_LISTEN_ID}-{i}"]]
         return agreed
 
-
-def _event(data: bytes) -> bytes:
-    return b"event: message\ndata: %s\n\n" % data
