@@ -26,7 +26,7 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 PYTHONDONTWRITEBYTECODE=1
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY bridge/ bridge/
-RUN pip wheel --wheel-dir /wheels . "uv==${UV_VERSION}"
+RUN pip wheel --wheel-dir /wheels ".[otel]" "uv==${UV_VERSION}"
 
 # ---------------------------------------------------------------- node
 # Node.js and npm come from the official image of the same Debian release
@@ -67,7 +67,7 @@ RUN ln -s ../lib/node_modules/npm/bin/npm-cli.js /usr/local/bin/npm \
 ENV VIRTUAL_ENV=/opt/mcp-bridge PATH=/opt/mcp-bridge/bin:$PATH
 RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
     python -m venv /opt/mcp-bridge \
-    && /opt/mcp-bridge/bin/pip install --no-cache-dir --no-index --find-links=/wheels mcp-bridge uv \
+    && /opt/mcp-bridge/bin/pip install --no-cache-dir --no-index --find-links=/wheels "mcp-bridge[otel]" uv \
     && mcp-bridge --version && uv --version && uvx --version
 
 # A non-root user with a numeric uid (so Kubernetes can verify runAsNonRoot).

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.exposition import choose_encoder
 
 from bridge import logs
 from bridge.access import policy
@@ -63,6 +63,8 @@ def create_app(config: Config) -> web.Application:
         app[TRACES] = traces
         metrics.traces = traces
         app.on_cleanup.append(_stop_traces)
+        if forwarder is not None:
+            forwarder.traces = traces
     limiter = policy.RateLimiter.of(config, live.in_flight, metrics.rate_limited)
     for name, server in config.servers.items():
         gateways[name] = Gateway(
@@ -306,8 +308,10 @@ def _apply_policy(gateway: Gateway, config: Config, limiter: policy.RateLimiter)
 
 
 async def scrape(request: web.Request) -> web.Response:
-    body = generate_latest(request.app[METRICS].registry)
-    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+    # The Prometheus text format, or OpenMetrics when the scraper asks for it (it alone
+    # carries the request-duration exemplars of traced calls).
+    encode, content_type = choose_encoder(request.headers.get("Accept", ""))
+    return web.Response(body=encode(request.app[METRICS].registry), headers={"Content-Type": content_type})
 
 
 async def healthz(request: web.Request) -> web.Response:

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import bisect
 import platform
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from typing import Protocol
 
 from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR, CollectorRegistry, Info
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, Exemplar, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from bridge import __version__
@@ -112,24 +113,34 @@ class ServerView(Protocol):
 class Latency:
     """A histogram as plain numbers: per-bucket counts (the last is +Inf), sum, count."""
 
-    __slots__ = ("buckets", "count", "total")
+    __slots__ = ("buckets", "count", "total", "exemplars")
 
     def __init__(self) -> None:
         self.buckets = [0] * (len(LATENCY_BUCKETS) + 1)
         self.count = 0
         self.total = 0.0
+        # Per bucket, the last traced observation in it (OpenMetrics exemplars); None: none yet.
+        self.exemplars: list[Exemplar | None] | None = None
 
     def observe(self, seconds: float) -> None:
         self.buckets[bisect.bisect_left(LATENCY_BUCKETS, seconds)] += 1
         self.count += 1
         self.total += seconds
 
-    def cumulative(self) -> list[tuple[str, float]]:
+    def exemplar(self, seconds: float, trace_id: str, span_id: str) -> None:
+        """An observation's trace: its bucket's exemplar (the observation itself is `observe`'s)."""
+        if self.exemplars is None:
+            self.exemplars = [None] * len(self.buckets)
+        self.exemplars[bisect.bisect_left(LATENCY_BUCKETS, seconds)] = Exemplar({"trace_id": trace_id, "span_id": span_id}, seconds, time.time())
+
+    def cumulative(self) -> list[tuple[str, float] | tuple[str, float, Exemplar]]:
         running = 0
-        out: list[tuple[str, float]] = []
-        for bound, n in zip((*map(str, LATENCY_BUCKETS), "+Inf"), self.buckets, strict=True):
+        out: list[tuple[str, float] | tuple[str, float, Exemplar]] = []
+        exemplars = self.exemplars
+        for i, (bound, n) in enumerate(zip((*map(str, LATENCY_BUCKETS), "+Inf"), self.buckets, strict=True)):
             running += n
-            out.append((bound, running))
+            exemplar = exemplars[i] if exemplars is not None else None
+            out.append((bound, running) if exemplar is None else (bound, running, exemplar))
         return out
 
 
@@ -196,6 +207,12 @@ class ServerMetrics:
         if latency is None:
             latency = self.durations[label] = Latency()
         latency.observe(seconds)
+
+    def traced(self, method: str, seconds: float, trace_id: str, span_id: str) -> None:
+        """A traced request's trace, as an exemplar of the duration `request_done` observed."""
+        latency = self.durations.get(method_label(method))
+        if latency is not None:
+            latency.exemplar(seconds, trace_id, span_id)
 
 
 class Metrics:

@@ -433,20 +433,25 @@ class Gateway(Registry):
         """The mux's actions for `payload`, with tracing on: each request begins its span
         (traces/spans.py) before the mux rewrites it, and one the mux answered at once (no
         call went to the server) ends it here; a call's ends with `_call_ended`."""
-        began = False
+        began: list[RequestId] = []  # the client's ids: the mux rewrites a request's
         http, session.http_trace = session.http_trace, None
         for msg in payload if payload.__class__ is list else (payload,):
             if msg.__class__ is not dict or "id" not in msg:
                 continue
             if "method" in msg:
-                began = traces.started(session, msg, self.negotiated_version, http) or began
+                if traces.started(session, msg, self.negotiated_version, http):
+                    began.append(msg["id"])
             else:
                 traces.responded(session.id, msg)
-        actions = upstream.mux.from_client(session.id, payload, kind)
+        mux = upstream.mux
+        actions = mux.from_client(session.id, payload, kind)
         if began:
             for action in actions:
                 if isinstance(action, ToSession) and action.final and action.call is None and action.related is not None:
                     traces.answered(action.session, action.related, action.message)
+            for request_id in began:
+                if (why := mux.waiting(session.id, request_id)) is not None:
+                    traces.waiting(session.id, request_id, why.value)
         return actions
 
     # ------------------------------------------------------------------ actions
@@ -539,8 +544,16 @@ class Gateway(Registry):
     def _call_ended(self, call: Call, answer: Message | None) -> None:
         """A call ended, answered or (`answer` None) not. One `audit` event per tools/call,
         prompts/get and resources/read: who, what, how it ended (result, error, cancelled,
-        timeout), how long it took, its trace; never arguments or results. Traced: its span ends."""
+        timeout), how long it took, its trace; never arguments or results. Traced: its span
+        ends, and its duration's bucket takes its trace as exemplar."""
         traces = self.traces
+        ids = traces.ids(call.session, call.client_id) if traces is not None and traces.open else None  # (`open`: none traced, most often)
+        if ids is not None and traces is not None and call.session is not None:
+            if answer is None:
+                traces.abandoned(call.session, call.client_id, "cancelled")
+            else:
+                self.metrics.traced(call.method, time.monotonic() - call.started, *ids)
+                traces.answered(call.session, call.client_id, answer, call.sent_at)
         if call.target is not None:
             code = None
             if answer is None:
@@ -553,7 +566,7 @@ class Gateway(Registry):
             audit = self.audit
             if call.session is not None and (session := self.sessions.get(call.session)) is not None and session.group is not None:
                 audit = self._group_audits.get(session.group) or self._group_audits.setdefault(session.group, audit.bind(group=session.group))
-            if traces is not None and traces.open and (ids := traces.ids(call.session, call.client_id)) is not None:
+            if ids is not None:
                 audit = audit.bind(trace_id=ids[0], span_id=ids[1])
             audit.info(
                 "audit",
@@ -565,11 +578,6 @@ class Gateway(Registry):
                 code=code,
                 duration_ms=round((time.monotonic() - call.started) * 1e6) / 1000,  # to the µs: round(x, 3) formats and parses a decimal
             )
-        if traces is not None and traces.open and call.session is not None:  # (`open`: none traced, most often)
-            if answer is None:
-                traces.abandoned(call.session, call.client_id, "cancelled")
-            else:
-                traces.answered(call.session, call.client_id, answer, call.sent_at)
 
     def flush(self) -> None:
         """Write out what the sessions were given since the last flush: one write per session."""

@@ -512,6 +512,8 @@ class Connection(asyncio.Protocol):
             return
         gateway, session = head.gateway, head.session
         assert gateway is not None and session is not None
+        if gateway.traces is not None:
+            session.http_trace = head.trace_context()
         try:
             self._posts.message(gateway, session, decode_body(body, gateway))
         except HttpError as exc:

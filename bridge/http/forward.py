@@ -38,7 +38,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import AsyncIterator
-from typing import Any, assert_never
+from typing import TYPE_CHECKING, Any, assert_never
 from urllib.parse import quote
 
 import aiohttp
@@ -55,6 +55,11 @@ from bridge.http.reply import EventSink, Reply
 from bridge.metrics import Forwarding
 from bridge.protocol import jsonrpc, media
 from bridge.protocol.mcp import STATELESS_VERSIONS
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
+
+    from bridge.traces.spans import Spans  # imported only when tracing is on (traces/settings.py)
 
 # Meant for one connection only (RFC 9110, 7.6.1), so never passed on.
 HOP_BY_HOP = frozenset(
@@ -88,6 +93,8 @@ class Forwarder:
         self._timeout = aiohttp.ClientTimeout(total=None, connect=None, sock_connect=config.connect_timeout, sock_read=read_timeout)
         self._client: aiohttp.ClientSession | None = None
         self._log = logs.get()
+        self.traces: Spans | None = None  # tracing, when on (the app sets it)
+        self._spans: dict[aiohttp.ClientResponse, Span] = {}  # traced forwards under way, by the owner's answer
 
     async def start(self) -> None:
         self._client = aiohttp.ClientSession(
@@ -173,7 +180,7 @@ class Forwarder:
                         reply.abort()
                         return
             except (TimeoutError, aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
-                self._broken(owner, exc)
+                self._broken(owner, exc, upstream)
                 if sink is None:
                     raise gone from None
                 reply.abort()  # a stream cut before its end reads as broken, not complete
@@ -195,6 +202,9 @@ class Forwarder:
             raise HttpError(503, "too many requests being forwarded to other replicas", headers={"Retry-After": RETRY_AFTER_S})
         self.in_flight += 1
         started = time.monotonic()
+        span = self.traces.forwarding(headers, method, owner.address) if self.traces is not None else None
+        upstream: aiohttp.ClientResponse | None = None
+        error: str | None = None
         try:
             try:
                 upstream = await client.request(
@@ -204,9 +214,13 @@ class Forwarder:
                 # Refused, unreachable, no connection or answer in time, or closed before answering:
                 # what it held is gone with it.
                 counts.outcomes["owner_gone"] += 1
-                self._log.warning("forward_owner_gone", owner=owner.address, epoch=owner.epoch, error=str(exc) or type(exc).__name__)
+                error = "owner_gone"
+                ids = self.traces.log_ids(span) if self.traces is not None else {}
+                self._log.warning("forward_owner_gone", owner=owner.address, epoch=owner.epoch, error=str(exc) or type(exc).__name__, **ids)
                 raise gone from None
             counts.latency.observe(time.monotonic() - started)
+            if span is not None:
+                self._spans[upstream] = span
             async with upstream:
                 epoch = upstream.headers.get(EPOCH_HEADER)
                 outcome = "forwarded"
@@ -214,8 +228,15 @@ class Forwarder:
                     self.cluster.owner_restarted(owner)  # later ids and states of that life: refused with no connection
                     outcome = "owner_restarted"
                 yield upstream, outcome
+        except BaseException as exc:
+            error = error or type(exc).__name__
+            raise
         finally:
             self.in_flight -= 1
+            if span is not None and self.traces is not None:
+                if upstream is not None and self._spans.pop(upstream, None) is None:
+                    error = "broken"  # `_broken` took it out
+                self.traces.forwarded(span, upstream.status if upstream is not None else None, error)
 
     def _request_headers(self, headers: MultiMapping[str], dropped: frozenset[str] = frozenset()) -> CIMultiDict[str]:
         """The client's end-to-end fields, every one in its order (each proxy's X-Forwarded-For
@@ -225,9 +246,11 @@ class Forwarder:
         out[FORWARDED_HEADER] = self.cluster.advertise
         return out
 
-    def _broken(self, owner: Owner, exc: BaseException) -> None:
+    def _broken(self, owner: Owner, exc: BaseException, upstream: aiohttp.ClientResponse) -> None:
         self.counts.outcomes["broken"] += 1
-        self._log.warning("forward_broken", owner=owner.address, error=str(exc) or type(exc).__name__)
+        span = self._spans.pop(upstream, None)  # its span ends as broken
+        ids = self.traces.log_ids(span) if self.traces is not None else {}
+        self._log.warning("forward_broken", owner=owner.address, error=str(exc) or type(exc).__name__, **ids)
 
     async def _relay(self, request: web.Request, upstream: aiohttp.ClientResponse, owner: Owner, outcome: str) -> web.StreamResponse:
         response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
@@ -249,7 +272,7 @@ class Forwarder:
                     break  # ended by the drain: cleanly, between two reads
                 # The owner went mid-answer. Closing before the answer's end (the last chunk, or
                 # Content-Length bytes) is how HTTP says the answer is broken, not complete.
-                self._broken(owner, exc)
+                self._broken(owner, exc, upstream)
                 if request.transport is not None:
                     request.transport.close()
                 raise ConnectionResetError("the owning replica went mid-answer") from None

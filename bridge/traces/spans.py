@@ -17,16 +17,24 @@ Rules
    draw and two lookups: no span is made, and its `_meta` reaches the server as it came.
 4. The span's own context replaces the one in the `_meta` the server gets (nothing else of
    `_meta` changes), so that a server that reads it (the official SDKs do) continues the trace.
-5. When the answer comes, the span gets an event, `written`, at the time the mux wrote the
-   request to the server's stdin: before it, the request waited at the bridge (its turn among
-   the calls the server is given at once, room in the pipe); after it, the server's own time.
-   (An event, not two child spans: a traced call costs half as much.) An error answer sets
+5. The stages of a request are events of its span. One the mux does not write to the server
+   at once gets, on arrival, an event naming why (`core/mux/states.py` `Waiting`): `held`
+   (its turn to be the call a server's question is attributed to), `waiting_for_server` (the
+   process starting, restarting or initializing), `waiting_for_slot` (`max_concurrent_calls`).
+   When the answer comes, an event `written` at the time the mux wrote the request to the
+   server's stdin: before it, the request waited at the bridge; after it, the server's own
+   time. (Events, not child spans: a traced call costs half as much.) An error answer sets
    `error.type` and `rpc.response.status_code` to its JSON-RPC code and the status to ERROR;
    a tool's result with `isError`, `error.type` `tool_error`.
-7. A server's request to the client (sampling, elicitation, roots) attributed to a traced call
+6. A server's request to the client (sampling, elicitation, roots) attributed to a traced call
    is a CLIENT span under that call's, named by its method, from the request to the client's
    answer (for a 2026-07-28 client: to its retry carrying the answer).
-6. Export never waits on the event loop: spans go to the SDK's batch processor (its own
+7. A request one replica forwards to another (the owner of its session, or of the call its
+   `requestState` resumes) is a CLIENT span there, named by its HTTP method with the HTTP
+   client conventions' attributes, under the context of the request's `traceparent` header,
+   from the forward to the owner's answer's end; its own context replaces the header's, so
+   the owner's span has it as parent (no `_meta` context) or as link (rule 2).
+8. Export never waits on the event loop: spans go to the SDK's batch processor (its own
    thread) through a queue of `queue_size`; a span that finds it full, or that the collector
    refuses or never takes, is dropped and counted (`dropped`).
 """
@@ -36,7 +44,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from typing import Any, Final, Protocol, TypeVar
 
 from opentelemetry import trace
@@ -151,6 +159,13 @@ class Spans:
         context = span.get_span_context()
         return f"{context.trace_id:032x}", f"{context.span_id:016x}"
 
+    def waiting(self, session_id: str, request_id: Any, why: str) -> None:
+        """A request the mux did not write to its server at once: why, as an event (rule 5)."""
+        spans = self.open.get(session_id)
+        span = spans.get(request_id) if spans else None
+        if span is not None:
+            span.add_event(why)
+
     def answered(self, session_id: str, request_id: Any, message: Mapping[str, Any], sent: float = 0.0) -> None:
         """A request's answer is delivered (rule 5). `sent`: when the mux wrote it to the server
         (time.monotonic; 0: it was not, the mux answered it itself)."""
@@ -186,10 +201,50 @@ class Spans:
             span.set_status(Status(StatusCode.ERROR, "session_closed"))
             span.end()
 
+    # ------------------------------------------------------------------ forwards
+
+    def forwarding(self, headers: MutableMapping[str, str], method: str, owner: str) -> Span | None:
+        """A request forwarded to the replica that owns its session or call (rule 7): its
+        CLIENT span, whose context replaces the request's own in `headers`; None when it is
+        not traced (its headers then reach the owner as they came)."""
+        parent = _parent(headers) if "traceparent" in headers else None
+        if parent is None:
+            if self._draw() >= self.settings.ratio:
+                return None
+        elif not trace.get_current_span(parent).get_span_context().trace_flags.sampled:
+            return None
+        host, _, port = owner.rpartition(":")
+        attributes: dict[str, str | int] = {"http.request.method": method, "server.address": host.strip("[]"), "server.port": int(port)}
+        span = self.tracer.start_span(method, context=parent, kind=SpanKind.CLIENT, attributes=attributes)
+        while headers.pop("tracestate", None) is not None:  # every line of it: the span's own replaces them
+            pass
+        _PROPAGATOR.inject(headers, context=trace.set_span_in_context(span))
+        return span
+
+    @staticmethod
+    def log_ids(span: Span | None) -> dict[str, str]:
+        """A span's ids as the fields of a log event about what it records (none for no span)."""
+        if span is None:
+            return {}
+        context = span.get_span_context()
+        return {"trace_id": f"{context.trace_id:032x}", "span_id": f"{context.span_id:016x}"}
+
+    @staticmethod
+    def forwarded(span: Span, status: int | None, error: str | None) -> None:
+        """A forward's end: the owner's status, or why there was none or it broke off."""
+        if status is not None:
+            span.set_attribute("http.response.status_code", status)
+            if error is None and status >= 500:
+                error = str(status)
+        if error is not None:
+            span.set_attribute("error.type", error)
+            span.set_status(Status(StatusCode.ERROR, error))
+        span.end()
+
     # ------------------------------------------------------------- server requests
 
     def from_server(self, actions: Sequence[object]) -> None:
-        """A server's requests to a client, among the mux's `actions` for what it read (rule 7)."""
+        """A server's requests to a client, among the mux's `actions` for what it read (rule 6)."""
         for action in actions:
             if action.__class__ is not ToSession:
                 continue

@@ -5,15 +5,23 @@ parent, the bridge's span, the server's span, in that order."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
+from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
-from support.daemon import PY, SERVERS, demo
+from support.daemon import PY, SERVERS, demo, faulty, run_bridge
 from support.otlp import Receiver, Span, receiver
+from support.rawclient import RawSse
 from support.rawstreamable import RawStreamable, tool_call
 from test_modern import PATHS, headers_for, metric, post, request
+from test_replicas import KEY, free_port
+
+from bridge.metrics import LATENCY_BUCKETS
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CLIENT_SPAN = "00f067aa0ba902b7"
@@ -60,6 +68,17 @@ async def test_a_call_continues_the_clients_trace_through_the_bridge_into_the_se
         audit = await b.wait_for("audit", where=lambda e: e.get("name") == "echo")
         assert (audit["trace_id"], audit["span_id"]) == (TRACE, ours.span_id)
         assert await metric(b, 'mcp_bridge_trace_spans_total{outcome="exported"}') >= 1
+        # The call's duration bucket holds its trace as exemplar, served as OpenMetrics only.
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{b.base}/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"}) as resp:
+                assert resp.headers["Content-Type"].startswith("application/openmetrics-text")
+                exemplars = [x for x in (await resp.text()).splitlines() if x.startswith("mcp_bridge_request_duration_seconds_bucket") and " # " in x]
+            async with http.get(f"{b.base}/metrics") as resp:
+                assert resp.headers["Content-Type"].startswith("text/plain") and " # {" not in await resp.text()
+        (bucket,) = exemplars
+        assert 'method="tools/call"' in bucket and f'# {{span_id="{ours.span_id}",trace_id="{TRACE}"}}' in bucket, bucket
+        seconds = float(bucket.split("} ")[-1].split()[0])  # the exemplar's value: the bucket is the one it falls in
+        assert f'le="{min(b for b in LATENCY_BUCKETS if b >= seconds)}"' in bucket, bucket
         # A request the bridge answers itself (no call goes to the server) has its span too, ended.
         await raw.request("ping", {"_meta": {"traceparent": TRACEPARENT}})
         ping = await r.wait_for(bridge_span("ping"))
@@ -180,3 +199,106 @@ async def test_without_meta_the_traceparent_header_is_the_parent_and_with_both_t
         assert reply.stream is not None or reply.json is not None
         ours, _ = await chain(r, "tools/call echo", header_trace)
         assert ours.parent_id == header_span
+
+
+async def test_each_stage_a_call_waits_at_the_bridge_is_an_event_of_its_span(bridge: Any) -> None:
+    slots = {**faulty(), "max_concurrent_calls": 1}
+    held = {**faulty(), "attribution_window": 30}  # a call that can be asked holds the next until it ends
+    crashy = {**faulty(), "restart": {"backoff_initial": 1}}
+    async with receiver() as r:
+        config = {"servers": {"slots": slots, "held": held, "crashy": crashy}, "telemetry": {"traces": {"endpoint": r.url}}}
+        async with bridge(config, env=FAST_EXPORT) as b:
+
+            def span(name: str, rid: str) -> Any:
+                return lambda s: s.service == "mcp-bridge" and s.name == name and s.attributes["jsonrpc.request.id"] == rid
+
+            def stages(s: Span) -> list[str]:
+                return [name for name, _ in s.events]
+
+            # A slot: the second call waits for the first, which holds the server's only one.
+            async with RawStreamable(b.url("slots", "mcp")) as raw:
+                await raw.initialize()
+                first = await raw.post(tool_call("slow", {"ms": 300}, "first"))  # its headers: the call is in
+                response, _ = await raw.request("tools/call", {"name": "echo", "arguments": {"text": "next"}}, request_id="next")
+                assert response["result"]["content"][0]["text"] == "next"
+                assert first.stream is not None
+                await first.stream.response("first")
+                waited = await r.wait_for(span("tools/call echo", "next"))
+                alone = await r.wait_for(span("tools/call slow", "first"))
+                assert stages(waited) == ["waiting_for_slot", "written"] and stages(alone) == ["written"]
+                (written,) = [t for name, t in waited.events if name == "written"]
+                assert written >= alone.end - 50_000_000  # written when the first call's slot freed
+            # Held: a call of a session that can be asked goes alone; the next waits its turn.
+            async with RawStreamable(b.url("held", "mcp")) as a, RawStreamable(b.url("held", "mcp")) as other:
+                await a.initialize(capabilities={"sampling": {}})
+                await other.initialize(capabilities={"sampling": {}})
+                holder = await a.post(tool_call("slow", {"ms": 300}, "holder"))
+                response, _ = await other.request("tools/call", {"name": "echo", "arguments": {"text": "turn"}}, request_id="turn")
+                assert response["result"]["content"][0]["text"] == "turn"
+                assert holder.stream is not None
+                await holder.stream.response("holder")
+                assert stages(await r.wait_for(span("tools/call echo", "turn"))) == ["held", "written"]
+                assert stages(await r.wait_for(span("tools/call slow", "holder"))) == ["written"]
+            # A restart in the middle: the call in flight fails with the process; one that comes
+            # while the next process starts waits for it, and is served by it.
+            async with RawStreamable(b.url("crashy", "mcp")) as raw:
+                await raw.initialize()
+                crashed, _ = await raw.request("tools/call", {"name": "crash", "arguments": {}}, request_id="crash")
+                assert "error" in crashed, crashed
+                response, _ = await raw.request("tools/call", {"name": "echo", "arguments": {"text": "after"}}, request_id="after")
+                assert response["result"]["content"][0]["text"] == "after"
+                lost = await r.wait_for(span("tools/call crash", "crash"))
+                assert lost.status_code == ERROR and stages(lost) == ["written"]
+                assert stages(await r.wait_for(span("tools/call echo", "after"))) == ["waiting_for_server", "written"]
+
+
+async def test_a_forward_between_replicas_is_a_span_between_the_clients_and_the_owners(tmp_path: Path) -> None:
+    header_trace, header_span = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
+    async with receiver() as r, contextlib.AsyncExitStack() as stack:
+        config = {**traced(r), "cluster": {"peer_key": KEY}}
+        homes = tmp_path / "owner", tmp_path / "via"
+        for home in homes:
+            home.mkdir()
+        owner, via = [
+            await stack.enter_async_context(run_bridge(home, config, "--port", str(port), "--advertise", f"127.0.0.1:{port}", env=FAST_EXPORT))
+            for home, port in zip(homes, (free_port(), free_port()), strict=True)
+        ]
+        async with RawStreamable(owner.url("traced", "mcp")) as raw:
+            await raw.initialize()
+            raw.url = via.url("traced", "mcp")
+            traceparent = {"traceparent": f"00-{header_trace}-{header_span}-01", "tracestate": "client=1"}
+            reply = await raw.post(tool_call("echo", {"text": "forwarded"}, "f"), headers=traceparent)
+            response = reply.json if reply.stream is None else (await reply.stream.response("f"))[0]
+            assert response["result"]["content"][0]["text"] == "forwarded"
+            forward = await r.wait_for(lambda s: s.service == "mcp-bridge" and s.kind == CLIENT_KIND and s.trace_id == header_trace)
+            assert forward.name == "POST" and forward.parent_id == header_span
+            assert forward.attributes == {"http.request.method": "POST", "server.address": "127.0.0.1", "server.port": owner.port, "http.response.status_code": 200}
+            ours, _ = await chain(r, "tools/call echo", header_trace)  # at the owner, under the forward
+            # (Not `ours.end <= forward.end`: the owner ends its span once it has written the answer,
+            # which the forwarding replica may have read and relayed by then.)
+            assert ours.parent_id == forward.span_id and forward.start <= ours.start <= forward.end
+            await owner.stop()  # its sessions die with it: the forward finds no one
+            gone = await raw.post(tool_call("echo", {"text": "lost"}, "g"), headers=traceparent)
+            assert gone.status == 404
+            lost = await r.wait_for(lambda s: s.kind == CLIENT_KIND and s.trace_id == header_trace and s.span_id != forward.span_id)
+            assert lost.attributes["error.type"] == "owner_gone" and lost.status_code == ERROR and "http.response.status_code" not in lost.attributes
+            logged = await via.wait_for("forward_owner_gone")
+            assert (logged["trace_id"], logged["span_id"]) == (header_trace, lost.span_id)
+
+
+@pytest.mark.parametrize("path", PATHS)
+async def test_an_http_sse_message_posts_traceparent_header_is_its_requests_parent(bridge: Any, path: str) -> None:
+    header_trace, header_span = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
+    async with receiver() as r, bridge(traced(r), env=FAST_EXPORT) as b, RawSse(b.url("traced", "sse")) as sse:
+        await sse.initialize()
+        body = json.dumps(tool_call("echo", {"text": "sse"}, 3)).encode()
+
+        async def chunked() -> AsyncIterator[bytes]:  # a body the fast path leaves to aiohttp
+            yield body
+
+        headers = {"Content-Type": "application/json", "traceparent": f"00-{header_trace}-{header_span}-01"}
+        async with aiohttp.ClientSession() as http, http.post(sse.endpoint, data=body if path == "fast" else chunked(), headers=headers) as resp:
+            assert resp.status == 202
+        assert (await sse.response(3))["result"]["content"][0]["text"] == "sse"
+        ours, _ = await chain(r, "tools/call echo", header_trace)
+        assert ours.parent_id == header_span and ours.attributes["mcp.session.id"] == sse.session_id

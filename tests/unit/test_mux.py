@@ -12,7 +12,21 @@ from support.playbook import Clock, note, req
 
 from bridge.access.policy import Rule, View
 from bridge.config.schema import Filter
-from bridge.core.mux import CANCELLED_MEMORY, EARLY_NOTES, Abandoned, Broadcast, Discard, Mux, PinsSeen, RestartServer, State, Timer, ToServer, ToSession
+from bridge.core.mux import (
+    CANCELLED_MEMORY,
+    EARLY_NOTES,
+    Abandoned,
+    Broadcast,
+    Discard,
+    Mux,
+    PinsSeen,
+    RestartServer,
+    State,
+    Timer,
+    ToServer,
+    ToSession,
+    Waiting,
+)
 from bridge.core.pins import Gate, Mode, ServerPins
 from bridge.protocol import jsonrpc
 from bridge.protocol.jsonrpc import ProtocolError
@@ -1736,3 +1750,20 @@ def test_an_oversized_response_or_an_unwritten_call_frees_its_slot() -> None:
     assert b1["params"]["who"] == "b1"
     (c1,) = to_server(mux.not_written(b1["id"], "full"))
     assert c1["params"]["who"] == "c1"
+
+
+def test_waiting_says_why_a_call_is_not_written_yet_and_nothing_once_it_is() -> None:
+    """What a traced call's span records on arrival (traces/spans.py, rule 5)."""
+    mux = ready_mux("a", "b", capabilities=SAMPLERS, attribution_window=0.25)
+    (first,) = to_server(mux.from_client("a", req(1, "tools/call")))
+    assert to_server(mux.from_client("b", req(2, "tools/call"))) == []
+    assert (mux.waiting("a", 1), mux.waiting("b", 2), mux.waiting("b", 99), mux.waiting("nobody", 1)) == (None, Waiting.HELD, None, None)
+    mux.from_server(jsonrpc.result(first["id"], {}))  # the holder finished: b's call goes
+    assert mux.waiting("b", 2) is None
+    slots = ready_mux("a", "b", max_calls=1)
+    slots.from_client("a", req(1, "tools/call"))
+    assert to_server(slots.from_client("b", req(1, "tools/call"))) == []
+    assert slots.waiting("b", 1) is Waiting.SLOT
+    slots.server_exited()  # the process gone: what waits, waits for the next one
+    slots.from_client("a", req(2, "tools/call"))
+    assert (slots.waiting("a", 2), slots.waiting("b", 1)) == (Waiting.SERVER, Waiting.SERVER)

@@ -158,10 +158,10 @@ from bridge.core.mux.actions import Abandoned, Action, Broadcast, Call, Discard,
 from bridge.core.mux.mux import CANCELLED_MEMORY, Mux, bridge_initialize_params, negotiate
 from bridge.core.mux.notices import EARLY_NOTES
 from bridge.core.mux.peer import Peer
-from bridge.core.mux.states import IllegalTransition, PeerState, State
+from bridge.core.mux.states import IllegalTransition, PeerState, State, Waiting
 
 __all__ = [
     "CANCELLED_MEMORY", "EARLY_NOTES", "Abandoned", "Action", "Broadcast", "Call", "Discard", "IllegalTransition", "Mux",
     "Peer", "PeerState", "PinsSeen", "RestartServer", "ServerRequest", "State", "Timer", "ToServer", "ToSession",
-    "bridge_initialize_params", "negotiate",
+    "Waiting", "bridge_initialize_params", "negotiate",
 ]  # fmt: skip

@@ -30,7 +30,7 @@ from bridge.core.mux.actions import (
 from bridge.core.mux.notices import Owners
 from bridge.core.mux.peer import ASKABLE, CAPABILITY_FOR, Peer, hears
 from bridge.core.mux.shared import LEVEL_INDEX, Levels, Subscriptions
-from bridge.core.mux.states import PEER_TRANSITIONS, TRANSITIONS, PeerState, State, move
+from bridge.core.mux.states import PEER_TRANSITIONS, TRANSITIONS, PeerState, State, Waiting, move
 from bridge.core.mux.turns import Tally, Turns
 from bridge.core.mux.views import AUDITED
 from bridge.core.pins import Gate
@@ -290,6 +290,19 @@ class Mux:
     def waiting_for_slot(self) -> int:
         """Client calls waiting for a slot under `max_calls` (rule 9)."""
         return self._for_slot.waiting
+
+    def waiting(self, session: str, client_id: RequestId) -> Waiting | None:
+        """Why a client's call is not written to the server yet; None once it is (or when
+        there is no such call). Asked of traced calls only (traces/spans.py, rule 5)."""
+        peer = self._peers.get(session)
+        call = peer.calls.get(client_id) if peer is not None else None
+        if call is None or call.sent:
+            return None
+        if self._held.holds(call.principal, call.upstream_id):
+            return Waiting.HELD
+        if self.state is not _READY:
+            return Waiting.SERVER
+        return Waiting.SLOT
 
     def is_idle(self) -> bool:
         """True when no table holds anything: what every closed session must leave behind."""

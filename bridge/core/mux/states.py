@@ -43,6 +43,15 @@ class PeerState(enum.Enum):
     STATELESS = "stateless"  # a 2026-07-28 request: hears only its own calls and its `notices`
 
 
+class Waiting(enum.Enum):
+    """Why a client's call is not written to its process yet (`Mux.waiting`); the values
+    name the events of a traced call's span (traces/spans.py, rule 5)."""
+
+    HELD = "held"  # its turn to be the call a question is attributed to (rule 4)
+    SERVER = "waiting_for_server"  # the process starting, restarting or initializing
+    SLOT = "waiting_for_slot"  # a slot under `max_calls` (rule 9)
+
+
 S = TypeVar("S", State, PeerState)
 
 _DOWN, _STARTING, _READY, _FAILED = State.DOWN, State.STARTING, State.READY, State.FAILED

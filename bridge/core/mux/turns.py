@@ -67,6 +67,11 @@ class Turns:
         """The principal has no session left here."""
         self._served.pop(principal, None)
 
+    def holds(self, principal: str | None, upstream_id: int) -> bool:
+        """Whether the call with `upstream_id` waits here (among its principal's)."""
+        queue = self._queues.get(principal)
+        return queue is not None and any(msg["id"] == upstream_id for msg in queue)
+
     def remove(self, upstream_id: int) -> bool:
         for principal, queue in self._queues.items():
             for i, msg in enumerate(queue):

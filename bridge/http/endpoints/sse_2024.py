@@ -18,6 +18,7 @@ from aiohttp import web
 
 from bridge.gateway.sessions import Served, Session
 from bridge.http import body, state, streams
+from bridge.http.aiohttp_reply import AiohttpHead
 from bridge.http.errors import HttpError
 from bridge.protocol.jsonrpc import RequestId
 
@@ -166,7 +167,10 @@ def _forwarded_prefix(request: web.Request) -> str:
 async def post_message(request: web.Request) -> web.Response:
     gateway = state.gateway_for(request)
     session = posted_session(gateway, request.query.get("session_id") or request.query.get("sessionId"), state.principal(request))
-    take(gateway, session, await body.read_message(request, gateway))
+    payload = await body.read_message(request, gateway)
+    if gateway.traces is not None:
+        session.http_trace = AiohttpHead(request.headers).trace_context()
+    take(gateway, session, payload)
     return web.Response(status=202, text="Accepted")
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from faults.fault import Fault
 
 TESTS: dict[str, tuple[str, ...]] = {
-    'bridge/app.py': ('tests/daemon/test_operations.py', 'tests/daemon/test_principals.py', 'tests/daemon/test_drain.py', 'tests/daemon/test_groups.py'),
+    'bridge/app.py': ('tests/daemon/test_operations.py', 'tests/daemon/test_principals.py', 'tests/daemon/test_drain.py', 'tests/daemon/test_groups.py', 'tests/daemon/test_traces.py'),
     'bridge/cli.py': ('tests/daemon/test_supervision.py', 'tests/daemon/test_operators.py', 'tests/daemon/test_pinned_servers.py::test_a_lock_file_made_by_pins_lock_is_what_the_daemon_holds_to_and_ctl_shows_what_waits', 'tests/daemon/test_pinned_servers.py::test_a_pins_file_that_is_wrong_stops_start_up_naming_the_key'),
     'bridge/ctl.py': ('tests/daemon/test_operators.py::test_ctl_every_action', 'tests/daemon/test_pinned_servers.py::test_a_lock_file_made_by_pins_lock_is_what_the_daemon_holds_to_and_ctl_shows_what_waits'),
     'bridge/runtime.py': ('tests/unit/test_runtime.py',),
@@ -15,6 +15,7 @@ TESTS: dict[str, tuple[str, ...]] = {
 
 FAULTS: list[Fault] = [
     # app.py
+    Fault('app-scrape-never-openmetrics', 'bridge/app.py', 'choose_encoder(request.headers.get("Accept", ""))', 'choose_encoder("")'),
     Fault('app-ready-while-draining', 'bridge/app.py', '    if request.app[LIVE].draining:\n        problems["drain"]', '    if False:\n        problems["drain"]'),
     Fault('app-status-all-for-everyone', 'bridge/app.py', '    if caller is not None and not caller.admin:', '    if False:'),
     Fault('app-status-servers-not-filtered', 'bridge/app.py', 'for name, g in gateways.items() if caller.may_use(name)}}', 'for name, g in gateways.items()}}'),

@@ -25,7 +25,9 @@ FAULTS: list[Fault] = [
     # group.py
     Fault('gw-mux-answer-span-open', 'bridge/gateway/gateway.py', '                    traces.answered(action.session, action.related, action.message)\n', '                    pass\n'),
     Fault('gw-call-span-open', 'bridge/gateway/gateway.py', '                traces.answered(call.session, call.client_id, answer, call.sent_at)\n', '                pass\n'),
-    Fault('gw-audit-untraced', 'bridge/gateway/gateway.py', '            if traces is not None and traces.open and (ids := traces.ids(call.session, call.client_id)) is not None:', '            if False:'),
+    Fault('gw-audit-untraced', 'bridge/gateway/gateway.py', '            if ids is not None:\n                audit = audit.bind(', '            if False:\n                audit = audit.bind('),
+    Fault('gw-no-exemplar', 'bridge/gateway/gateway.py', '            self.metrics.traced(call.method, time.monotonic() - call.started, *ids)\n', '            pass\n'),
+    Fault('gw-stage-unsaid', 'bridge/gateway/gateway.py', '                    traces.waiting(session.id, request_id, why.value)\n', '                    pass\n'),
     Fault('grp-requests-uncounted', 'bridge/gateway/group.py', '            self.requests[member] += 1\n', '            pass\n'),
     Fault('grp-members-not-filtered-by-token', 'bridge/gateway/group.py', ' and (servers is None or m in servers))', ')'),
     Fault('grp-closed-leaves-members-open', 'bridge/gateway/group.py', '        self._close_members(joined, reason)\n        self.log.info(', '        self.log.info('),

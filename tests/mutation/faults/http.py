@@ -7,7 +7,7 @@ from faults.fault import Fault
 TESTS = {
     'bridge/http/access.py': ('tests/daemon/test_security.py', 'tests/daemon/test_app.py'),
     'bridge/http/body.py': ('tests/daemon/test_fastpath.py',),
-    'bridge/http/forward.py': ('tests/unit/test_cluster.py', 'tests/daemon/test_replicas.py'),
+    'bridge/http/forward.py': ('tests/unit/test_cluster.py', 'tests/daemon/test_replicas.py', 'tests/daemon/test_traces.py::test_a_forward_between_replicas_is_a_span_between_the_clients_and_the_owners'),
     'bridge/http/errors.py': ('tests/unit/test_reply_unit.py', 'tests/daemon/test_modern.py::test_a_sessionless_request_without_the_envelope_is_a_modern_one', 'tests/daemon/test_fastpath.py'),
     'bridge/http/streams.py': ('tests/daemon/test_streamable.py::test_an_initialize_answered_as_a_stream_names_its_session_on_either_path', 'tests/daemon/test_sse_transport.py'),
     'bridge/http/state.py': (
@@ -19,7 +19,7 @@ TESTS = {
     ),
     'bridge/http/reply.py': ('tests/unit/test_reply_unit.py', 'tests/daemon/test_streamable.py'),
     'bridge/http/endpoints/post.py': ('tests/daemon/test_modern.py', 'tests/daemon/test_streamable.py'),
-    'bridge/http/endpoints/sse_2024.py': ('tests/daemon/test_sse_transport.py',),
+    'bridge/http/endpoints/sse_2024.py': ('tests/daemon/test_sse_transport.py', 'tests/daemon/test_traces.py::test_an_http_sse_message_posts_traceparent_header_is_its_requests_parent'),
     'bridge/http/endpoints/streamable_2025.py': ('tests/daemon/test_streamable.py',),
     'bridge/http/endpoints/stateless_2026.py': ('tests/unit/test_stateless_2026_unit.py', 'tests/daemon/test_modern.py'),
     'bridge/http/endpoints/group_2026.py': ('tests/daemon/test_groups.py',),
@@ -28,6 +28,7 @@ TESTS = {
         'tests/daemon/test_streamable.py::test_a_stream_under_way_outlives_the_idle_timeout',
         'tests/daemon/test_replicas.py::test_sse_session_posts_through_the_other_replicas',
         'tests/unit/test_fastpath_head.py', 'tests/daemon/test_fastpath.py',
+        'tests/daemon/test_traces.py::test_an_http_sse_message_posts_traceparent_header_is_its_requests_parent',
     ),
     'bridge/http/endpoints/base.py': ('tests/daemon/test_streamable.py',),
     'bridge/http/aiohttp_reply.py': (
@@ -45,6 +46,8 @@ FAULTS = [
     Fault('body-truncated-taken', 'bridge/http/body.py', '    if decoder is None or not decoder.eof:\n        raise _undecodable', '    if decoder is None:\n        raise _undecodable'),
     Fault('body-stacked-codings-decoded-once', 'bridge/http/body.py', '    if len(codings) > 1 or codings[0] not in _CODINGS:', '    if codings[0] not in _CODINGS:'),
     Fault('body-as-sent-unbounded', 'bridge/http/body.py', '        if taken > limit:\n', '        if False:\n'),
+    Fault('fwd-untraced', 'bridge/http/forward.py', 'span = self.traces.forwarding(headers, method, owner.address) if self.traces is not None else None', 'span = None'),
+    Fault('fwd-owner-gone-unmarked', 'bridge/http/forward.py', '                error = "owner_gone"\n', ''),
     Fault('fwd-connection-named-forwarded', 'bridge/http/forward.py', 'skipped = HOP_BY_HOP | connection_named(headers) | dropped', 'skipped = HOP_BY_HOP | dropped'),
     Fault('fwd-te-forwarded', 'bridge/http/forward.py', '"proxy-connection", "te", "trailer"', '"proxy-connection", "trailer"'),
     Fault('fwd-not-marked', 'bridge/http/forward.py', '        out[FORWARDED_HEADER] = self.cluster.advertise\n', ''),
@@ -73,6 +76,8 @@ FAULTS = [
     Fault('post-envelope-ignored', 'bridge/http/endpoints/post.py', 'if stateless.is_stateless(payload) or (post.session_id is None and _lone_request(payload)):', 'if post.session_id is None and _lone_request(payload):'),
     Fault('post-lone-notification-is-2026', 'bridge/http/endpoints/post.py', '        and jsonrpc.is_id(payload.get("id"))\n', ''),
     # endpoints/sse_2024.py
+    Fault('sse-message-header-unread', 'bridge/http/endpoints/sse_2024.py', '        session.http_trace = AiohttpHead(request.headers).trace_context()\n', '        pass\n'),
+    Fault('fast-message-header-unread', 'bridge/http/fastpath.py', '            session.http_trace = head.trace_context()\n', '            pass\n'),
     Fault('sse-ended-session-takes-posts', 'bridge/http/endpoints/sse_2024.py', '    if session.ended:  # while its body was arriving\n        raise HttpError(404, "unknown session")\n', ''),
     Fault('sse-other-transport-session', 'bridge/http/endpoints/sse_2024.py', 'if session is None or session.transport != SseSession.transport:', 'if session is None:'),
     Fault('sse-byte-bound-ignored', 'bridge/http/endpoints/sse_2024.py', '        if self._waiting_bytes + (out.get_write_buffer_size() if out is not None else 0) > self._byte_limit:\n            return False\n', ''),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from faults.fault import Fault
 
 TESTS: dict[str, tuple[str, ...]] = {
-    'bridge/metrics.py': ('tests/unit/test_metrics_unit.py', 'tests/daemon/test_metrics.py', 'tests/daemon/test_pinned_servers.py::test_warn_serves_a_change_and_reports_it_once'),
+    'bridge/metrics.py': ('tests/unit/test_metrics_unit.py', 'tests/daemon/test_metrics.py', 'tests/daemon/test_traces.py', 'tests/daemon/test_pinned_servers.py::test_warn_serves_a_change_and_reports_it_once'),
     'bridge/logs.py': ('tests/unit/test_logs_unit.py', 'tests/daemon/test_logs.py'),
     'bridge/traces/settings.py': ('tests/unit/test_traces_settings.py', 'tests/daemon/test_traces.py'),
     'bridge/traces/spans.py': ('tests/daemon/test_traces.py',),
@@ -19,6 +19,7 @@ FAULTS: list[Fault] = [
     Fault('metrics-buckets-not-cumulative', 'bridge/metrics.py', '            running += n\n', '            running = n\n'),
     Fault('metrics-exited-cpu-forgotten', 'bridge/metrics.py', '        self._cpu_exited += sum(cpu for key, cpu in self._cpu_seen.items() if key not in seen)\n', ''),
     Fault('metrics-stateless-sessions-counted', 'bridge/metrics.py', 'return sum(self.sessions_opened.values()) - self.sessions_opened["stateless"]', 'return sum(self.sessions_opened.values())'),
+    Fault('metrics-exemplar-other-bucket', 'bridge/metrics.py', '        self.exemplars[bisect.bisect_left(LATENCY_BUCKETS, seconds)] = ', '        self.exemplars[-1] = '),
     # traces/settings.py
     Fault('traces-env-endpoint-ignored', 'bridge/traces/settings.py', '    if traces is None and (not env_endpoint or', '    if traces is None and (True or'),
     Fault('traces-config-ratio-ignored', 'bridge/traces/settings.py', '    ratio = traces.sampler.ratio\n', '    ratio = None\n'),
@@ -33,6 +34,8 @@ FAULTS: list[Fault] = [
     Fault('traces-answer-never-ends-asked', 'bridge/traces/spans.py', '        if span is None:\n            return\n        if isinstance(error := msg.get("error"), dict):', '        if True:\n            return\n        if isinstance(error := msg.get("error"), dict):'),
     Fault('traces-tool-error-unmarked', 'bridge/traces/spans.py', '        elif isinstance(result := message.get("result"), dict) and result.get("isError") is True:', '        elif False:'),
     Fault('traces-failed-export-uncounted', 'bridge/traces/spans.py', '            self._spans.dropped += len(batch)\n', '            pass\n'),
+    Fault('traces-forward-context-not-passed', 'bridge/traces/spans.py', '        _PROPAGATOR.inject(headers, context=trace.set_span_in_context(span))\n        return span\n', '        return span\n'),
+    Fault('traces-stage-not-recorded', 'bridge/traces/spans.py', '        if span is not None:\n            span.add_event(why)\n', ''),
     Fault('traces-session-id-on-stateless', 'bridge/traces/spans.py', '        if session.transport == "stateless":', '        if False:'),
     # logs.py
     Fault('logs-throttle-count-kept', 'bridge/logs.py', '        held, self.suppressed = self.suppressed, 0', '        held = self.suppressed'),
