@@ -549,11 +549,12 @@ class Gateway(Registry):
         traces = self.traces
         ids = traces.ids(call.session, call.client_id) if traces is not None and traces.open else None  # (`open`: none traced, most often)
         if ids is not None and traces is not None and call.session is not None:
+            sent = call.sent_at if call.sent else 0.0  # (a call waiting for a slot has a `sent_at` too)
             if answer is None:
-                traces.abandoned(call.session, call.client_id, "cancelled")
+                traces.abandoned(call.session, call.client_id, "cancelled", sent)
             else:
                 self.metrics.traced(call.method, time.monotonic() - call.started, *ids)
-                traces.answered(call.session, call.client_id, answer, call.sent_at)
+                traces.answered(call.session, call.client_id, answer, sent)
         if call.target is not None:
             code = None
             if answer is None:
@@ -578,6 +579,12 @@ class Gateway(Registry):
                 code=code,
                 duration_ms=round((time.monotonic() - call.started) * 1e6) / 1000,  # to the µs: round(x, 3) formats and parses a decimal
             )
+
+    def trace_fields(self, session_id: str, request_id: RequestId) -> dict[str, str]:
+        """The trace and span id of a request in flight, as the fields of a log event about
+        it; none when it is not traced."""
+        ids = self.traces.ids(session_id, request_id) if self.traces is not None else None
+        return {"trace_id": ids[0], "span_id": ids[1]} if ids is not None else {}
 
     def flush(self) -> None:
         """Write out what the sessions were given since the last flush: one write per session."""

@@ -185,10 +185,13 @@ class Spans:
             span.set_status(Status(StatusCode.ERROR, "tool_error"))
         span.end(now)
 
-    def abandoned(self, session_id: str, request_id: Any, why: str) -> None:
-        """A request that ends with no answer delivered (cancelled, its session closed)."""
+    def abandoned(self, session_id: str, request_id: Any, why: str, sent: float = 0.0) -> None:
+        """A request that ends with no answer delivered (cancelled, its session closed);
+        `sent` as for `answered`."""
         span = self._pop(session_id, request_id)
         if span is not None:
+            if sent:
+                span.add_event("written", timestamp=time.time_ns() - int((time.monotonic() - sent) * 1e9))
             span.set_attribute("error.type", why)
             span.set_status(Status(StatusCode.ERROR, why))
             span.end()

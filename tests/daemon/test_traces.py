@@ -5,6 +5,7 @@ parent, the bridge's span, the server's span, in that order."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import time
@@ -15,7 +16,7 @@ from typing import Any
 import aiohttp
 import pytest
 from support.daemon import PY, SERVERS, demo, faulty, run_bridge
-from support.otlp import Receiver, Span, receiver
+from support.otlp import Receiver, Span, grpc_receiver, receiver
 from support.rawclient import RawSse
 from support.rawstreamable import RawStreamable, tool_call
 from test_modern import PATHS, headers_for, metric, post, request
@@ -39,6 +40,14 @@ def traced(r: Receiver, ratio: float = 1.0) -> dict[str, Any]:
 
 def bridge_span(name: str, trace: str = TRACE) -> Any:
     return lambda s: s.service == "mcp-bridge" and s.name == name and s.trace_id == trace
+
+
+async def exported(b: Any) -> None:
+    """Until the bridge counts a span exported: once the collector's answer is back, which
+    may be after the collector has the span."""
+    async with asyncio.timeout(5):
+        while await metric(b, 'mcp_bridge_trace_spans_total{outcome="exported"}') < 1:
+            await asyncio.sleep(0.02)
 
 
 async def chain(r: Receiver, name: str, trace: str = TRACE) -> tuple[Span, Span]:
@@ -67,7 +76,7 @@ async def test_a_call_continues_the_clients_trace_through_the_bridge_into_the_se
         assert not [s for s in r.spans if s.parent_id == ours.span_id and s.service == "mcp-bridge"]
         audit = await b.wait_for("audit", where=lambda e: e.get("name") == "echo")
         assert (audit["trace_id"], audit["span_id"]) == (TRACE, ours.span_id)
-        assert await metric(b, 'mcp_bridge_trace_spans_total{outcome="exported"}') >= 1
+        await exported(b)
         # The call's duration bucket holds its trace as exemplar, served as OpenMetrics only.
         async with aiohttp.ClientSession() as http:
             async with http.get(f"{b.base}/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"}) as resp:
@@ -302,3 +311,31 @@ async def test_an_http_sse_message_posts_traceparent_header_is_its_requests_pare
         assert (await sse.response(3))["result"]["content"][0]["text"] == "sse"
         ours, _ = await chain(r, "tools/call echo", header_trace)
         assert ours.parent_id == header_span and ours.attributes["mcp.session.id"] == sse.session_id
+
+
+async def test_spans_go_over_grpc_with_the_configured_headers(bridge: Any) -> None:
+    async with grpc_receiver() as r:
+        traces = {"endpoint": r.url, "protocol": "grpc", "headers": {"x-api-key": "collector-key"}}
+        async with bridge({"servers": {"demo": demo()}, "telemetry": {"traces": traces}}, env=FAST_EXPORT) as b, RawStreamable(b.url("demo", "mcp")) as raw:
+            await raw.initialize()
+            await raw.request("tools/call", {"name": "echo", "arguments": {"text": "g"}, "_meta": {"traceparent": TRACEPARENT}})
+            ours = await r.wait_for(bridge_span("tools/call echo"))
+            assert ours.parent_id == CLIENT_SPAN and ours.kind == SERVER_KIND
+            assert r.headers["x-api-key"] == "collector-key"
+            await exported(b)
+
+
+async def test_a_2026_07_28_call_left_waiting_for_its_input_is_logged_and_ended_with_its_trace(bridge: Any) -> None:
+    async with receiver() as r:
+        config = {"servers": {"demo": demo()}, "limits": {"request_state_ttl": 1}, "telemetry": {"traces": {"endpoint": r.url}}}
+        async with bridge(config, env=FAST_EXPORT) as b:
+            call = request("tools/call", {"name": "sample", "arguments": {"prompt": "p"}}, rid=1, capabilities={"sampling": {}})
+            call["params"]["_meta"]["traceparent"] = TRACEPARENT
+            answer = await post(b.url("demo", "mcp"), call, headers_for(call))
+            assert answer.json()["result"]["resultType"] == "input_required"
+            expired = await b.wait_for("input_expired", timeout=10)  # no retry within the ttl
+            ours = await r.wait_for(bridge_span("tools/call sample"))
+            assert (expired["trace_id"], expired["span_id"]) == (TRACE, ours.span_id)
+            assert ours.status_code == ERROR and ours.attributes["error.type"] == "cancelled" and "written" in [name for name, _ in ours.events]
+            asked = await r.wait_for(bridge_span("sampling/createMessage"))
+            assert asked.parent_id == ours.span_id and asked.status_code == ERROR

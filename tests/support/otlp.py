@@ -1,5 +1,5 @@
-"""A real OTLP/HTTP trace receiver on loopback, for tests: what collectors are sent, decoded with
-the official `opentelemetry-proto` messages, kept as flat `Span`s."""
+"""Real OTLP trace receivers on loopback, for tests, over HTTP and over gRPC: what collectors are
+sent, decoded with the official `opentelemetry-proto` messages, kept as flat `Span`s."""
 
 from __future__ import annotations
 
@@ -9,8 +9,10 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import grpc
 from aiohttp import web
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest, ExportTraceServiceResponse
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2_grpc import TraceServiceServicer, add_TraceServiceServicer_to_server
 
 
 @dataclass
@@ -42,10 +44,17 @@ class Receiver:
     requests: int = 0
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
 
+    headers: dict[str, str] = field(default_factory=dict)  # of the last export (lower-case names)
+
     async def handle(self, request: web.Request) -> web.Response:
         export = ExportTraceServiceRequest()
         export.ParseFromString(await request.read())
+        self.take(export, {k.lower(): v for k, v in request.headers.items()})
+        return web.Response(body=ExportTraceServiceResponse().SerializeToString(), content_type="application/x-protobuf")
+
+    def take(self, export: ExportTraceServiceRequest, headers: dict[str, str]) -> None:
         self.requests += 1
+        self.headers = headers
         for resource_spans in export.resource_spans:
             service = next((_value(a.value) for a in resource_spans.resource.attributes if a.key == "service.name"), "")
             for scope in resource_spans.scope_spans:
@@ -59,7 +68,6 @@ class Receiver:
                         )
                     )  # fmt: skip
         self._changed.set()
-        return web.Response(body=ExportTraceServiceResponse().SerializeToString(), content_type="application/x-protobuf")
 
     async def wait_for(self, where: Callable[[Span], bool], timeout: float = 10.0) -> Span:
         """The first span received that satisfies `where`."""
@@ -88,3 +96,27 @@ async def receiver() -> AsyncIterator[Receiver]:
         yield got
     finally:
         await runner.cleanup()
+
+
+class _Service(TraceServiceServicer):
+    def __init__(self, got: Receiver) -> None:
+        self.got = got
+
+    async def Export(self, request: ExportTraceServiceRequest, context: grpc.aio.ServicerContext[Any, Any]) -> ExportTraceServiceResponse:  # noqa: N802 (the service's name)
+        self.got.take(request, {k.lower(): v for k, v in context.invocation_metadata() or () if isinstance(v, str)})
+        return ExportTraceServiceResponse()
+
+
+@asynccontextmanager
+async def grpc_receiver() -> AsyncIterator[Receiver]:
+    """A receiver of OTLP over gRPC (plaintext) at http://127.0.0.1:PORT, stopped on exit."""
+    got = Receiver()
+    server = grpc.aio.server()
+    add_TraceServiceServicer_to_server(_Service(got), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    got.url = f"http://127.0.0.1:{port}"
+    try:
+        yield got
+    finally:
+        await server.stop(None)

@@ -319,7 +319,8 @@ class Parking:
     def expire(self, key: str) -> None:
         parked = self.unpark(key)
         if parked is not None:
-            parked.gateway.log.info("input_expired", method=parked.method, principal=parked.principal, asked=len(parked.asked))
+            trace = parked.gateway.trace_fields(parked.session.id, parked.call_id)
+            parked.gateway.log.info("input_expired", method=parked.method, principal=parked.principal, asked=len(parked.asked), **trace)
             parked.gateway.close_session(parked.session, "input_timeout")
 
     def learn_tools(self, server: str, result: Any) -> None:
@@ -676,7 +677,8 @@ def _spoil(parking: Parking, key: str | None, post: Post[Gateway], why: str) -> 
     if parked is None or parked.principal != post.principal or parked.gateway is not post.gateway:
         return
     parking.unpark(key)
-    post.gateway.log.info("input_refused", method=parked.method, principal=parked.principal, reason=why)
+    trace = post.gateway.trace_fields(parked.session.id, parked.call_id)
+    post.gateway.log.info("input_refused", method=parked.method, principal=parked.principal, reason=why, **trace)
     post.gateway.close_session(parked.session, "input_refused")
 
 

@@ -24,7 +24,8 @@ TESTS: dict[str, tuple[str, ...]] = {
 FAULTS: list[Fault] = [
     # group.py
     Fault('gw-mux-answer-span-open', 'bridge/gateway/gateway.py', '                    traces.answered(action.session, action.related, action.message)\n', '                    pass\n'),
-    Fault('gw-call-span-open', 'bridge/gateway/gateway.py', '                traces.answered(call.session, call.client_id, answer, call.sent_at)\n', '                pass\n'),
+    Fault('gw-call-span-open', 'bridge/gateway/gateway.py', '                traces.answered(call.session, call.client_id, answer, sent)\n', '                pass\n'),
+    Fault('gw-log-untraced', 'bridge/gateway/gateway.py', '        return {"trace_id": ids[0], "span_id": ids[1]} if ids is not None else {}', '        return {}'),
     Fault('gw-audit-untraced', 'bridge/gateway/gateway.py', '            if ids is not None:\n                audit = audit.bind(', '            if False:\n                audit = audit.bind('),
     Fault('gw-no-exemplar', 'bridge/gateway/gateway.py', '            self.metrics.traced(call.method, time.monotonic() - call.started, *ids)\n', '            pass\n'),
     Fault('gw-stage-unsaid', 'bridge/gateway/gateway.py', '                    traces.waiting(session.id, request_id, why.value)\n', '                    pass\n'),
