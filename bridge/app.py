@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import threading
 import time
-from typing import TYPE_CHECKING
 
 import msgspec
 from aiohttp import web
@@ -23,7 +22,7 @@ from bridge.gateway import health
 from bridge.gateway.gateway import DRAIN_QUIET_S, Gateway
 from bridge.gateway.group import Group
 from bridge.gateway.pinsfile import PinsFile
-from bridge.http import access, errors, forward, state
+from bridge.http import access, errors, forward, state, traced
 from bridge.http.endpoints import sse_2024, streamable_2025
 from bridge.http.endpoints.post import POSTS, Posts, post_mcp
 from bridge.http.state import GATEWAYS, GROUPS, LIVE, METRICS, Live
@@ -32,12 +31,8 @@ from bridge.ops import admin, statuspage
 from bridge.process.pool import Slots
 from bridge.traces import settings as trace_settings
 
-if TYPE_CHECKING:
-    from bridge.traces.spans import Spans  # imported only when tracing is on
-
 DRAIN_POLL_S = 0.05
 TRACES_FLUSH_S = 2.0  # at shutdown, what is queued for the collector gets this long
-TRACES: web.AppKey[Spans] = web.AppKey("traces")
 
 
 def create_app(config: Config) -> web.Application:
@@ -56,15 +51,17 @@ def create_app(config: Config) -> web.Application:
     app[LIVE] = live
     app[METRICS] = metrics
     app[GATEWAYS] = gateways
-    forwarder = _add_cluster(app, config) if config.cluster is not None else None
-    app[POSTS] = Posts(forwarder)
     traces = trace_settings.start(config)
     if traces is not None:
-        app[TRACES] = traces
+        app[state.TRACES] = traces
         metrics.traces = traces
         app.on_cleanup.append(_stop_traces)
-        if forwarder is not None:
-            forwarder.traces = traces
+        # After the access check (a refused request has no span), before forwarding (whose span is its child).
+        app.middlewares.append(traced.middleware(traces, "https" if config.listen.tls is not None else "http"))
+    forwarder = _add_cluster(app, config) if config.cluster is not None else None
+    app[POSTS] = Posts(forwarder)
+    if forwarder is not None:
+        forwarder.traces = traces
     limiter = policy.RateLimiter.of(config, live.in_flight, metrics.rate_limited)
     for name, server in config.servers.items():
         gateways[name] = Gateway(
@@ -152,7 +149,7 @@ async def _stop_traces(app: web.Application) -> None:
 
     def flush() -> None:
         try:
-            app[TRACES].shutdown()
+            app[state.TRACES].shutdown()
         finally:
             loop.call_soon_threadsafe(_settle, done)
 
@@ -248,7 +245,7 @@ async def apply_config(app: web.Application, new: Config) -> None:
         )
         _mint_cluster_ids(app, gateways[name])
         gateways[name].set_pins(live.pins)
-        gateways[name].traces = app.get(TRACES)
+        gateways[name].traces = app.get(state.TRACES)
         await gateways[name].start()
     live.processes.changed()  # a higher cap may let waiting sessions in
     limiter = policy.RateLimiter.of(new, live.in_flight, metrics.rate_limited)

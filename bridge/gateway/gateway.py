@@ -477,6 +477,10 @@ class Gateway(Registry):
                     session = self.sessions.get(sid)
                     if session is None:
                         continue
+                    if call is not None:  # the call's answer: once per call, ended before it is written
+                        metrics.request_done(call.method, time.monotonic() - call.started)
+                        if call.target is not None or self.traces is not None:
+                            self._call_ended(call, message)
                     if final and (finish := session.finish) is not None:
                         finish(message)
                     data = encode(message)
@@ -486,10 +490,6 @@ class Gateway(Registry):
                     unflushed[session] = None
                     if not session.deliver(data, related, final):
                         slow.append(session)
-                    if call is not None:  # the call's answer: once per call
-                        metrics.request_done(call.method, time.monotonic() - call.started)
-                        if call.target is not None or self.traces is not None:
-                            self._call_ended(call, message)
                 case _:
                     self._carry_out(upstream, action, slow)
         if slow:

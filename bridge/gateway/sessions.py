@@ -12,13 +12,16 @@ import asyncio
 import secrets
 import time
 from collections.abc import Callable, Hashable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from structlog.typing import FilteringBoundLogger
 
 from bridge.config.schema import Limits
 from bridge.metrics import ServerMetrics
 from bridge.protocol.jsonrpc import Kind, Message, RequestId
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
 
 KEEPALIVE_PASSES = 5  # checks per keepalive interval: comments come every 4/5 to 5/5 of it
 KEEPALIVE_SLICE = 64  # keepalives written between yields to the event loop
@@ -43,9 +46,9 @@ class Session:
     # the errors this delivers (a 2026-07-28 call, answered by one) closes it for this reason.
     ending: str | None = None
     group: str | None = None  # the group it serves (a group session's member session, or a 2026-07-28 request's)
-    # Tracing on: the W3C trace context (traceparent, tracestate) of the HTTP request that
-    # carries the message being routed, set by its endpoint and taken by the gateway.
-    http_trace: tuple[str, str] | None = None
+    # Tracing on: the span of the HTTP request that carries the message being routed (an
+    # opentelemetry Span, http/traced.py), set by its endpoint and taken by the gateway.
+    http_trace: Span | None = None
 
     def __init__(self, server: str, owner: str | None, session_id: str | None = None) -> None:
         self.id = session_id or new_session_id()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 from multidict import CIMultiDictProxy
@@ -15,14 +16,18 @@ from bridge.http.reply import chunk
 from bridge.protocol import media, stateless
 from bridge.protocol.mcp import SESSION_HEADER, VERSION_HEADER
 
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
+
 
 class AiohttpHead:
     """A `RequestHead` over an aiohttp request (the fast path's `Head` is the other)."""
 
-    __slots__ = ("_headers",)
+    __slots__ = ("_headers", "_span")
 
-    def __init__(self, headers: CIMultiDictProxy[str]) -> None:
+    def __init__(self, headers: CIMultiDictProxy[str], span: Span | None = None) -> None:
         self._headers = headers
+        self._span = span
 
     def fields(self) -> CIMultiDictProxy[str]:
         return self._headers
@@ -33,6 +38,9 @@ class AiohttpHead:
     def trace_context(self) -> tuple[str, str] | None:
         parent = self._headers.get("traceparent")
         return (parent, self._headers.get("tracestate", "")) if parent else None
+
+    def http_span(self) -> Span | None:
+        return self._span
 
 
 class AiohttpReply:

@@ -37,6 +37,7 @@ from collections.abc import Callable, Mapping
 from email.utils import formatdate
 from http import HTTPStatus
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 
 import msgspec
 from aiohttp import web
@@ -53,6 +54,11 @@ from bridge.http.endpoints.base import Dispatcher, Post
 from bridge.http.errors import INTERNAL_ERROR, HttpError
 from bridge.protocol import mcp, stateless
 from bridge.protocol.mcp import SESSION_HEADER
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
+
+    from bridge.traces.spans import Spans  # imported only when tracing is on (traces/settings.py)
 
 MAX_HEAD = 8190  # aiohttp's limit on one line; a longer head (of any shape) is aiohttp's to judge
 MAX_FIELDS = 100  # under aiohttp's limit of 128 headers: more are aiohttp's to judge
@@ -119,6 +125,7 @@ class Head(msgspec.Struct, eq=False):
     close: bool = False
     found: dict[bytes, bytes] = msgspec.field(default_factory=dict)  # by lower-case name (of a repeat not read here, the last)
     raw: bytes = b""  # the head as read: Mcp-Param-* and a forwarded MRTR retry's headers come from it
+    span: Span | None = None  # tracing on: its span, until its answer is complete
 
     # A `RequestHead` (endpoints/base.py): what a 2026-07-28 endpoint reads later, from `raw`.
     def fields(self) -> CIMultiDict[str]:
@@ -126,6 +133,9 @@ class Head(msgspec.Struct, eq=False):
 
     def mirrored(self) -> stateless.Headers:
         return _mirrored(self)
+
+    def http_span(self) -> Span | None:
+        return self.span
 
     def trace_context(self) -> tuple[str, str] | None:
         parent = _TRACEPARENT.search(self.raw)
@@ -339,6 +349,7 @@ class Connection(asyncio.Protocol):
         self._gateways = app[state.GATEWAYS]
         self._groups = app[state.GROUPS]
         self._rejected = app[state.METRICS].rejected
+        self._traces = app.get(state.TRACES)
         self._cluster = app.get(forward.CLUSTER)  # with one, only sessions of this replica are served here
         self._idle_timeout = idle_timeout  # limits.keepalive_timeout, as aiohttp's keepalive_timeout
         self._fallback = fallback
@@ -377,6 +388,7 @@ class Connection(asyncio.Protocol):
         if busy is not None:
             self._served(busy)
             busy.left()  # as aiohttp cancels a handler whose client went away
+            busy.cut()
 
     def pause_writing(self) -> None:
         # A client that sends requests without reading the answers waits until it reads them.
@@ -507,13 +519,15 @@ class Connection(asyncio.Protocol):
         if head.refusal is not None:
             self._reply_error(head, head.refusal, linger)
             return
+        if self._traces is not None:
+            self._trace(self._traces, head)
         if head.mcp:
             self._start_mcp(head, body)
             return
         gateway, session = head.gateway, head.session
         assert gateway is not None and session is not None
         if gateway.traces is not None:
-            session.http_trace = head.trace_context()
+            session.http_trace = head.span
         try:
             self._posts.message(gateway, session, decode_body(body, gateway))
         except HttpError as exc:
@@ -523,6 +537,19 @@ class Connection(asyncio.Protocol):
             self._reply_error(head, INTERNAL_ERROR)
         else:
             self._reply(head, 202, _ACCEPTED_BODY, _TEXT, None)
+
+    def _trace(self, traces: Spans, head: Head) -> None:
+        """Tracing on: the request's span, as aiohttp's path makes it (http/traced.py)."""
+        route = (state.GROUP_MCP_ROUTE if head.mcp else state.GROUP_MESSAGES_ROUTE) if head.group else (state.MCP_ROUTE if head.mcp else state.MESSAGES_ROUTE)
+        path = route.replace("{group}" if head.group else "{name}", head.server)
+        scheme = "https" if self._live.config.listen.tls is not None else "http"
+        head.span = traces.http_started("POST", route, path, scheme, head.trace_context())
+
+    def _traced_end(self, head: Head, status: int | None) -> None:
+        """Its answer is complete (`status`), or cut off (None): its span ends."""
+        if head.span is not None and self._traces is not None:
+            self._traces.http_ended(head.span, status)
+            head.span = None
 
     def _start_mcp(self, head: Head, body: bytes) -> None:
         gateway = head.gateway
@@ -612,6 +639,8 @@ class Connection(asyncio.Protocol):
         if cors is not None:
             headers = {**headers, **cors} if headers else cors
         transport.write(render(status, body, content_type, headers, head.close))
+        if head.span is not None:
+            self._traced_end(head, status)
         if head.close and linger:
             self._linger()
         elif head.close:
@@ -736,6 +765,8 @@ class _Reply:
         if not self.streaming:
             self.open_stream(None)  # ended before it began: still a stream, an empty one
         self._connection.write(reply.chunk(last) + reply.LAST_CHUNK if last else reply.LAST_CHUNK)  # one write: one send
+        if self._head.span is not None:
+            self._connection._traced_end(self._head, 200)
         if self._head.close:
             self._connection.close()
         self._done()
@@ -744,7 +775,13 @@ class _Reply:
         if self._ended:
             return
         self._connection.close()
+        self.cut()
         self._done()
+
+    def cut(self) -> None:
+        """Its client went, or it was cut off: its span (if any) ends so."""
+        if self._head.span is not None:
+            self._connection._traced_end(self._head, None)
 
     def watch(self, left: Callable[[], object]) -> None:
         self._left = left

@@ -49,7 +49,7 @@ from multidict import CIMultiDict, MultiMapping
 from bridge import logs
 from bridge.config.schema import Cluster as ClusterConfig
 from bridge.core.cluster import EPOCH_HEADER, FORWARDED_HEADER, Cluster, Forward, Gone, Local, Owner
-from bridge.http import state, streams
+from bridge.http import state, streams, traced
 from bridge.http.errors import RETRY_AFTER_S, HttpError
 from bridge.http.reply import EventSink, Reply
 from bridge.metrics import Forwarding
@@ -124,7 +124,7 @@ class Forwarder:
         gone = HttpError(404, OWNER_GONE, jsonrpc.SESSION_CLOSED)
         data = request.content if request.body_exists else None
         headers = self._request_headers(request.headers)
-        async with self._exchange(owner, request.method, request.raw_path, headers, data, gone) as (upstream, outcome):
+        async with self._exchange(owner, request.method, request.raw_path, headers, data, gone, traced.span_of(request)) as (upstream, outcome):
             if request.method != "GET":
                 return await self._relay(request, upstream, owner, outcome)
             self._streams.add(upstream)
@@ -152,7 +152,15 @@ class Forwarder:
                 assert_never(route)
 
     async def retry(
-        self, owner: Owner, server: str, headers: MultiMapping[str], body: bytes, reply: Reply, rid: jsonrpc.RequestId | None, unsent_limit: int
+        self,
+        owner: Owner,
+        server: str,
+        headers: MultiMapping[str],
+        body: bytes,
+        reply: Reply,
+        rid: jsonrpc.RequestId | None,
+        unsent_limit: int,
+        span: Span | None = None,
     ) -> None:
         """Forward an MRTR retry to the replica holding its call; its answer goes back through
         `reply`: a JSON body whole, a stream chunk by chunk (a client that leaves more than
@@ -162,7 +170,7 @@ class Forwarder:
         out = self._request_headers(headers, _REENCODED)
         out["Content-Type"] = media.JSON
         path = f"/servers/{quote(server, safe='')}/mcp"
-        async with self._exchange(owner, "POST", path, out, body, gone) as (upstream, outcome):
+        async with self._exchange(owner, "POST", path, out, body, gone, span) as (upstream, outcome):
             sink: EventSink | None = None
             try:
                 if upstream.content_type != media.SSE:
@@ -190,10 +198,10 @@ class Forwarder:
 
     @contextlib.asynccontextmanager
     async def _exchange(
-        self, owner: Owner, method: str, path: str, headers: CIMultiDict[str], data: Any, gone: HttpError
+        self, owner: Owner, method: str, path: str, headers: CIMultiDict[str], data: Any, gone: HttpError, http: Span | None
     ) -> AsyncIterator[tuple[aiohttp.ClientResponse, str]]:
         """One request to `owner`, and its answer with the outcome it counts as; `gone` when the
-        owner cannot be reached."""
+        owner cannot be reached. `http`: the span of the request forwarded (tracing on)."""
         client = self._client
         assert client is not None, "forwarding before startup"
         counts = self.counts
@@ -202,7 +210,7 @@ class Forwarder:
             raise HttpError(503, "too many requests being forwarded to other replicas", headers={"Retry-After": RETRY_AFTER_S})
         self.in_flight += 1
         started = time.monotonic()
-        span = self.traces.forwarding(headers, method, owner.address) if self.traces is not None else None
+        span = self.traces.forwarding(headers, method, owner.address, http) if self.traces is not None else None
         upstream: aiohttp.ClientResponse | None = None
         error: str | None = None
         try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -23,6 +23,9 @@ from bridge.metrics import Metrics
 from bridge.process.pool import Slots
 from bridge.protocol import jsonrpc
 from bridge.protocol.jsonrpc import Kind, ProtocolError
+
+if TYPE_CHECKING:
+    from bridge.traces.spans import Spans  # imported only when tracing is on (traces/settings.py)
 
 
 @dataclass(slots=True)
@@ -50,6 +53,9 @@ GROUPS = web.AppKey("groups", dict[str, Group])
 
 
 METRICS = web.AppKey("metrics", Metrics)
+
+
+TRACES: web.AppKey[Spans] = web.AppKey("traces")  # only when tracing is on
 
 
 def principal(request: web.Request) -> str | None:

@@ -9,12 +9,17 @@ Rules
    `{mcp.method.name} {target}` (the tool or prompt; the method alone otherwise), from its
    arrival at its gateway to its answer, with the conventions' attributes that apply
    (`Spans.started`): never arguments or results.
-2. Its parent is the trace context in the request's `params._meta` (`traceparent`,
-   `tracestate`), when it is valid, else the one in the headers of the HTTP request that
-   carried it; with both, the HTTP one is a link. A malformed one is ignored, never an error.
+2. A POST to an MCP endpoint (past the access check) is a SERVER span too, by the HTTP
+   server conventions: `POST {http.route}`, under the context of its `traceparent` and
+   `tracestate` headers, until its answer is complete (a stream: its end). A request's
+   parent is the trace context in its `params._meta`, when it is valid (the HTTP request's
+   span is then a link), else the span of the HTTP request that carried it. A malformed
+   context is ignored, never an error.
 3. Sampling is parent-based: a sampled parent's trace is traced, an unsampled one's is not,
-   and a trace the request begins is with probability `ratio`. A request not traced costs a
-   draw and two lookups: no span is made, and its `_meta` reaches the server as it came.
+   and a trace an HTTP request begins is with probability `ratio`; a request with no `_meta`
+   context follows its HTTP request's decision (`UNSAMPLED`: not traced). A request not
+   traced costs a lookup or two: no span is made, and its `_meta` reaches the server as it
+   came.
 4. The span's own context replaces the one in the `_meta` the server gets (nothing else of
    `_meta` changes), so that a server that reads it (the official SDKs do) continues the trace.
 5. The stages of a request are events of its span. One the mux does not write to the server
@@ -75,6 +80,8 @@ SCHEMA_URL: Final = "https://opentelemetry.io/schemas/1.41.0"
 TARGETS: Final = {"tools/call": "gen_ai.tool.name", "prompts/get": "gen_ai.prompt.name"}
 URI_METHODS: Final = frozenset({"resources/read", "resources/subscribe", "resources/unsubscribe"})
 _PROPAGATOR: Final = TraceContextTextMapPropagator()
+# The span of an HTTP request decided not traced: what its requests' spans follow.
+UNSAMPLED: Final[Span] = trace.NonRecordingSpan(trace.INVALID_SPAN_CONTEXT)
 ASKED_PER_SESSION: Final = 64  # server requests a session's client has not answered, traced at once
 
 
@@ -102,26 +109,56 @@ class Spans:
         """Export what is queued and stop (blocks: the app runs it in a thread of its own)."""
         self.provider.shutdown()
 
+    # ------------------------------------------------------------------ HTTP requests
+
+    def http_started(self, method: str, route: str, path: str, scheme: str, carried: tuple[str, str] | None) -> Span:
+        """A POST at an MCP endpoint, past the access check (rule 2): its SERVER span, under the
+        context of its `traceparent` and `tracestate` headers (`carried`), or `UNSAMPLED`."""
+        parent = _parent({"traceparent": carried[0], "tracestate": carried[1]}) if carried is not None else None
+        if parent is None:
+            if self._draw() >= self.settings.ratio:
+                return UNSAMPLED
+        elif not trace.get_current_span(parent).get_span_context().trace_flags.sampled:
+            return UNSAMPLED
+        attributes = {"http.request.method": method, "http.route": route, "url.path": path, "url.scheme": scheme, "network.protocol.version": "1.1"}
+        return self.tracer.start_span(f"{method} {route}", context=parent, kind=SpanKind.SERVER, attributes=attributes)
+
+    @staticmethod
+    def http_ended(span: Span, status: int | None) -> None:
+        """Its answer is complete (a stream: ended), with `status`; None: it was cut off."""
+        if span is UNSAMPLED:
+            return
+        if status is None:
+            span.set_attribute("error.type", "aborted")
+            span.set_status(Status(StatusCode.ERROR, "aborted"))
+        else:
+            span.set_attribute("http.response.status_code", status)
+            if status >= 500:  # a server span's error: a 4xx is the client's (HTTP conventions)
+                span.set_attribute("error.type", str(status))
+                span.set_status(Status(StatusCode.ERROR))
+        span.end()
+
     # ------------------------------------------------------------------ requests
 
-    def started(self, session: S, msg: dict[str, Any], version: Callable[[S], str | None], http: tuple[str, str] | None = None) -> bool:
+    def started(self, session: S, msg: dict[str, Any], version: Callable[[S], str | None], http: Span | None = None) -> bool:
         """A client's request arrives at its gateway, before the mux rewrites it (rules 2-4);
         whether its span began. `version`: the session's protocol version, asked only then;
-        `http`: the trace context headers of the HTTP request that carried it."""
+        `http`: the span of the HTTP request that carried it (None: no HTTP request's)."""
         params = msg.get("params")
         meta = params.get("_meta") if params.__class__ is dict else None
         parent = _parent(meta) if meta.__class__ is dict and "traceparent" in meta else None
-        carried = _parent({"traceparent": http[0], "tracestate": http[1]}) if http is not None else None
         links = None
         if parent is None:
-            parent = carried
-        elif carried is not None:
-            links = [trace.Link(trace.get_current_span(carried).get_span_context())]
-        if parent is None:
-            if self._draw() >= self.settings.ratio:
+            if http is not None:  # the HTTP request's decision is its own
+                if http is UNSAMPLED:
+                    return False
+                parent = trace.set_span_in_context(http)
+            elif self._draw() >= self.settings.ratio:
                 return False
         elif not trace.get_current_span(parent).get_span_context().trace_flags.sampled:
             return False
+        elif http is not None and http is not UNSAMPLED:
+            links = [trace.Link(http.get_span_context())]
         method, session_id = msg["method"], session.id
         attributes: dict[str, Any] = {"mcp.method.name": method, "jsonrpc.request.id": str(msg["id"]), "network.transport": "tcp"}
         name = method
@@ -206,16 +243,22 @@ class Spans:
 
     # ------------------------------------------------------------------ forwards
 
-    def forwarding(self, headers: MutableMapping[str, str], method: str, owner: str) -> Span | None:
+    def forwarding(self, headers: MutableMapping[str, str], method: str, owner: str, http: Span | None) -> Span | None:
         """A request forwarded to the replica that owns its session or call (rule 7): its
-        CLIENT span, whose context replaces the request's own in `headers`; None when it is
+        CLIENT span, under `http`, the request's own span (or, with none, the context its
+        headers carry), whose context replaces the request's in `headers`; None when it is
         not traced (its headers then reach the owner as they came)."""
-        parent = _parent(headers) if "traceparent" in headers else None
-        if parent is None:
-            if self._draw() >= self.settings.ratio:
+        if http is not None:
+            if http is UNSAMPLED:
                 return None
-        elif not trace.get_current_span(parent).get_span_context().trace_flags.sampled:
-            return None
+            parent: Context | None = trace.set_span_in_context(http)
+        else:
+            parent = _parent(headers) if "traceparent" in headers else None
+            if parent is None:
+                if self._draw() >= self.settings.ratio:
+                    return None
+            elif not trace.get_current_span(parent).get_span_context().trace_flags.sampled:
+                return None
         host, _, port = owner.rpartition(":")
         attributes: dict[str, str | int] = {"http.request.method": method, "server.address": host.strip("[]"), "server.port": int(port)}
         span = self.tracer.start_span(method, context=parent, kind=SpanKind.CLIENT, attributes=attributes)

@@ -50,6 +50,17 @@ async def exported(b: Any) -> None:
             await asyncio.sleep(0.02)
 
 
+def http_attributes(route: str, path: str, status: int) -> dict[str, Any]:
+    return {
+        "http.request.method": "POST", "http.route": route, "url.path": path, "url.scheme": "http",
+        "network.protocol.version": "1.1", "http.response.status_code": status,
+    }  # fmt: skip
+
+
+async def parent_of(r: Receiver, span: Span) -> Span:
+    return await r.wait_for(lambda s: s.span_id == span.parent_id and s.trace_id == span.trace_id)
+
+
 async def chain(r: Receiver, name: str, trace: str = TRACE) -> tuple[Span, Span]:
     """The bridge's span of a request and the server's span under it."""
     ours = await r.wait_for(bridge_span(name, trace))
@@ -118,7 +129,8 @@ async def test_a_malformed_traceparent_is_ignored_and_a_tool_error_marks_the_spa
         response, _ = await raw.request("tools/call", bad)
         assert response["result"]["content"][0]["text"] == "still served"
         ours = await r.wait_for(lambda s: s.service == "mcp-bridge" and s.name == "tools/call echo")
-        assert ours.parent_id == "" and ours.trace_id != TRACE  # a trace of its own
+        assert ours.trace_id != TRACE  # a trace of its own, begun by the HTTP request's span
+        assert (await parent_of(r, ours)).parent_id == ""
         await chain(r, "tools/call echo", ours.trace_id)
         failed, _ = await raw.request("tools/call", {"name": "fail", "arguments": {}})
         assert failed["result"]["isError"] is True
@@ -196,18 +208,23 @@ async def test_without_meta_the_traceparent_header_is_the_parent_and_with_both_t
         call = request("tools/call", {"name": "echo", "arguments": {"text": "by header"}}, rid="h1")
         assert (await post(url, call, {**headers_for(call), **header}, path)).final()["result"]["content"][0]["text"] == "by header"
         ours, _ = await chain(r, "tools/call echo", header_trace)
-        assert ours.parent_id == header_span and ours.links == []
+        http = await parent_of(r, ours)  # the HTTP request's span, under the header's context
+        assert http.name == "POST /servers/{name}/mcp" and http.kind == SERVER_KIND and http.parent_id == header_span and ours.links == []
+        assert http.attributes == http_attributes("/servers/{name}/mcp", "/servers/traced/mcp", 200), http.attributes
+        assert http.start <= ours.start and ours.end <= http.end
         both = request("tools/call", {"name": "nap", "arguments": {"ms": 1}}, rid="h2")
         both["params"]["_meta"]["traceparent"] = TRACEPARENT
         assert (await post(url, both, {**headers_for(both), **header}, path)).final()["result"]["content"][0]["text"] == "rested"
         ours, _ = await chain(r, "tools/call nap")
-        assert ours.parent_id == CLIENT_SPAN and ours.links == [(header_trace, header_span)]
+        (link,) = ours.links  # to the HTTP request's span, the parent being the one in _meta
+        linked = await r.wait_for(lambda s: (s.trace_id, s.span_id) == link)
+        assert ours.parent_id == CLIENT_SPAN and linked.parent_id == header_span and linked.name == "POST /servers/{name}/mcp"
     async with receiver() as r, bridge(traced(r), env=FAST_EXPORT) as b, RawStreamable(b.url("traced", "mcp")) as raw:
         await raw.initialize()
         reply = await raw.post(tool_call("echo", {"text": "2025"}, 5), headers=header)
         assert reply.stream is not None or reply.json is not None
         ours, _ = await chain(r, "tools/call echo", header_trace)
-        assert ours.parent_id == header_span
+        assert (await parent_of(r, ours)).parent_id == header_span
 
 
 async def test_each_stage_a_call_waits_at_the_bridge_is_an_event_of_its_span(bridge: Any) -> None:
@@ -280,12 +297,15 @@ async def test_a_forward_between_replicas_is_a_span_between_the_clients_and_the_
             response = reply.json if reply.stream is None else (await reply.stream.response("f"))[0]
             assert response["result"]["content"][0]["text"] == "forwarded"
             forward = await r.wait_for(lambda s: s.service == "mcp-bridge" and s.kind == CLIENT_KIND and s.trace_id == header_trace)
-            assert forward.name == "POST" and forward.parent_id == header_span
+            received = await parent_of(r, forward)  # the request as the forwarding replica took it
+            assert forward.name == "POST" and received.name == "POST /servers/{name}/mcp" and received.parent_id == header_span
             assert forward.attributes == {"http.request.method": "POST", "server.address": "127.0.0.1", "server.port": owner.port, "http.response.status_code": 200}
             ours, _ = await chain(r, "tools/call echo", header_trace)  # at the owner, under the forward
             # (Not `ours.end <= forward.end`: the owner ends its span once it has written the answer,
             # which the forwarding replica may have read and relayed by then.)
-            assert ours.parent_id == forward.span_id and forward.start <= ours.start <= forward.end
+            served = await parent_of(r, ours)  # the request as the owner took it, under the forward
+            assert served.name == "POST /servers/{name}/mcp" and served.parent_id == forward.span_id
+            assert forward.start <= served.start <= ours.start <= forward.end
             await owner.stop()  # its sessions die with it: the forward finds no one
             gone = await raw.post(tool_call("echo", {"text": "lost"}, "g"), headers=traceparent)
             assert gone.status == 404
@@ -310,7 +330,9 @@ async def test_an_http_sse_message_posts_traceparent_header_is_its_requests_pare
             assert resp.status == 202
         assert (await sse.response(3))["result"]["content"][0]["text"] == "sse"
         ours, _ = await chain(r, "tools/call echo", header_trace)
-        assert ours.parent_id == header_span and ours.attributes["mcp.session.id"] == sse.session_id
+        http = await parent_of(r, ours)
+        assert http.parent_id == header_span and ours.attributes["mcp.session.id"] == sse.session_id
+        assert http.attributes == http_attributes("/servers/{name}/messages", "/servers/traced/messages", 202), http.attributes
 
 
 async def test_spans_go_over_grpc_with_the_configured_headers(bridge: Any) -> None:

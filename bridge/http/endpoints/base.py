@@ -8,7 +8,7 @@ made in C); `RequestHead` is what an endpoint may still read of the request's he
 
 from __future__ import annotations
 
-from typing import Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 import msgspec
 from multidict import MultiMapping
@@ -16,6 +16,9 @@ from multidict import MultiMapping
 from bridge.gateway.sessions import Served, Session
 from bridge.http.reply import Reply
 from bridge.protocol import stateless
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
 
 
 class RequestHead(Protocol):
@@ -27,6 +30,9 @@ class RequestHead(Protocol):
 
     def trace_context(self) -> tuple[str, str] | None:
         """Its W3C trace context headers, `traceparent` and `tracestate` (read with tracing on)."""
+
+    def http_span(self) -> Span | None:
+        """Its span (http/traced.py; None: tracing is off)."""
 
 
 S = TypeVar("S", bound=Served)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 from multidict import CIMultiDict, MultiMapping
@@ -45,6 +45,9 @@ from bridge.protocol import jsonrpc, media, stateless
 from bridge.protocol.jsonrpc import Message
 from bridge.protocol.mcp import LISTEN, NAME_HEADER, STATELESS_VERSION, SUBSCRIPTION_KEY
 from bridge.protocol.stateless import StatelessError
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
 
 _decode = msgspec.json.Decoder().decode
 # Asked of every member the principal may use, and merged.
@@ -166,6 +169,9 @@ class _MemberHead:
 
     def trace_context(self) -> tuple[str, str] | None:
         return self._head.trace_context()
+
+    def http_span(self) -> Span | None:
+        return self._head.http_span()
 
 
 # ------------------------------------------------------------------ asked of several

@@ -18,7 +18,7 @@ from aiohttp import web
 from bridge.gateway.gateway import Gateway
 from bridge.gateway.group import Group
 from bridge.gateway.sessions import Served, Session
-from bridge.http import state
+from bridge.http import state, traced
 from bridge.http.aiohttp_reply import AiohttpHead, AiohttpReply
 from bridge.http.body import read_message
 from bridge.http.endpoints import group_2026, sse_2024, stateless_2026, streamable_2025
@@ -86,7 +86,7 @@ async def post_mcp(request: web.Request) -> web.StreamResponse:
         headers.get(VERSION_HEADER),
         headers.get("Accept", ""),
         request.app[state.LIVE].config.streamable.resume_buffer,
-        AiohttpHead(headers),
+        AiohttpHead(headers, traced.span_of(request)),
     )
     reply = AiohttpReply(request)
     request.app[POSTS].mcp(post, payload, reply)

@@ -17,8 +17,7 @@ from typing import Any
 from aiohttp import web
 
 from bridge.gateway.sessions import Served, Session
-from bridge.http import body, state, streams
-from bridge.http.aiohttp_reply import AiohttpHead
+from bridge.http import body, state, streams, traced
 from bridge.http.errors import HttpError
 from bridge.protocol.jsonrpc import RequestId
 
@@ -169,7 +168,7 @@ async def post_message(request: web.Request) -> web.Response:
     session = posted_session(gateway, request.query.get("session_id") or request.query.get("sessionId"), state.principal(request))
     payload = await body.read_message(request, gateway)
     if gateway.traces is not None:
-        session.http_trace = AiohttpHead(request.headers).trace_context()
+        session.http_trace = traced.span_of(request)
     take(gateway, session, payload)
     return web.Response(status=202, text="Accepted")
 

@@ -431,7 +431,7 @@ def _call(
     # is in _meta, which a digest leaves out.
     exchange = Exchange(post, parking, session, rid, method, rid, reply, params, offered)  # before routing: what it routes may be answered at once
     if gateway.traces is not None:
-        session.http_trace = post.request.trace_context()
+        session.http_trace = post.request.http_span()
     try:
         state.route(gateway, session, msg, jsonrpc.REQUEST)
     except BaseException:
@@ -621,7 +621,7 @@ def _resume(post: Post[Gateway], msg: Message, reply: Reply, parking: Parking) -
         headers = post.request.fields()
         owner = forwarder.place(state.owner, FORWARDED_HEADER in headers, rid)
         if owner is not None:
-            retry = forwarder.retry(owner, gateway.name, headers, jsonrpc.encode(msg), reply, rid, gateway.limits.slow_bytes)
+            retry = forwarder.retry(owner, gateway.name, headers, jsonrpc.encode(msg), reply, rid, gateway.limits.slow_bytes, post.request.http_span())
             later(reply, retry, "mrtr_forward")
             return
     if state.method != msg["method"] or state.digest != request_state.digest(params):

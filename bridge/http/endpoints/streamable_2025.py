@@ -437,7 +437,7 @@ def _take(
     stream = session.open_post_stream(request_ids)
     primed = session.mark()  # before routing: a reply the mux makes at once comes after it
     if gateway.traces is not None:
-        session.http_trace = post.request.trace_context()
+        session.http_trace = post.request.http_span()
     try:
         _route(gateway, session, payload, initializing)
     except HttpError:

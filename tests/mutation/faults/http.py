@@ -23,6 +23,7 @@ TESTS = {
     'bridge/http/endpoints/streamable_2025.py': ('tests/daemon/test_streamable.py',),
     'bridge/http/endpoints/stateless_2026.py': ('tests/unit/test_stateless_2026_unit.py', 'tests/daemon/test_modern.py'),
     'bridge/http/endpoints/group_2026.py': ('tests/daemon/test_groups.py',),
+    'bridge/http/traced.py': ('tests/daemon/test_traces.py',),
     'bridge/http/fastpath.py': (
         'tests/daemon/test_operations.py::test_refusals_at_an_mcp_endpoint_count_as_errors_sent_on_either_http_path',
         'tests/daemon/test_streamable.py::test_a_stream_under_way_outlives_the_idle_timeout',
@@ -46,7 +47,12 @@ FAULTS = [
     Fault('body-truncated-taken', 'bridge/http/body.py', '    if decoder is None or not decoder.eof:\n        raise _undecodable', '    if decoder is None:\n        raise _undecodable'),
     Fault('body-stacked-codings-decoded-once', 'bridge/http/body.py', '    if len(codings) > 1 or codings[0] not in _CODINGS:', '    if codings[0] not in _CODINGS:'),
     Fault('body-as-sent-unbounded', 'bridge/http/body.py', '        if taken > limit:\n', '        if False:\n'),
-    Fault('fwd-untraced', 'bridge/http/forward.py', 'span = self.traces.forwarding(headers, method, owner.address) if self.traces is not None else None', 'span = None'),
+    # traced.py
+    Fault('traced-span-not-handed-on', 'bridge/http/traced.py', '        span = request[HTTP_SPAN] = traces.http_started(', '        span = traces.http_started('),
+    Fault('traced-status-unread', 'bridge/http/traced.py', '            status = response.status\n', '            status = 200\n'),
+    Fault('fast-http-untraced', 'bridge/http/fastpath.py', '            self._trace(self._traces, head)\n', '            pass\n'),
+    Fault('fast-stream-span-cut', 'bridge/http/fastpath.py', '            self._connection._traced_end(self._head, 200)\n', '            self._connection._traced_end(self._head, None)\n'),
+    Fault('fwd-untraced', 'bridge/http/forward.py', 'span = self.traces.forwarding(headers, method, owner.address, http) if self.traces is not None else None', 'span = None'),
     Fault('fwd-owner-gone-unmarked', 'bridge/http/forward.py', '                error = "owner_gone"\n', ''),
     Fault('fwd-connection-named-forwarded', 'bridge/http/forward.py', 'skipped = HOP_BY_HOP | connection_named(headers) | dropped', 'skipped = HOP_BY_HOP | dropped'),
     Fault('fwd-te-forwarded', 'bridge/http/forward.py', '"proxy-connection", "te", "trailer"', '"proxy-connection", "trailer"'),
@@ -76,8 +82,8 @@ FAULTS = [
     Fault('post-envelope-ignored', 'bridge/http/endpoints/post.py', 'if stateless.is_stateless(payload) or (post.session_id is None and _lone_request(payload)):', 'if post.session_id is None and _lone_request(payload):'),
     Fault('post-lone-notification-is-2026', 'bridge/http/endpoints/post.py', '        and jsonrpc.is_id(payload.get("id"))\n', ''),
     # endpoints/sse_2024.py
-    Fault('sse-message-header-unread', 'bridge/http/endpoints/sse_2024.py', '        session.http_trace = AiohttpHead(request.headers).trace_context()\n', '        pass\n'),
-    Fault('fast-message-header-unread', 'bridge/http/fastpath.py', '            session.http_trace = head.trace_context()\n', '            pass\n'),
+    Fault('sse-message-header-unread', 'bridge/http/endpoints/sse_2024.py', '        session.http_trace = traced.span_of(request)\n', '        pass\n'),
+    Fault('fast-message-header-unread', 'bridge/http/fastpath.py', '            session.http_trace = head.span\n', '            pass\n'),
     Fault('sse-ended-session-takes-posts', 'bridge/http/endpoints/sse_2024.py', '    if session.ended:  # while its body was arriving\n        raise HttpError(404, "unknown session")\n', ''),
     Fault('sse-other-transport-session', 'bridge/http/endpoints/sse_2024.py', 'if session is None or session.transport != SseSession.transport:', 'if session is None:'),
     Fault('sse-byte-bound-ignored', 'bridge/http/endpoints/sse_2024.py', '        if self._waiting_bytes + (out.get_write_buffer_size() if out is not None else 0) > self._byte_limit:\n            return False\n', ''),

@@ -26,7 +26,8 @@ FAULTS: list[Fault] = [
     Fault('traces-imported-always', 'bridge/traces/settings.py', '    found = settings(config, environ)\n    if found is None:\n        return None\n', '    found = settings(config, environ)\n    from bridge.traces import spans  # noqa: F401\n    if found is None:\n        return None\n'),
     # traces/spans.py
     Fault('traces-parent-ignored', 'bridge/traces/spans.py', '        parent = _parent(meta) if meta.__class__ is dict and "traceparent" in meta else None', '        parent = None'),
-    Fault('traces-header-ignored', 'bridge/traces/spans.py', '        if parent is None:\n            parent = carried\n', ''),
+    Fault('traces-header-ignored', 'bridge/traces/spans.py', '        parent = _parent({"traceparent": carried[0], "tracestate": carried[1]}) if carried is not None else None', '        parent = None'),
+    Fault('traces-http-not-parent', 'bridge/traces/spans.py', '                parent = trace.set_span_in_context(http)\n', '                pass\n'),
     Fault('traces-unsampled-parent-traced', 'bridge/traces/spans.py', '        elif not trace.get_current_span(parent).get_span_context().trace_flags.sampled:\n            return False\n', ''),
     Fault('traces-not-injected', 'bridge/traces/spans.py', '        _PROPAGATOR.inject(meta, context=trace.set_span_in_context(span))\n', ''),
     Fault('traces-no-stages', 'bridge/traces/spans.py', '        if sent:\n            span.add_event(', '        if False:\n            span.add_event('),
@@ -36,6 +37,8 @@ FAULTS: list[Fault] = [
     Fault('traces-failed-export-uncounted', 'bridge/traces/spans.py', '            self._spans.dropped += len(batch)\n', '            pass\n'),
     Fault('traces-forward-context-not-passed', 'bridge/traces/spans.py', '        _PROPAGATOR.inject(headers, context=trace.set_span_in_context(span))\n        return span\n', '        return span\n'),
     Fault('traces-stage-not-recorded', 'bridge/traces/spans.py', '        if span is not None:\n            span.add_event(why)\n', ''),
+    Fault('traces-unsampled-http-ignored', 'bridge/traces/spans.py', '                if http is UNSAMPLED:\n                    return False\n', ''),
+    Fault('traces-http-5xx-not-error', 'bridge/traces/spans.py', '            if status >= 500:', '            if status >= 600:'),
     Fault('traces-session-id-on-stateless', 'bridge/traces/spans.py', '        if session.transport == "stateless":', '        if False:'),
     # logs.py
     Fault('logs-throttle-count-kept', 'bridge/logs.py', '        held, self.suppressed = self.suppressed, 0', '        held = self.suppressed'),

@@ -1,0 +1,53 @@
+"""The spans of HTTP requests (traces/spans.py, rule 2), on aiohttp's path: a POST to an MCP
+endpoint, past the access check, is a SERVER span until its answer is complete; the fast
+path makes the same spans itself (fastpath.py). Installed only when tracing is on."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Final
+
+from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
+
+from bridge.http import state
+from bridge.http.errors import HttpError
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
+
+    from bridge.traces.spans import Spans
+
+# The routes whose POSTs carry MCP messages.
+ROUTES: Final = frozenset({state.MESSAGES_ROUTE, state.MCP_ROUTE, state.GROUP_MESSAGES_ROUTE, state.GROUP_MCP_ROUTE})
+HTTP_SPAN: Final[web.RequestKey[Span]] = web.RequestKey("http_span")
+
+
+def middleware(traces: Spans, scheme: str) -> Middleware:
+    @web.middleware
+    async def trace_http(request: web.Request, handler: Handler) -> web.StreamResponse:
+        resource = request.match_info.route.resource
+        if request.method != "POST" or resource is None or resource.canonical not in ROUTES:
+            return await handler(request)
+        parent = request.headers.get("traceparent")
+        carried = (parent, request.headers.get("tracestate", "")) if parent else None
+        span = request[HTTP_SPAN] = traces.http_started("POST", resource.canonical, request.path, scheme, carried)
+        status = None
+        try:
+            response = await handler(request)
+            status = response.status
+            return response
+        except (HttpError, web.HTTPException) as exc:  # answered by access.middleware, outside
+            status = exc.status
+            raise
+        except Exception:
+            status = 500  # access.middleware answers it so
+            raise
+        finally:  # (a cancelled handler, its client gone: cut off)
+            traces.http_ended(span, status)
+
+    return trace_http
+
+
+def span_of(request: web.Request) -> Span | None:
+    """The span of `request` (None: tracing off, or not a request that has one)."""
+    return request.get(HTTP_SPAN)
