@@ -106,6 +106,7 @@ def _group(app: web.Application, config: Config, name: str) -> Group:
         config.sse.keepalive, lambda principal: live.guard.servers_of(principal),
     )  # fmt: skip
     _mint_cluster_ids(app, group)
+    group.traces = app.get(state.TRACES)
     return group
 
 

@@ -14,7 +14,7 @@ import asyncio
 import time
 from collections import Counter
 from collections.abc import Callable, Coroutine, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -28,6 +28,9 @@ from bridge.gateway.sessions import Registry, Session
 from bridge.metrics import ServerMetrics
 from bridge.protocol import jsonrpc, stateless
 from bridge.protocol.jsonrpc import NOTIFICATION, REQUEST, RESPONSE, Kind, Message, ProtocolError, RequestId
+
+if TYPE_CHECKING:
+    from bridge.traces.spans import Spans  # imported only when tracing is on (traces/settings.py)
 
 _decode = msgspec.json.Decoder().decode
 encode = jsonrpc.encode
@@ -126,7 +129,7 @@ class Group(Registry):
         self.requests: Counter[str] = Counter()  # by member: requests the group handed it
         self._left_out_log = logs.Throttle(1.0, 10)
         self.new_id: Callable[[str | None], str] | None = None  # with a cluster: ids that name this replica (the app sets it)
-        self.traces: object | None = None  # its members' gateways trace what it hands them
+        self.traces: Spans | None = None  # tracing, when on (the app sets it): its members' gateways trace what it hands them
         # 2026-07-28 requests (endpoints/group_2026.py), which no session holds: the URIs and
         # templates their lists showed (rule 2), and the Names of each set of members used.
         self.routes = Routes()
@@ -287,11 +290,14 @@ class Group(Registry):
                 raise ProtocolError(exc.code, f"batch[{i}]: {exc.message}" if payload.__class__ is list else exc.message, exc.request_id) from None
         lone = len(messages) == 1
         answered = False  # by the group itself: a member's answers are flushed by its gateway
-        for msg in messages:
-            outs = joined.rules.from_client(msg)
-            if msg.get("method") in LISTS and "id" in msg:
-                self._time_list(joined, msg["id"])
-            answered = self.carry(joined, outs, throttle=lone) or answered
+        try:
+            for msg in messages:
+                outs = joined.rules.from_client(msg)
+                if msg.get("method") in LISTS and "id" in msg:
+                    self._time_list(joined, msg["id"])
+                answered = self.carry(joined, outs, throttle=lone) or answered
+        finally:
+            session.http_trace = None  # handed to each member's session its messages went to
         if answered:
             session.flush()
 
@@ -360,6 +366,8 @@ class Group(Registry):
             return False
         if "id" in message and "method" in message:
             self.requests[member] += 1
+        if self.traces is not None:
+            sub.http_trace = joined.client.http_trace  # the span of the HTTP request that carried it
         try:
             # Valid JSON-RPC: the client's was checked (`from_client`), the group's own is made so.
             gateway.from_client(sub, message, REQUEST if "id" in message and "method" in message else NOTIFICATION if "method" in message else RESPONSE)

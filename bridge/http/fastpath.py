@@ -540,10 +540,12 @@ class Connection(asyncio.Protocol):
 
     def _trace(self, traces: Spans, head: Head) -> None:
         """Tracing on: the request's span, as aiohttp's path makes it (http/traced.py)."""
+        head.span = traces.http_started(head.trace_context(), self._describe, head)
+
+    def _describe(self, head: Head) -> tuple[str, str, str]:
         route = (state.GROUP_MCP_ROUTE if head.mcp else state.GROUP_MESSAGES_ROUTE) if head.group else (state.MCP_ROUTE if head.mcp else state.MESSAGES_ROUTE)
         path = route.replace("{group}" if head.group else "{name}", head.server)
-        scheme = "https" if self._live.config.listen.tls is not None else "http"
-        head.span = traces.http_started("POST", route, path, scheme, head.trace_context())
+        return route, path, "https" if self._live.config.listen.tls is not None else "http"
 
     def _traced_end(self, head: Head, status: int | None) -> None:
         """Its answer is complete (`status`), or cut off (None): its span ends."""

@@ -23,6 +23,10 @@ HTTP_SPAN: Final[web.RequestKey[Span]] = web.RequestKey("http_span")
 
 
 def middleware(traces: Spans, scheme: str) -> Middleware:
+    def describe(request: web.Request) -> tuple[str, str, str]:
+        resource = request.match_info.route.resource
+        return resource.canonical if resource is not None else "", request.path, scheme
+
     @web.middleware
     async def trace_http(request: web.Request, handler: Handler) -> web.StreamResponse:
         resource = request.match_info.route.resource
@@ -30,7 +34,7 @@ def middleware(traces: Spans, scheme: str) -> Middleware:
             return await handler(request)
         parent = request.headers.get("traceparent")
         carried = (parent, request.headers.get("tracestate", "")) if parent else None
-        span = request[HTTP_SPAN] = traces.http_started("POST", resource.canonical, request.path, scheme, carried)
+        span = request[HTTP_SPAN] = traces.http_started(carried, describe, request)
         status = None
         try:
             response = await handler(request)

@@ -74,6 +74,7 @@ class Session(Protocol):
 
 
 S = TypeVar("S", bound=Session)
+R = TypeVar("R")
 
 SCHEMA_URL: Final = "https://opentelemetry.io/schemas/1.41.0"
 # Methods whose span is named by a target, and the attribute that carries it.
@@ -111,17 +112,19 @@ class Spans:
 
     # ------------------------------------------------------------------ HTTP requests
 
-    def http_started(self, method: str, route: str, path: str, scheme: str, carried: tuple[str, str] | None) -> Span:
+    def http_started(self, carried: tuple[str, str] | None, describe: Callable[[R], tuple[str, str, str]], request: R) -> Span:
         """A POST at an MCP endpoint, past the access check (rule 2): its SERVER span, under the
-        context of its `traceparent` and `tracestate` headers (`carried`), or `UNSAMPLED`."""
+        context of its `traceparent` and `tracestate` headers (`carried`), or `UNSAMPLED`.
+        `describe(request)`: its route, path and scheme, asked only of a request traced."""
         parent = _parent({"traceparent": carried[0], "tracestate": carried[1]}) if carried is not None else None
         if parent is None:
             if self._draw() >= self.settings.ratio:
                 return UNSAMPLED
         elif not trace.get_current_span(parent).get_span_context().trace_flags.sampled:
             return UNSAMPLED
-        attributes = {"http.request.method": method, "http.route": route, "url.path": path, "url.scheme": scheme, "network.protocol.version": "1.1"}
-        return self.tracer.start_span(f"{method} {route}", context=parent, kind=SpanKind.SERVER, attributes=attributes)
+        route, path, scheme = describe(request)
+        attributes = {"http.request.method": "POST", "http.route": route, "url.path": path, "url.scheme": scheme, "network.protocol.version": "1.1"}
+        return self.tracer.start_span(f"POST {route}", context=parent, kind=SpanKind.SERVER, attributes=attributes)
 
     @staticmethod
     def http_ended(span: Span, status: int | None) -> None:

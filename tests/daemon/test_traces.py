@@ -361,3 +361,18 @@ async def test_a_2026_07_28_call_left_waiting_for_its_input_is_logged_and_ended_
             assert ours.status_code == ERROR and ours.attributes["error.type"] == "cancelled" and "written" in [name for name, _ in ours.events]
             asked = await r.wait_for(bridge_span("sampling/createMessage"))
             assert asked.parent_id == ours.span_id and asked.status_code == ERROR
+
+
+async def test_a_call_through_a_group_is_traced_under_the_groups_http_request(bridge: Any) -> None:
+    header_trace, header_span = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
+    async with receiver() as r:
+        config = {**traced(r), "groups": {"team": {"servers": ["traced"]}}}
+        async with bridge(config, env=FAST_EXPORT) as b, RawStreamable(f"{b.base}/groups/team/mcp") as raw:
+            await raw.initialize()
+            reply = await raw.post(tool_call("traced__echo", {"text": "grouped"}, "g"), headers={"traceparent": f"00-{header_trace}-{header_span}-01"})
+            response = reply.json if reply.stream is None else (await reply.stream.response("g"))[0]
+            assert response["result"]["content"][0]["text"] == "grouped"
+            ours, _ = await chain(r, "tools/call echo", header_trace)  # the member's own name, at its gateway
+            http = await parent_of(r, ours)
+            assert http.name == "POST /groups/{group}/mcp" and http.parent_id == header_span
+            assert http.attributes["url.path"] == "/groups/team/mcp"

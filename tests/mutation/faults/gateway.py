@@ -14,7 +14,7 @@ TESTS: dict[str, tuple[str, ...]] = {
     ),
     'bridge/gateway/upstream.py': ('tests/daemon/test_modern.py::test_an_answer_names_the_server_that_gave_it_after_a_restart_too', 'tests/daemon/test_bounds.py', 'tests/daemon/test_era.py', 'tests/daemon/test_confine.py', 'tests/daemon/test_supervision.py'),
     'bridge/gateway/pinsfile.py': ('tests/unit/test_pinsfile_unit.py', 'tests/daemon/test_pinned_servers.py'),
-    'bridge/gateway/group.py': ('tests/daemon/test_groups.py',),
+    'bridge/gateway/group.py': ('tests/daemon/test_groups.py', 'tests/daemon/test_traces.py::test_a_call_through_a_group_is_traced_under_the_groups_http_request'),
     'bridge/gateway/health.py': (
         'tests/daemon/test_pool.py::test_a_warm_process_is_probed_not_initialized_and_gets_its_sessions_own_initialize',
         'tests/daemon/test_principals.py', 'tests/daemon/test_operators.py', 'tests/daemon/test_pinned_servers.py',
@@ -29,6 +29,7 @@ FAULTS: list[Fault] = [
     Fault('gw-audit-untraced', 'bridge/gateway/gateway.py', '            if ids is not None:\n                audit = audit.bind(', '            if False:\n                audit = audit.bind('),
     Fault('gw-no-exemplar', 'bridge/gateway/gateway.py', '            self.metrics.traced(call.method, time.monotonic() - call.started, *ids)\n', '            pass\n'),
     Fault('gw-stage-unsaid', 'bridge/gateway/gateway.py', '                    traces.waiting(session.id, request_id, why.value)\n', '                    pass\n'),
+    Fault('grp-http-span-not-handed-on', 'bridge/gateway/group.py', '            sub.http_trace = joined.client.http_trace  # the span of the HTTP request that carried it\n', '            pass\n'),
     Fault('grp-requests-uncounted', 'bridge/gateway/group.py', '            self.requests[member] += 1\n', '            pass\n'),
     Fault('grp-members-not-filtered-by-token', 'bridge/gateway/group.py', ' and (servers is None or m in servers))', ')'),
     Fault('grp-closed-leaves-members-open', 'bridge/gateway/group.py', '        self._close_members(joined, reason)\n        self.log.info(', '        self.log.info('),
