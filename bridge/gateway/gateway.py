@@ -442,7 +442,7 @@ class Gateway(Registry):
                 if traces.started(session, msg, self.negotiated_version, http):
                     began.append(msg["id"])
             else:
-                traces.responded(session.id, msg)
+                traces.responded(session.id, msg, http)
         mux = upstream.mux
         actions = mux.from_client(session.id, payload, kind)
         if began:

@@ -33,7 +33,8 @@ Rules
    a tool's result with `isError`, `error.type` `tool_error`.
 6. A server's request to the client (sampling, elicitation, roots) attributed to a traced call
    is a CLIENT span under that call's, named by its method, from the request to the client's
-   answer (for a 2026-07-28 client: to its retry carrying the answer).
+   answer (for a 2026-07-28 client: to its retry carrying the answer: the call's next round),
+   which the span of the HTTP request that carried the answer links.
 7. A request one replica forwards to another (the owner of its session, or of the call its
    `requestState` resumes) is a CLIENT span there, named by its HTTP method with the HTTP
    client conventions' attributes, under the context of the request's `traceparent` header,
@@ -312,8 +313,9 @@ class Spans:
                 mine.pop(oldest).end()
             mine[message["id"]] = asked
 
-    def responded(self, session_id: str, msg: Mapping[str, Any]) -> None:
-        """A client's answer to a server's request: its span ends."""
+    def responded(self, session_id: str, msg: Mapping[str, Any], http: Span | None = None) -> None:
+        """A client's answer to a server's request: its span ends, and the span of the HTTP
+        request that carried the answer (a 2026-07-28 retry's: the call's next round) links it."""
         asked = self._asked.get(session_id)
         span = asked.pop(msg.get("id"), None) if asked else None
         if span is None:
@@ -323,6 +325,8 @@ class Spans:
             span.set_attributes({"error.type": code, "rpc.response.status_code": code})
             span.set_status(Status(StatusCode.ERROR, str(error.get("message", ""))))
         span.end()
+        if http is not None and http is not UNSAMPLED:
+            http.add_link(span.get_span_context())
 
     def _pop(self, session_id: str, request_id: Any) -> Span | None:
         spans = self.open.get(session_id)

@@ -19,7 +19,7 @@ from support.daemon import PY, SERVERS, demo, faulty, run_bridge
 from support.otlp import Receiver, Span, grpc_receiver, receiver
 from support.rawclient import RawSse
 from support.rawstreamable import RawStreamable, tool_call
-from test_modern import PATHS, headers_for, metric, post, request
+from test_modern import PATHS, headers_for, metric, post, request, retry
 from test_replicas import KEY, free_port
 
 from bridge.metrics import LATENCY_BUCKETS
@@ -197,6 +197,9 @@ async def test_a_servers_request_to_the_client_is_a_span_under_the_call_that_cau
             assert sampling.attributes["mcp.method.name"] == "sampling/createMessage"
             assert sampling.attributes["jsonrpc.request.id"] == str(ask["id"]) and sampling.attributes["mcp.session.id"] == client.session_id
             assert ours.start <= sampling.start <= sampling.end <= ours.end
+            # The POST that carried the client's answer links the question it answered.
+            answered = await r.wait_for(lambda s: s.name == "POST /servers/{name}/mcp" and (sampling.trace_id, sampling.span_id) in s.links)
+            assert answered.attributes["http.response.status_code"] == 202
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -376,3 +379,23 @@ async def test_a_call_through_a_group_is_traced_under_the_groups_http_request(br
             http = await parent_of(r, ours)
             assert http.name == "POST /groups/{group}/mcp" and http.parent_id == header_span
             assert http.attributes["url.path"] == "/groups/team/mcp"
+
+
+@pytest.mark.parametrize("path", PATHS)
+async def test_a_2026_07_28_calls_next_round_links_the_question_it_answers(bridge: Any, path: str) -> None:
+    async with receiver() as r:
+        async with bridge({"servers": {"demo": demo()}, "telemetry": {"traces": {"endpoint": r.url}}}, env=FAST_EXPORT) as b:
+            url = b.url("demo", "mcp")
+            call = request("tools/call", {"name": "sample", "arguments": {"prompt": "2+2?"}}, rid=1, capabilities={"sampling": {}})
+            call["params"]["_meta"]["traceparent"] = TRACEPARENT
+            first = (await post(url, call, headers_for(call), path)).json()["result"]
+            assert first["resultType"] == "input_required"
+            again = retry(call, first, "4")
+            final = (await post(url, again, headers_for(again), path)).final()
+            assert final["result"]["content"][0]["text"] == "4"
+            ours = await r.wait_for(bridge_span("tools/call sample"))
+            asked = await r.wait_for(bridge_span("sampling/createMessage"))
+            assert asked.parent_id == ours.span_id and asked.kind == CLIENT_KIND and ours.start <= asked.start <= asked.end <= ours.end
+            # The retry's POST (the call's next round) links the question its inputResponses answered.
+            second = await r.wait_for(lambda s: s.name == "POST /servers/{name}/mcp" and (TRACE, asked.span_id) in s.links)
+            assert second.start <= asked.end and second.attributes["http.response.status_code"] == 200

@@ -643,6 +643,8 @@ def _resume(post: Post[Gateway], msg: Message, reply: Reply, parking: Parking) -
     for key in answered:
         del parked.asked[key]
     if answers and not session.ended:
+        if gateway.traces is not None:
+            session.http_trace = post.request.http_span()  # the call's next round: it links the questions answered
         gateway.from_client(session, answers)
     # What was asked and not answered is asked again, first thing (in a new input_required).
     session.ask_again([jsonrpc.encode({"jsonrpc": "2.0", "id": parked.ids[k], **request}) for k, request in parked.asked.items()])

@@ -428,6 +428,8 @@ def _take(
         single = request_ids[0] if payload.__class__ is dict else None
         raise HttpError(400, "invalid request: a request id in this body is already in flight", jsonrpc.INVALID_REQUEST, request_id=single)
     done = functools.partial(_after_initialize, gateway, session) if initializing else None
+    if gateway.traces is not None:
+        session.http_trace = post.request.http_span()
     if not request_ids:
         _route(gateway, session, payload, initializing)
         if done is not None:
@@ -436,8 +438,6 @@ def _take(
         return
     stream = session.open_post_stream(request_ids)
     primed = session.mark()  # before routing: a reply the mux makes at once comes after it
-    if gateway.traces is not None:
-        session.http_trace = post.request.http_span()
     try:
         _route(gateway, session, payload, initializing)
     except HttpError:

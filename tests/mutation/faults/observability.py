@@ -39,6 +39,7 @@ FAULTS: list[Fault] = [
     Fault('traces-stage-not-recorded', 'bridge/traces/spans.py', '        if span is not None:\n            span.add_event(why)\n', ''),
     Fault('traces-unsampled-http-ignored', 'bridge/traces/spans.py', '                if http is UNSAMPLED:\n                    return False\n', ''),
     Fault('traces-http-5xx-not-error', 'bridge/traces/spans.py', '            if status >= 500:', '            if status >= 600:'),
+    Fault('traces-answer-unlinked', 'bridge/traces/spans.py', '            http.add_link(span.get_span_context())\n', '            pass\n'),
     Fault('traces-session-id-on-stateless', 'bridge/traces/spans.py', '        if session.transport == "stateless":', '        if False:'),
     # logs.py
     Fault('logs-throttle-count-kept', 'bridge/logs.py', '        held, self.suppressed = self.suppressed, 0', '        held = self.suppressed'),
