@@ -19,7 +19,7 @@ not counted here.
     python -m bench.instructions --transport streamable --region bridge.http.fastpath:parse_head
     python -m bench.instructions --record                      # and replace the table in bench/RESULTS.md
     python -m bench.instructions --transport sse,streamable --group --record  # workloads a and c through a group of two
-    python -m bench.instructions --transport sse,streamable --traces 0.01,1 --record  # a and c with tracing off and on
+    python -m bench.instructions --transport sse,streamable --traces 0,0.01,1 --record  # a and c with tracing off and on
 
 `--region MODULE:ATTR` counts only what runs inside that function (a module's
 function or a class's method, and all it calls), to say what one part of the
@@ -114,7 +114,12 @@ telemetry:
 
 
 TRACES_AFTER = (
-    "At ratio 0.01 about ten of the 1,000 calls are traced (a random draw: 5 to 15), each costing what a call at ratio 1 does, and the export thread posts what is queued every 5 s of wall time, which callgrind's slowdown (about 50x) stretches over more posts per call than a real run makes: the column moves by a few percent from run to run. A call not traced costs about 3,000 instructions more than with tracing off (the sampling draw, the trace-context lookups)."
+    "Ratio 0: tracing on and no call traced, what a call not traced costs (the sampling draw, the trace-context lookups). "
+    "Ratio 1: every call traced, two spans each (the HTTP request's and the request's), made, ended and exported. "
+    "At ratio 0.01 about ten of the 1,000 calls are traced (a random draw: 5 to 15), and the export thread posts what is queued "
+    "every 5 s of wall time, which callgrind's slowdown (about 50x) stretches over more posts per call than a real run makes: "
+    "the measured figure moves by a few percent from run to run; the expected one (ratio 0's cost, plus 1% of what tracing a "
+    "call adds at ratio 1) does not."
 )
 
 
@@ -262,10 +267,10 @@ def traced(transports: list[str], calls: int, ratios: list[float], record: bool)
             for workload, sessions in GROUP_SHAPES:
                 n = calls if sessions == 1 else calls * 2
                 off = measure(transport, n, sessions)
-                on = [measure(transport, n, sessions, traces=(url, ratio)) for ratio in ratios]
-                each = "".join(f"{count:>10,} {count / off:.3f}x" for count in on)
-                print(f"  {harness.TRANSPORTS[transport]:<16} {workload} {off:>10,}{each}")
-                rows.append([VERSIONED[transport], workload, f"{off:,}", *(f"{count:,} ({count / off:.3f}x)" for count in on)])
+                on = dict(zip(ratios, (measure(transport, n, sessions, traces=(url, ratio)) for ratio in ratios), strict=True))
+                cells = [f"{count:,} ({count / off:.3f}x)" + _expected(on, ratio, off) for ratio, count in on.items()]
+                print(f"  {harness.TRANSPORTS[transport]:<16} {workload} {off:>10,}  " + "  ".join(cells))
+                rows.append([VERSIONED[transport], workload, f"{off:,}", *cells])
     if record:
         figures.record("traces", figures.Table(
             title="Traces: instructions per call",
@@ -279,6 +284,16 @@ def traced(transports: list[str], calls: int, ratios: list[float], record: bool)
             after=TRACES_AFTER,
         ))  # fmt: skip
     return 0
+
+
+def _expected(on: dict[float, int], ratio: float, off: int) -> str:
+    """With ratios 0 and 1 measured, what a ratio between costs on average: a call not traced
+    costs what one at ratio 0 does, a traced one what one at ratio 1 does. Deterministic, where
+    the measured figure moves with the draw and the export thread's timing."""
+    if not 0 < ratio < 1 or 0 not in on or 1 not in on:
+        return ""
+    expected = round(on[0] + ratio * (on[1] - on[0]))
+    return f"; expected {expected:,} ({expected / off:.3f}x)"
 
 
 def table(counts: dict[str, int], base: int, calls: int) -> figures.Table:

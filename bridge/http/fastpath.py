@@ -82,9 +82,6 @@ _REQUEST_LINE = re.compile(rb"POST " + _TARGET.pattern + rb" HTTP/1\.1")
 _FIELDS = re.compile(rb"(?:\r\n[!#$%&'*+.^_`|~0-9A-Za-z-]+:[\t\x20-\x7e\x80-\xff]*)*")
 _FIELD = re.compile(rb"\r\n([^:]+):[\t ]*+((?:[^\r]*[^\r\t ])?)[\t ]*")  # one field of a block _FIELDS took
 _MCP, _GROUPS = b"mcp", b"groups"
-# W3C trace context fields, read from a head only with tracing on (one search, not every field).
-_TRACEPARENT = re.compile(rb"\r\n(?i:traceparent):[\t ]*+([^\r]*[^\r\t ])")
-_TRACESTATE = re.compile(rb"\r\n(?i:tracestate):[\t ]*+([^\r]*[^\r\t ])")
 # A header here that changes how the body is framed or encoded (a compressed body is decoded on
 # aiohttp's path, by body.read_message), or what is expected of the server, means aiohttp.
 HAND_OFF_FIELDS = frozenset({b"transfer-encoding", b"content-encoding", b"expect", b"upgrade"})
@@ -138,11 +135,12 @@ class Head(msgspec.Struct, eq=False):
         return self.span
 
     def trace_context(self) -> tuple[str, str] | None:
-        parent = _TRACEPARENT.search(self.raw)
+        found = self.found
+        parent = found.get(b"traceparent")
         if parent is None:
             return None
-        state = _TRACESTATE.search(self.raw)
-        return _text(parent[1]), _text(state[1]) if state is not None else ""
+        state = found.get(b"tracestate")
+        return _text(parent), _text(state) if state is not None else ""
 
 
 def read_head(head: bytes) -> tuple[re.Match[bytes], dict[bytes, bytes]] | None:
