@@ -197,6 +197,9 @@ async def test_a_servers_request_to_the_client_is_a_span_under_the_call_that_cau
             assert sampling.attributes["mcp.method.name"] == "sampling/createMessage"
             assert sampling.attributes["jsonrpc.request.id"] == str(ask["id"]) and sampling.attributes["mcp.session.id"] == client.session_id
             assert ours.start <= sampling.start <= sampling.end <= ours.end
+            (link,) = ours.links  # the POST that carried the call, its answer a stream: 200 once the stream ended
+            streamed = await r.wait_for(lambda s: (s.trace_id, s.span_id) == link)
+            assert streamed.attributes["http.response.status_code"] == 200 and streamed.status_code != ERROR and ours.end <= streamed.end
             # The POST that carried the client's answer links the question it answered.
             answered = await r.wait_for(lambda s: s.name == "POST /servers/{name}/mcp" and (sampling.trace_id, sampling.span_id) in s.links)
             assert answered.attributes["http.response.status_code"] == 202

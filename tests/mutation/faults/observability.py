@@ -8,7 +8,7 @@ TESTS: dict[str, tuple[str, ...]] = {
     'bridge/metrics.py': ('tests/unit/test_metrics_unit.py', 'tests/daemon/test_metrics.py', 'tests/daemon/test_traces.py', 'tests/daemon/test_pinned_servers.py::test_warn_serves_a_change_and_reports_it_once'),
     'bridge/logs.py': ('tests/unit/test_logs_unit.py', 'tests/daemon/test_logs.py'),
     'bridge/traces/settings.py': ('tests/unit/test_traces_settings.py', 'tests/daemon/test_traces.py'),
-    'bridge/traces/spans.py': ('tests/daemon/test_traces.py',),
+    'bridge/traces/spans.py': ('tests/unit/test_traces_spans.py', 'tests/daemon/test_traces.py'),
 }
 
 FAULTS: list[Fault] = [
