@@ -30,6 +30,7 @@ TESTS = {
         'tests/daemon/test_replicas.py::test_sse_session_posts_through_the_other_replicas',
         'tests/unit/test_fastpath_head.py', 'tests/daemon/test_fastpath.py',
         'tests/daemon/test_traces.py::test_an_http_sse_message_posts_traceparent_header_is_its_requests_parent',
+        'tests/daemon/test_traces.py::test_a_servers_request_to_the_client_is_a_span_under_the_call_that_caused_it',
     ),
     'bridge/http/endpoints/base.py': ('tests/daemon/test_streamable.py',),
     'bridge/http/aiohttp_reply.py': (
