@@ -190,7 +190,7 @@ class Served(Protocol):
 
     @property
     def traces(self) -> object | None:
-        """A server's gateway's tracing, when on (a group's members trace what it hands them)."""
+        """Tracing, when on: its endpoints hand the gateway each HTTP request's span."""
 
     async def open_session(self, session: Session) -> None: ...
 

@@ -36,6 +36,7 @@ class AiohttpHead:
         return mirrored(self._headers)
 
     def trace_context(self) -> tuple[str, str] | None:
+        """Its W3C trace context headers, `traceparent` and `tracestate` (http/traced.py)."""
         parent = self._headers.get("traceparent")
         return (parent, self._headers.get("tracestate", "")) if parent else None
 

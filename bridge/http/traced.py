@@ -10,6 +10,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from bridge.http import state
+from bridge.http.aiohttp_reply import AiohttpHead
 from bridge.http.errors import HttpError
 
 if TYPE_CHECKING:
@@ -32,9 +33,7 @@ def middleware(traces: Spans, scheme: str) -> Middleware:
         resource = request.match_info.route.resource
         if request.method != "POST" or resource is None or resource.canonical not in ROUTES:
             return await handler(request)
-        parent = request.headers.get("traceparent")
-        carried = (parent, request.headers.get("tracestate", "")) if parent else None
-        span = request[HTTP_SPAN] = traces.http_started(carried, describe, request)
+        span = request[HTTP_SPAN] = traces.http_started(AiohttpHead(request.headers).trace_context(), describe, request)
         status = None
         try:
             response = await handler(request)

@@ -195,10 +195,7 @@ class Spans:
         """The trace and span id (hex) of a request in flight, for the log events about it."""
         spans = self.open.get(session_id) if session_id is not None else None
         span = spans.get(request_id) if spans else None
-        if span is None:
-            return None
-        context = span.get_span_context()
-        return f"{context.trace_id:032x}", f"{context.span_id:016x}"
+        return None if span is None else _hex(span)
 
     def waiting(self, session_id: str, request_id: Any, why: str) -> None:
         """A request the mux did not write to its server at once: why, as an event (rule 5)."""
@@ -276,8 +273,8 @@ class Spans:
         """A span's ids as the fields of a log event about what it records (none for no span)."""
         if span is None:
             return {}
-        context = span.get_span_context()
-        return {"trace_id": f"{context.trace_id:032x}", "span_id": f"{context.span_id:016x}"}
+        trace_id, span_id = _hex(span)
+        return {"trace_id": trace_id, "span_id": span_id}
 
     @staticmethod
     def forwarded(span: Span, status: int | None, error: str | None) -> None:
@@ -334,6 +331,12 @@ class Spans:
         if spans is not None and not spans:
             del self.open[session_id]
         return span
+
+
+def _hex(span: Span) -> tuple[str, str]:
+    """A span's trace and span id, as W3C trace context writes them."""
+    context = span.get_span_context()
+    return f"{context.trace_id:032x}", f"{context.span_id:016x}"
 
 
 def _parent(carrier: Mapping[str, str]) -> Context | None:

@@ -28,9 +28,6 @@ class RequestHead(Protocol):
     def mirrored(self) -> stateless.Headers:
         """What a 2026-07-28 request's headers mirror of its body."""
 
-    def trace_context(self) -> tuple[str, str] | None:
-        """Its W3C trace context headers, `traceparent` and `tracestate` (read with tracing on)."""
-
     def http_span(self) -> Span | None:
         """Its span (http/traced.py; None: tracing is off)."""
 

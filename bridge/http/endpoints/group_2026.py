@@ -167,9 +167,6 @@ class _MemberHead:
     def mirrored(self) -> stateless.Headers:
         return msgspec.structs.replace(self._head.mirrored(), name=self._name)
 
-    def trace_context(self) -> tuple[str, str] | None:
-        return self._head.trace_context()
-
     def http_span(self) -> Span | None:
         return self._head.http_span()
 
