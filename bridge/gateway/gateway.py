@@ -35,6 +35,7 @@ from bridge.process.pool import Full, Pool, Slots
 from bridge.process.supervisor import Status
 from bridge.protocol import jsonrpc, stateless
 from bridge.protocol.jsonrpc import Kind, Message, RequestId
+from bridge.traces import UNSAMPLED
 
 if TYPE_CHECKING:
     from bridge.traces.spans import Spans  # imported only when tracing is on (traces/settings.py)
@@ -439,9 +440,16 @@ class Gateway(Registry):
             if msg.__class__ is not dict or "id" not in msg:
                 continue
             if "method" in msg:
+                # One that follows an untraced HTTP request is passed over here (spans.py, rule 3).
+                if http is UNSAMPLED and (
+                    (params := msg.get("params")).__class__ is not dict
+                    or (meta := params.get("_meta")).__class__ is not dict
+                    or "traceparent" not in meta
+                ):
+                    continue
                 if traces.started(session, msg, self.negotiated_version, http):
                     began.append(msg["id"])
-            else:
+            elif session.id in traces.asked:
                 traces.responded(session.id, msg, http)
         mux = upstream.mux
         actions = mux.from_client(session.id, payload, kind)

@@ -21,7 +21,7 @@ from bridge.metrics import ServerMetrics
 from bridge.protocol.jsonrpc import Kind, Message, RequestId
 
 if TYPE_CHECKING:
-    from opentelemetry.trace import Span
+    from bridge.traces import HttpSpan
 
 KEEPALIVE_PASSES = 5  # checks per keepalive interval: comments come every 4/5 to 5/5 of it
 KEEPALIVE_SLICE = 64  # keepalives written between yields to the event loop
@@ -47,8 +47,9 @@ class Session:
     ending: str | None = None
     group: str | None = None  # the group it serves (a group session's member session, or a 2026-07-28 request's)
     # Tracing on: the span of the HTTP request that carries the message being routed (an
-    # opentelemetry Span, http/traced.py), set by its endpoint and taken by the gateway.
-    http_trace: Span | None = None
+    # opentelemetry Span, or UNSAMPLED: traces/__init__.py), set by its endpoint and taken by
+    # the gateway.
+    http_trace: HttpSpan | None = None
 
     def __init__(self, server: str, owner: str | None, session_id: str | None = None) -> None:
         self.id = session_id or new_session_id()

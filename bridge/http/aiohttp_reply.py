@@ -17,7 +17,7 @@ from bridge.protocol import media, stateless
 from bridge.protocol.mcp import SESSION_HEADER, VERSION_HEADER
 
 if TYPE_CHECKING:
-    from opentelemetry.trace import Span
+    from bridge.traces import HttpSpan
 
 
 class AiohttpHead:
@@ -25,7 +25,7 @@ class AiohttpHead:
 
     __slots__ = ("_headers", "_span")
 
-    def __init__(self, headers: CIMultiDictProxy[str], span: Span | None = None) -> None:
+    def __init__(self, headers: CIMultiDictProxy[str], span: HttpSpan | None = None) -> None:
         self._headers = headers
         self._span = span
 
@@ -40,7 +40,7 @@ class AiohttpHead:
         parent = self._headers.get("traceparent")
         return (parent, self._headers.get("tracestate", "")) if parent else None
 
-    def http_span(self) -> Span | None:
+    def http_span(self) -> HttpSpan | None:
         return self._span
 
 

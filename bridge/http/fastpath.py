@@ -54,11 +54,10 @@ from bridge.http.endpoints.base import Dispatcher, Post
 from bridge.http.errors import INTERNAL_ERROR, HttpError
 from bridge.protocol import mcp, stateless
 from bridge.protocol.mcp import SESSION_HEADER
+from bridge.traces import UNSAMPLED
 
 if TYPE_CHECKING:
-    from opentelemetry.trace import Span
-
-    from bridge.traces.spans import Spans  # imported only when tracing is on (traces/settings.py)
+    from bridge.traces import HttpSpan
 
 MAX_HEAD = 8190  # aiohttp's limit on one line; a longer head (of any shape) is aiohttp's to judge
 MAX_FIELDS = 100  # under aiohttp's limit of 128 headers: more are aiohttp's to judge
@@ -122,7 +121,7 @@ class Head(msgspec.Struct, eq=False):
     close: bool = False
     found: dict[bytes, bytes] = msgspec.field(default_factory=dict)  # by lower-case name (of a repeat not read here, the last)
     raw: bytes = b""  # the head as read: Mcp-Param-* and a forwarded MRTR retry's headers come from it
-    span: Span | None = None  # tracing on: its span, until its answer is complete
+    span: HttpSpan | None = None  # tracing on: its span (or UNSAMPLED), until its answer is complete
 
     # A `RequestHead` (endpoints/base.py): what a 2026-07-28 endpoint reads later, from `raw`.
     def fields(self) -> CIMultiDict[str]:
@@ -131,7 +130,7 @@ class Head(msgspec.Struct, eq=False):
     def mirrored(self) -> stateless.Headers:
         return _mirrored(self)
 
-    def http_span(self) -> Span | None:
+    def http_span(self) -> HttpSpan | None:
         return self.span
 
     def trace_context(self) -> tuple[str, str] | None:
@@ -517,8 +516,11 @@ class Connection(asyncio.Protocol):
         if head.refusal is not None:
             self._reply_error(head, head.refusal, linger)
             return
-        if self._traces is not None:
-            self._trace(self._traces, head)
+        if (traces := self._traces) is not None:  # the draw inline: traces/spans.py, rule 3
+            if b"traceparent" in head.found or traces.draw() < traces.ratio:
+                head.span = traces.http_started(head.trace_context(), self._describe, head)
+            else:
+                head.span = UNSAMPLED
         if head.mcp:
             self._start_mcp(head, body)
             return
@@ -536,20 +538,17 @@ class Connection(asyncio.Protocol):
         else:
             self._reply(head, 202, _ACCEPTED_BODY, _TEXT, None)
 
-    def _trace(self, traces: Spans, head: Head) -> None:
-        """Tracing on: the request's span, as aiohttp's path makes it (http/traced.py)."""
-        head.span = traces.http_started(head.trace_context(), self._describe, head)
-
     def _describe(self, head: Head) -> tuple[str, str, str]:
         route = (state.GROUP_MCP_ROUTE if head.mcp else state.GROUP_MESSAGES_ROUTE) if head.group else (state.MCP_ROUTE if head.mcp else state.MESSAGES_ROUTE)
         path = route.replace("{group}" if head.group else "{name}", head.server)
         return route, path, "https" if self._live.config.listen.tls is not None else "http"
 
     def _traced_end(self, head: Head, status: int | None) -> None:
-        """Its answer is complete (`status`), or cut off (None): its span ends."""
-        if head.span is not None and self._traces is not None:
-            self._traces.http_ended(head.span, status)
-            head.span = None
+        """Its answer is complete (`status`), or cut off (None): its span ends. (Its callers test
+        for one first, so that a request not traced makes no call.)"""
+        span, head.span = head.span, None
+        if span is not None and span is not UNSAMPLED and self._traces is not None:
+            self._traces.http_ended(span, status)
 
     def _start_mcp(self, head: Head, body: bytes) -> None:
         gateway = head.gateway
@@ -639,7 +638,7 @@ class Connection(asyncio.Protocol):
         if cors is not None:
             headers = {**headers, **cors} if headers else cors
         transport.write(render(status, body, content_type, headers, head.close))
-        if head.span is not None:
+        if head.span is not None and head.span is not UNSAMPLED:
             self._traced_end(head, status)
         if head.close and linger:
             self._linger()
@@ -765,7 +764,7 @@ class _Reply:
         if not self.streaming:
             self.open_stream(None)  # ended before it began: still a stream, an empty one
         self._connection.write(reply.chunk(last) + reply.LAST_CHUNK if last else reply.LAST_CHUNK)  # one write: one send
-        if self._head.span is not None:
+        if self._head.span is not None and self._head.span is not UNSAMPLED:
             self._connection._traced_end(self._head, 200)
         if self._head.close:
             self._connection.close()
@@ -780,7 +779,7 @@ class _Reply:
 
     def cut(self) -> None:
         """Its client went, or it was cut off: its span (if any) ends so."""
-        if self._head.span is not None:
+        if self._head.span is not None and self._head.span is not UNSAMPLED:
             self._connection._traced_end(self._head, None)
 
     def watch(self, left: Callable[[], object]) -> None:

@@ -59,6 +59,7 @@ from bridge.protocol.mcp import STATELESS_VERSIONS
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
 
+    from bridge.traces import HttpSpan
     from bridge.traces.spans import Spans  # imported only when tracing is on (traces/settings.py)
 
 # Meant for one connection only (RFC 9110, 7.6.1), so never passed on.
@@ -160,7 +161,7 @@ class Forwarder:
         reply: Reply,
         rid: jsonrpc.RequestId | None,
         unsent_limit: int,
-        span: Span | None = None,
+        span: HttpSpan | None = None,
     ) -> None:
         """Forward an MRTR retry to the replica holding its call; its answer goes back through
         `reply`: a JSON body whole, a stream chunk by chunk (a client that leaves more than
@@ -198,7 +199,7 @@ class Forwarder:
 
     @contextlib.asynccontextmanager
     async def _exchange(
-        self, owner: Owner, method: str, path: str, headers: CIMultiDict[str], data: Any, gone: HttpError, http: Span | None
+        self, owner: Owner, method: str, path: str, headers: CIMultiDict[str], data: Any, gone: HttpError, http: HttpSpan | None
     ) -> AsyncIterator[tuple[aiohttp.ClientResponse, str]]:
         """One request to `owner`, and its answer with the outcome it counts as; `gone` when the
         owner cannot be reached. `http`: the span of the request forwarded (tracing on)."""

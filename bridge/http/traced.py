@@ -12,15 +12,15 @@ from aiohttp.typedefs import Handler, Middleware
 from bridge.http import state
 from bridge.http.aiohttp_reply import AiohttpHead
 from bridge.http.errors import HttpError
+from bridge.traces import UNSAMPLED
 
 if TYPE_CHECKING:
-    from opentelemetry.trace import Span
-
+    from bridge.traces import HttpSpan
     from bridge.traces.spans import Spans
 
 # The routes whose POSTs carry MCP messages.
 ROUTES: Final = frozenset({state.MESSAGES_ROUTE, state.MCP_ROUTE, state.GROUP_MESSAGES_ROUTE, state.GROUP_MCP_ROUTE})
-HTTP_SPAN: Final[web.RequestKey[Span]] = web.RequestKey("http_span")
+HTTP_SPAN: Final[web.RequestKey[HttpSpan]] = web.RequestKey("http_span")
 
 
 def middleware(traces: Spans, scheme: str) -> Middleware:
@@ -33,7 +33,11 @@ def middleware(traces: Spans, scheme: str) -> Middleware:
         resource = request.match_info.route.resource
         if request.method != "POST" or resource is None or resource.canonical not in ROUTES:
             return await handler(request)
-        span = request[HTTP_SPAN] = traces.http_started(AiohttpHead(request.headers).trace_context(), describe, request)
+        carried = AiohttpHead(request.headers).trace_context()
+        span = UNSAMPLED if carried is None and traces.draw() >= traces.ratio else traces.http_started(carried, describe, request)
+        request[HTTP_SPAN] = span
+        if span is UNSAMPLED:
+            return await handler(request)
         status = None
         try:
             response = await handler(request)
@@ -51,6 +55,6 @@ def middleware(traces: Spans, scheme: str) -> Middleware:
     return trace_http
 
 
-def span_of(request: web.Request) -> Span | None:
+def span_of(request: web.Request) -> HttpSpan | None:
     """The span of `request` (None: tracing off, or not a request that has one)."""
     return request.get(HTTP_SPAN)

@@ -18,7 +18,7 @@ from bridge.http.reply import Reply
 from bridge.protocol import stateless
 
 if TYPE_CHECKING:
-    from opentelemetry.trace import Span
+    from bridge.traces import HttpSpan
 
 
 class RequestHead(Protocol):
@@ -28,7 +28,7 @@ class RequestHead(Protocol):
     def mirrored(self) -> stateless.Headers:
         """What a 2026-07-28 request's headers mirror of its body."""
 
-    def http_span(self) -> Span | None:
+    def http_span(self) -> HttpSpan | None:
         """Its span (http/traced.py; None: tracing is off)."""
 
 

@@ -47,7 +47,7 @@ from bridge.protocol.mcp import LISTEN, NAME_HEADER, STATELESS_VERSION, SUBSCRIP
 from bridge.protocol.stateless import StatelessError
 
 if TYPE_CHECKING:
-    from opentelemetry.trace import Span
+    from bridge.traces import HttpSpan
 
 _decode = msgspec.json.Decoder().decode
 # Asked of every member the principal may use, and merged.
@@ -167,7 +167,7 @@ class _MemberHead:
     def mirrored(self) -> stateless.Headers:
         return msgspec.structs.replace(self._head.mirrored(), name=self._name)
 
-    def http_span(self) -> Span | None:
+    def http_span(self) -> HttpSpan | None:
         return self._head.http_span()
 
 

@@ -27,6 +27,8 @@ FAULTS: list[Fault] = [
     Fault('gw-call-span-open', 'bridge/gateway/gateway.py', '                traces.answered(call.session, call.client_id, answer, sent)\n', '                pass\n'),
     Fault('gw-log-untraced', 'bridge/gateway/gateway.py', '        return {"trace_id": ids[0], "span_id": ids[1]} if ids is not None else {}', '        return {}'),
     Fault('gw-audit-untraced', 'bridge/gateway/gateway.py', '            if ids is not None:\n                audit = audit.bind(', '            if False:\n                audit = audit.bind('),
+    Fault('gw-unsampled-meta-ignored', 'bridge/gateway/gateway.py', '                if http is UNSAMPLED and (\n', '                if http is UNSAMPLED or (\n'),
+    Fault('gw-answer-to-asked-unread', 'bridge/gateway/gateway.py', '            elif session.id in traces.asked:\n', '            elif False:\n'),
     Fault('gw-no-exemplar', 'bridge/gateway/gateway.py', '            self.metrics.traced(call.method, time.monotonic() - call.started, *ids)\n', '            pass\n'),
     Fault('gw-stage-unsaid', 'bridge/gateway/gateway.py', '                    traces.waiting(session.id, request_id, why.value)\n', '                    pass\n'),
     Fault('grp-http-span-not-handed-on', 'bridge/gateway/group.py', '            sub.http_trace = joined.client.http_trace  # the span of the HTTP request that carried it\n', '            pass\n'),
