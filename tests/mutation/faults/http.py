@@ -54,7 +54,6 @@ FAULTS = [
     Fault('traced-status-unread', 'bridge/http/traced.py', '            status = response.status\n', '            status = 200\n'),
     Fault('fast-http-untraced', 'bridge/http/fastpath.py', '                head.span = traces.http_started(head.trace_context(), self._describe, head)\n', '                head.span = UNSAMPLED\n'),
     Fault('fast-draw-skipped', 'bridge/http/fastpath.py', 'if b"traceparent" in head.found or traces.draw() < traces.ratio:', 'if b"traceparent" in head.found:'),
-    Fault('fast-unsampled-ended', 'bridge/http/fastpath.py', '        if head.span is not None and head.span is not UNSAMPLED:\n            self._traced_end(head, status)', '        if head.span is not None:\n            self._traced_end(head, status)'),
     Fault('fast-stream-span-cut', 'bridge/http/fastpath.py', '            self._connection._traced_end(self._head, 200)\n', '            self._connection._traced_end(self._head, None)\n'),
     Fault('fwd-untraced', 'bridge/http/forward.py', 'span = self.traces.forwarding(headers, method, owner.address, http) if self.traces is not None else None', 'span = None'),
     Fault('fwd-owner-gone-unmarked', 'bridge/http/forward.py', '                error = "owner_gone"\n', ''),
