@@ -50,6 +50,9 @@ class Session:
     # opentelemetry Span, or UNSAMPLED: traces/__init__.py), set by its endpoint and taken by
     # the gateway.
     http_trace: HttpSpan | None = None
+    # Tracing on, while it is routed: when (time.time_ns) the message arrived, if it waited for
+    # a process before the gateway saw it (a 2026-07-28 request opening its session).
+    waited_from: int | None = None
 
     def __init__(self, server: str, owner: str | None, session_id: str | None = None) -> None:
         self.id = session_id or new_session_id()

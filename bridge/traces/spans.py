@@ -31,7 +31,9 @@ Rules
    process starting, restarting or initializing), `waiting_for_slot` (`max_concurrent_calls`).
    When the answer comes, an event `written` at the time the mux wrote the request to the
    server's stdin: before it, the request waited at the bridge; after it, the server's own
-   time. (Events, not child spans: a traced call costs half as much.) An error answer sets
+   time. (Events, not child spans: a traced call costs half as much.) A 2026-07-28 request
+   whose session waits for a process before its gateway sees it begins its span when it
+   arrived, with `waiting_for_server` then. An error answer sets
    `error.type` and `rpc.response.status_code` to its JSON-RPC code and the status to ERROR;
    a tool's result with `isError`, `error.type` `tool_error`.
 6. A server's request to the client (sampling, elicitation, roots) attributed to a traced call
@@ -66,7 +68,7 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from bridge import __version__, logs
-from bridge.core.mux import ToSession
+from bridge.core.mux import ToSession, Waiting
 from bridge.traces import UNSAMPLED
 from bridge.traces.settings import Settings
 
@@ -80,6 +82,7 @@ class Session(Protocol):
     id: str
     transport: str
     era: str
+    waited_from: int | None
 
 
 S = TypeVar("S", bound=Session)
@@ -171,32 +174,18 @@ class Spans:
             return False
         elif http is not None and http is not UNSAMPLED:
             links = [trace.Link(http.get_span_context())]
-        method, session_id = msg["method"], session.id
-        attributes: dict[str, Any] = {"mcp.method.name": method, "jsonrpc.request.id": str(msg["id"]), "network.transport": "tcp"}
-        name = method
-        if params.__class__ is dict:
-            key = TARGETS.get(method)
-            if key is not None and isinstance(target := params.get("name"), str):
-                attributes[key] = target
-                name = f"{method} {target}"
-                if method == "tools/call":
-                    attributes["gen_ai.operation.name"] = "execute_tool"
-            elif method in URI_METHODS and isinstance(uri := params.get("uri"), str):
-                attributes["mcp.resource.uri"] = uri
-        if session.transport == "stateless":  # a 2026-07-28 request is part of no session
-            attributes["mcp.protocol.version"] = session.era
-        else:
-            attributes["mcp.session.id"] = session_id
-            if (negotiated := version(session)) is not None:
-                attributes["mcp.protocol.version"] = negotiated
-        span = self.tracer.start_span(name, context=parent, kind=SpanKind.SERVER, attributes=attributes, links=links)
+        name, attributes = _described(session, msg, params, version)
+        since = session.waited_from
+        span = self.tracer.start_span(name, context=parent, kind=SpanKind.SERVER, attributes=attributes, links=links, start_time=since)
+        if since is not None:
+            span.add_event(Waiting.SERVER.value, timestamp=since)
         if params.__class__ is not dict:
             params = msg["params"] = {}
         if meta.__class__ is not dict:
             meta = params["_meta"] = {}
         meta.pop("tracestate", None)  # the span's own, if any, replaces the client's
         _PROPAGATOR.inject(meta, context=trace.set_span_in_context(span))
-        self.open.setdefault(session_id, {})[msg["id"]] = span
+        self.open.setdefault(session.id, {})[msg["id"]] = span
         return True
 
     def ids(self, session_id: str | None, request_id: Any) -> tuple[str, str] | None:
@@ -206,10 +195,12 @@ class Spans:
         return None if span is None else _hex(span)
 
     def waiting(self, session_id: str, request_id: Any, why: str) -> None:
-        """A request the mux did not write to its server at once: why, as an event (rule 5)."""
+        """A request the mux did not write to its server at once: why, as an event (rule 5);
+        not twice: one that waited for its process before (`started`) and for its initializing
+        now waits for the server still."""
         spans = self.open.get(session_id)
         span = spans.get(request_id) if spans else None
-        if span is not None:
+        if span is not None and not (isinstance(span, ReadableSpan) and span.events and span.events[-1].name == why):
             span.add_event(why)
 
     def answered(self, session_id: str, request_id: Any, message: Mapping[str, Any], sent: float = 0.0) -> None:
@@ -339,6 +330,29 @@ class Spans:
         if spans is not None and not spans:
             del self.open[session_id]
         return span
+
+
+def _described(session: S, msg: dict[str, Any], params: object, version: Callable[[S], str | None]) -> tuple[str, dict[str, Any]]:
+    """A traced request's span name and attributes (rule 1)."""
+    method = msg["method"]
+    attributes: dict[str, Any] = {"mcp.method.name": method, "jsonrpc.request.id": str(msg["id"]), "network.transport": "tcp"}
+    name = method
+    if isinstance(params, dict):
+        key = TARGETS.get(method)
+        if key is not None and isinstance(target := params.get("name"), str):
+            attributes[key] = target
+            name = f"{method} {target}"
+            if method == "tools/call":
+                attributes["gen_ai.operation.name"] = "execute_tool"
+        elif method in URI_METHODS and isinstance(uri := params.get("uri"), str):
+            attributes["mcp.resource.uri"] = uri
+    if session.transport == "stateless":  # a 2026-07-28 request is part of no session
+        attributes["mcp.protocol.version"] = session.era
+    else:
+        attributes["mcp.session.id"] = session.id
+        if (negotiated := version(session)) is not None:
+            attributes["mcp.protocol.version"] = negotiated
+    return name, attributes
 
 
 def _hex(span: Span) -> tuple[str, str]:

@@ -122,6 +122,24 @@ async def test_a_2026_07_28_call_is_traced_with_no_session(bridge: Any, path: st
         assert ours.attributes["mcp.protocol.version"] == "2026-07-28" and ours.attributes["jsonrpc.request.id"] == "m1"
 
 
+@pytest.mark.parametrize("path", PATHS)
+async def test_a_2026_07_28_call_that_waits_for_its_process_begins_its_span_on_arrival(bridge: Any, path: str) -> None:
+    async with receiver() as r:
+        config = traced(r)
+        config["servers"]["traced"]["mode"] = "per-session"  # each request's own process, started for it
+        async with bridge(config, env=FAST_EXPORT) as b:
+            call = request("tools/call", {"name": "echo", "arguments": {"text": "fresh"}}, rid="w1")
+            call["params"]["_meta"]["traceparent"] = TRACEPARENT
+            answer = (await post(b.url("traced", "mcp"), call, headers_for(call), path)).final()
+            assert answer["result"]["content"][0]["text"] == "fresh"
+            ours, theirs = await chain(r, "tools/call echo")
+            assert [name for name, _ in ours.events] == ["waiting_for_server", "written"], ours.events
+            (waited, _), (written, at) = ours.events
+            assert ours.events[0][1] == ours.start < at <= theirs.start  # the process started in between
+            http = await r.wait_for(lambda s: s.service == "mcp-bridge" and s.name == "POST /servers/{name}/mcp")
+            assert http.start <= ours.start and ours.links == [(http.trace_id, http.span_id)]
+
+
 async def test_a_malformed_traceparent_is_ignored_and_a_tool_error_marks_the_span(bridge: Any) -> None:
     async with receiver() as r, bridge(traced(r), env=FAST_EXPORT) as b, RawStreamable(b.url("traced", "mcp")) as raw:
         await raw.initialize()

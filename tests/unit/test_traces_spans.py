@@ -34,6 +34,7 @@ class _Session:
     id = "s1"
     transport = "streamable"
     era = "legacy"
+    waited_from = None
 
 
 @pytest.fixture(params=[0.0])

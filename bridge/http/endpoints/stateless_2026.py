@@ -466,18 +466,23 @@ def _open_later(
     then: Callable[[StatelessSession], None],
 ) -> None:  # fmt: skip
     """`then`, once the session `_open` made has its process and is adopted."""
-    later(reply, refusing(post, msg, reply, _opened(post.gateway, session, env, notices, then)), "stateless_request")
+    arrived = time.time_ns() if post.gateway.traces is not None else None  # a traced request's span begins here
+    later(reply, refusing(post, msg, reply, _opened(post.gateway, session, env, notices, then, arrived)), "stateless_request")
 
 
 async def _opened(
-    gateway: Gateway, session: StatelessSession, env: Envelope, notices: frozenset[str], then: Callable[[StatelessSession], None]
+    gateway: Gateway, session: StatelessSession, env: Envelope, notices: frozenset[str], then: Callable[[StatelessSession], None], arrived: int | None
 ) -> None:
     try:
         await gateway.open_request_later(session, env, notices)
     except SessionLimitError as exc:
         raise state.unavailable(exc) from None
     session.adopted = True
-    then(session)
+    session.waited_from = arrived
+    try:
+        then(session)
+    finally:
+        session.waited_from = None
 
 
 class Exchange(Driver):

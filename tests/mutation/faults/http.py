@@ -21,7 +21,7 @@ TESTS = {
     'bridge/http/endpoints/post.py': ('tests/daemon/test_modern.py', 'tests/daemon/test_streamable.py'),
     'bridge/http/endpoints/sse_2024.py': ('tests/daemon/test_sse_transport.py', 'tests/daemon/test_traces.py::test_an_http_sse_message_posts_traceparent_header_is_its_requests_parent'),
     'bridge/http/endpoints/streamable_2025.py': ('tests/daemon/test_streamable.py',),
-    'bridge/http/endpoints/stateless_2026.py': ('tests/unit/test_stateless_2026_unit.py', 'tests/daemon/test_modern.py'),
+    'bridge/http/endpoints/stateless_2026.py': ('tests/unit/test_stateless_2026_unit.py', 'tests/daemon/test_modern.py', 'tests/daemon/test_traces.py::test_a_2026_07_28_call_that_waits_for_its_process_begins_its_span_on_arrival'),
     'bridge/http/endpoints/group_2026.py': ('tests/daemon/test_groups.py',),
     'bridge/http/traced.py': ('tests/daemon/test_traces.py',),
     'bridge/http/fastpath.py': (
@@ -113,6 +113,7 @@ FAULTS = [
     Fault('group26-audit-unnamed', 'bridge/http/endpoints/group_2026.py', '    return Post(gateway, post.principal, None, post.version, accept, post.resume_buffer, head, group.name)', '    return Post(gateway, post.principal, None, post.version, accept, post.resume_buffer, head)'),
     Fault('group26-uncounted', 'bridge/http/endpoints/group_2026.py', '    group.requests[gateway.name] += 1\n', ''),
     # endpoints/stateless_2026.py
+    Fault('modern-wait-for-process-untraced', 'bridge/http/endpoints/stateless_2026.py', '    session.waited_from = arrived\n', ''),
     Fault('modern-ended-is-200', 'bridge/http/endpoints/stateless_2026.py', '            self._end(ended, 503)', '            self._end(ended, 200)'),
     Fault('modern-retry-keeps-call-id', 'bridge/http/endpoints/stateless_2026.py', '        if self.reply_id != self.call_id:\n            data = stateless.with_id(data, self.reply_id)', '        if False:\n            data = stateless.with_id(data, self.reply_id)'),
     Fault('modern-withdrawn-still-asked', 'bridge/http/endpoints/stateless_2026.py', '                for key in [k for k, downstream in ids.items() if downstream == withdrawn]:\n                    del asked[key], ids[key]\n', ''),
