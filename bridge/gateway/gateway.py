@@ -575,8 +575,8 @@ class Gateway(Registry):
             audit = self.audit
             if call.session is not None and (session := self.sessions.get(call.session)) is not None and session.group is not None:
                 audit = self._group_audits.get(session.group) or self._group_audits.setdefault(session.group, audit.bind(group=session.group))
-            if ids is not None:
-                audit = audit.bind(trace_id=ids[0], span_id=ids[1])
+            if ids is not None and traces is not None:
+                audit = audit.bind(**traces.fields(ids))
             audit.info(
                 "audit",
                 principal=call.principal,
@@ -591,8 +591,8 @@ class Gateway(Registry):
     def trace_fields(self, session_id: str, request_id: RequestId) -> dict[str, str]:
         """The trace and span id of a request in flight, as the fields of a log event about
         it; none when it is not traced."""
-        ids = self.traces.ids(session_id, request_id) if self.traces is not None else None
-        return {"trace_id": ids[0], "span_id": ids[1]} if ids is not None else {}
+        traces = self.traces
+        return traces.fields(traces.ids(session_id, request_id)) if traces is not None else {}
 
     def flush(self) -> None:
         """Write out what the sessions were given since the last flush: one write per session."""

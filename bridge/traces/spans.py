@@ -270,10 +270,12 @@ class Spans:
     @staticmethod
     def log_ids(span: Span | None) -> dict[str, str]:
         """A span's ids as the fields of a log event about what it records (none for no span)."""
-        if span is None:
-            return {}
-        trace_id, span_id = _hex(span)
-        return {"trace_id": trace_id, "span_id": span_id}
+        return Spans.fields(None if span is None else _hex(span))
+
+    @staticmethod
+    def fields(ids: tuple[str, str] | None) -> dict[str, str]:
+        """A trace and span id (`ids`, `_hex`) as the fields of a log event (none for None)."""
+        return {} if ids is None else {"trace_id": ids[0], "span_id": ids[1]}
 
     @staticmethod
     def forwarded(span: Span, status: int | None, error: str | None) -> None:

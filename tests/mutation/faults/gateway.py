@@ -25,8 +25,8 @@ FAULTS: list[Fault] = [
     # group.py
     Fault('gw-mux-answer-span-open', 'bridge/gateway/gateway.py', '                    traces.answered(action.session, action.related, action.message)\n', '                    pass\n'),
     Fault('gw-call-span-open', 'bridge/gateway/gateway.py', '                traces.answered(call.session, call.client_id, answer, sent)\n', '                pass\n'),
-    Fault('gw-log-untraced', 'bridge/gateway/gateway.py', '        return {"trace_id": ids[0], "span_id": ids[1]} if ids is not None else {}', '        return {}'),
-    Fault('gw-audit-untraced', 'bridge/gateway/gateway.py', '            if ids is not None:\n                audit = audit.bind(', '            if False:\n                audit = audit.bind('),
+    Fault('gw-log-untraced', 'bridge/gateway/gateway.py', '        return traces.fields(traces.ids(session_id, request_id)) if traces is not None else {}', '        return {}'),
+    Fault('gw-audit-untraced', 'bridge/gateway/gateway.py', '            if ids is not None and traces is not None:\n                audit = audit.bind(', '            if False:\n                audit = audit.bind('),
     Fault('gw-unsampled-meta-ignored', 'bridge/gateway/gateway.py', '                if http is UNSAMPLED and (\n', '                if http is UNSAMPLED or (\n'),
     Fault('gw-answer-to-asked-unread', 'bridge/gateway/gateway.py', '            elif session.id in traces.asked:\n', '            elif False:\n'),
     Fault('gw-no-exemplar', 'bridge/gateway/gateway.py', '            self.metrics.traced(call.method, time.monotonic() - call.started, *ids)\n', '            pass\n'),
