@@ -464,10 +464,11 @@ class Gateway(Registry):
 
     # ------------------------------------------------------------------ actions
 
-    def apply(self, upstream: Upstream, actions: list[Action], flush: bool = True) -> None:
+    def apply(self, upstream: Upstream, actions: list[Action], flush: bool = True) -> None:  # noqa: C901 (below)
         """Carry out `actions` in order. What the mux says about a message the server's
         input had no room for is appended to `actions` and carried out in turn. The two
-        actions of every message are carried out here; the rest in `_carry_out`."""
+        actions of every message are carried out here, each outcome a branch: a helper would
+        be a Python call per message; the rest in `_carry_out`."""
         if not actions:
             return  # nothing delivered here: whoever delivered before flushes
         slow: list[Session] = []
@@ -481,6 +482,8 @@ class Gateway(Registry):
                         actions += upstream.translate(message)
                     elif not upstream.send(encode(message) + b"\n"):
                         actions += self._unwritten(upstream, message)
+                    elif (traces := self.traces) is not None and traces.open:  # (`open`: a traced call in flight)
+                        self._queued(traces, upstream, message)
                 case ToSession(session=sid, message=message, related=related, final=final, call=call):
                     session = self.sessions.get(sid)
                     if session is None:
@@ -504,6 +507,15 @@ class Gateway(Registry):
             self._close_slow(slow)
         if flush:
             self.flush()
+
+    def _queued(self, traces: Spans, upstream: Upstream, message: Message) -> None:
+        """A message written while a traced call is in flight: if it is a traced call's and its
+        line did not all go into the pipe at once, its span says so (traces/spans.py, rule 5)."""
+        if "method" not in message or "id" not in message or not (buffered := upstream.buffered()):
+            return
+        call = upstream.mux.call(message["id"])
+        if call is not None and call.session is not None:
+            traces.queued(call.session, call.client_id, buffered)
 
     def _unwritten(self, upstream: Upstream, message: Message) -> list[Action]:
         """A message the server's input had no room for: dropped, and a request failed."""

@@ -148,6 +148,11 @@ class Upstream:
         self.refused += 1
         return False
 
+    def buffered(self) -> int:
+        """Bytes written to the process's stdin that it has not read yet, beyond the pipe's own."""
+        child = self.child
+        return child.stdin_buffered() if child is not None else 0
+
     def on_input_blocked(self, blocked: bool) -> None:
         """More than half of limits.server_input_buffer waits in the server's stdin (or no longer)."""
         child = self.child

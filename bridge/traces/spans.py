@@ -31,7 +31,8 @@ Rules
    process starting, restarting or initializing), `waiting_for_slot` (`max_concurrent_calls`).
    When the answer comes, an event `written` at the time the mux wrote the request to the
    server's stdin: before it, the request waited at the bridge; after it, the server's own
-   time. (Events, not child spans: a traced call costs half as much.) A 2026-07-28 request
+   time. A line that did not all go into the pipe at once (the server is not reading) gets
+   `queued` then too, with the bytes waiting for the server to read them, its own included. (Events, not child spans: a traced call costs half as much.) A 2026-07-28 request
    whose session waits for a process before its gateway sees it begins its span when it
    arrived, with `waiting_for_server` then. An error answer sets
    `error.type` and `rpc.response.status_code` to its JSON-RPC code and the status to ERROR;
@@ -202,6 +203,14 @@ class Spans:
         span = spans.get(request_id) if spans else None
         if span is not None and not (isinstance(span, ReadableSpan) and span.events and span.events[-1].name == why):
             span.add_event(why)
+
+    def queued(self, session_id: str, request_id: Any, buffered: int) -> None:
+        """A request's line that did not all go into the server's stdin pipe at once: it waits
+        behind what the server has not read (rule 5)."""
+        spans = self.open.get(session_id)
+        span = spans.get(request_id) if spans else None
+        if span is not None:
+            span.add_event("queued", attributes={"mcp_bridge.server_input.buffered": buffered})
 
     def answered(self, session_id: str, request_id: Any, message: Mapping[str, Any], sent: float = 0.0) -> None:
         """A request's answer is delivered (rule 5). `sent`: when the mux wrote it to the server

@@ -302,6 +302,26 @@ async def test_each_stage_a_call_waits_at_the_bridge_is_an_event_of_its_span(bri
                 assert stages(await r.wait_for(span("tools/call echo", "after"))) == ["waiting_for_server", "written"]
 
 
+async def test_a_call_whose_line_waits_for_a_server_that_stopped_reading_is_queued(bridge: Any) -> None:
+    MiB = 1 << 20
+    limits = {"max_message_bytes": "1MiB", "server_input_buffer": "1MiB", "server_input_stall": "1s"}
+    async with receiver() as r:
+        config = {"servers": {"deaf": {**faulty(), "restart": {"backoff_initial": 0.2}}}, "limits": limits, "telemetry": {"traces": {"endpoint": r.url}}}
+        async with bridge(config, env=FAST_EXPORT) as b, RawStreamable(b.url("deaf", "mcp")) as raw:
+            await raw.initialize()
+            answer, _ = await raw.request("tools/call", {"name": "deaf", "arguments": {}}, request_id="deaf")
+            assert answer["result"]["content"][0]["text"] == "deaf"  # and it reads no more
+            blob = {"jsonrpc": "2.0", "method": "notifications/flood", "params": {"blob": "x" * (MiB * 3 // 4)}}
+            assert (await raw.post(blob)).status == 202  # more than the pipe holds: the rest waits in the bridge
+            lost, _ = await raw.request("tools/call", {"name": "echo", "arguments": {"text": "stuck"}}, request_id="stuck")
+            assert "error" in lost, lost  # the server stalled, and was restarted with the call in it
+            stuck = await r.wait_for(lambda s: s.name == "tools/call echo" and s.attributes["jsonrpc.request.id"] == "stuck")
+            assert [name for name, _ in stuck.events] == ["queued", "written"], stuck.events
+            assert stuck.event_attributes["queued"]["mcp_bridge.server_input.buffered"] > MiB // 2  # the blob, less what the pipe took
+            served = await r.wait_for(lambda s: s.name == "tools/call deaf")
+            assert [name for name, _ in served.events] == ["written"]  # nothing before it in the pipe
+
+
 async def test_a_forward_between_replicas_is_a_span_between_the_clients_and_the_owners(tmp_path: Path) -> None:
     header_trace, header_span = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
     async with receiver() as r, contextlib.AsyncExitStack() as stack:

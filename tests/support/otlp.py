@@ -30,6 +30,7 @@ class Span:
     status_message: str
     links: list[tuple[str, str]] = field(default_factory=list)
     events: list[tuple[str, int]] = field(default_factory=list)  # (name, time)
+    event_attributes: dict[str, dict[str, Any]] = field(default_factory=dict)  # by event name (of a repeat, the last)
 
 
 def _value(v: Any) -> Any:
@@ -65,6 +66,7 @@ class Receiver:
                             s.start_time_unix_nano, s.end_time_unix_nano, {a.key: _value(a.value) for a in s.attributes},
                             s.status.code, s.status.message, [(link.trace_id.hex(), link.span_id.hex()) for link in s.links],
                             [(e.name, e.time_unix_nano) for e in s.events],
+                            {e.name: {a.key: _value(a.value) for a in e.attributes} for e in s.events},
                         )
                     )  # fmt: skip
         self._changed.set()

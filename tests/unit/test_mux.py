@@ -1752,6 +1752,17 @@ def test_an_oversized_response_or_an_unwritten_call_frees_its_slot() -> None:
     assert c1["params"]["who"] == "c1"
 
 
+def test_a_call_in_flight_is_found_by_its_id_at_the_server_until_answered() -> None:
+    """What the gateway reads of a traced call whose line waits in the server's stdin (rule 5 of traces/spans.py)."""
+    mux = ready_mux("a", "b")
+    (first,) = to_server(mux.from_client("a", req(7, "tools/call")))
+    (second,) = to_server(mux.from_client("b", req(7, "tools/call")))
+    found = mux.call(first["id"]), mux.call(second["id"])
+    assert [(c.session, c.client_id) for c in found if c is not None] == [("a", 7), ("b", 7)]
+    mux.from_server(jsonrpc.result(first["id"], {}))
+    assert mux.call(first["id"]) is None and mux.call(10_000) is None
+
+
 def test_waiting_says_why_a_call_is_not_written_yet_and_nothing_once_it_is() -> None:
     """What a traced call's span records on arrival (traces/spans.py, rule 5)."""
     mux = ready_mux("a", "b", capabilities=SAMPLERS, attribution_window=0.25)

@@ -291,6 +291,10 @@ class Mux:
         """Client calls waiting for a slot under `max_calls` (rule 9)."""
         return self._for_slot.waiting
 
+    def call(self, upstream_id: int) -> Call | None:
+        """A call in flight, by the id the mux gave it at the server."""
+        return self._calls.get(upstream_id)
+
     def waiting(self, session: str, client_id: RequestId) -> Waiting | None:
         """Why a client's call is not written to the server yet; None once it is (or when
         there is no such call). Asked of traced calls only (traces/spans.py, rule 5)."""

@@ -34,6 +34,7 @@ FAULTS = [
     Fault('mux-least-recent-session', 'bridge/core/mux/attribution.py', 'return max(candidates, key=lambda p: p.last_active), None', 'return min(candidates, key=lambda p: p.last_active), None'),
     Fault('mux-no-call-across-principals', 'bridge/core/mux/attribution.py', '    if len({p.principal for p in candidates}) != 1:', '    if not candidates:'),
     Fault('mux-no-call-ignores-capability', 'bridge/core/mux/attribution.py', 'if p.state is _READY and (wanted is None or can_handle(p.capabilities, wanted, msg))', 'if p.state is _READY'),
+    Fault('mux-call-not-found', 'bridge/core/mux/mux.py', '        return self._calls.get(upstream_id)\n', '        return None\n'),
     Fault('mux-held-said-slot', 'bridge/core/mux/mux.py', '        if self._held.holds(call.principal, call.upstream_id):\n            return Waiting.HELD\n', ''),
     Fault('mux-starting-said-slot', 'bridge/core/mux/mux.py', '        if self.state is not _READY:\n            return Waiting.SERVER\n', ''),
     Fault('mux-cancelled-unbounded', 'bridge/core/mux/mux.py', '            self._cancelled.popitem(last=False)', '            pass'),
