@@ -511,11 +511,10 @@ class Gateway(Registry):
     def _queued(self, traces: Spans, upstream: Upstream, message: Message) -> None:
         """A message written while a traced call is in flight: if it is a traced call's and its
         line did not all go into the pipe at once, its span says so (traces/spans.py, rule 5)."""
-        if "method" not in message or "id" not in message or not (buffered := upstream.buffered()):
-            return
-        call = upstream.mux.call(message["id"])
-        if call is not None and call.session is not None:
-            traces.queued(call.session, call.client_id, buffered)
+        call = upstream.mux.call(message["id"]) if "method" in message and "id" in message else None
+        span = traces.span(call.session, call.client_id) if call is not None else None
+        if span is not None and (buffered := upstream.buffered()):
+            traces.queued(span, buffered)
 
     def _unwritten(self, upstream: Upstream, message: Message) -> list[Action]:
         """A message the server's input had no room for: dropped, and a request failed."""

@@ -189,28 +189,29 @@ class Spans:
         self.open.setdefault(session.id, {})[msg["id"]] = span
         return True
 
+    def span(self, session_id: str | None, request_id: Any) -> Span | None:
+        """The span of a request in flight (None: it is not traced)."""
+        spans = self.open.get(session_id) if session_id is not None else None
+        return spans.get(request_id) if spans else None
+
     def ids(self, session_id: str | None, request_id: Any) -> tuple[str, str] | None:
         """The trace and span id (hex) of a request in flight, for the log events about it."""
-        spans = self.open.get(session_id) if session_id is not None else None
-        span = spans.get(request_id) if spans else None
+        span = self.span(session_id, request_id)
         return None if span is None else _hex(span)
 
     def waiting(self, session_id: str, request_id: Any, why: str) -> None:
         """A request the mux did not write to its server at once: why, as an event (rule 5);
         not twice: one that waited for its process before (`started`) and for its initializing
         now waits for the server still."""
-        spans = self.open.get(session_id)
-        span = spans.get(request_id) if spans else None
+        span = self.span(session_id, request_id)
         if span is not None and not (isinstance(span, ReadableSpan) and span.events and span.events[-1].name == why):
             span.add_event(why)
 
-    def queued(self, session_id: str, request_id: Any, buffered: int) -> None:
-        """A request's line that did not all go into the server's stdin pipe at once: it waits
-        behind what the server has not read (rule 5)."""
-        spans = self.open.get(session_id)
-        span = spans.get(request_id) if spans else None
-        if span is not None:
-            span.add_event("queued", attributes={"mcp_bridge.server_input.buffered": buffered})
+    @staticmethod
+    def queued(span: Span, buffered: int) -> None:
+        """A traced request's line that did not all go into the server's stdin pipe at once:
+        it waits behind what the server has not read (rule 5)."""
+        span.add_event("queued", attributes={"mcp_bridge.server_input.buffered": buffered})
 
     def answered(self, session_id: str, request_id: Any, message: Mapping[str, Any], sent: float = 0.0) -> None:
         """A request's answer is delivered (rule 5). `sent`: when the mux wrote it to the server

@@ -36,7 +36,7 @@ FAULTS: list[Fault] = [
     Fault('traces-tool-error-unmarked', 'bridge/traces/spans.py', '        elif isinstance(result := message.get("result"), dict) and result.get("isError") is True:', '        elif False:'),
     Fault('traces-failed-export-uncounted', 'bridge/traces/spans.py', '            self._spans.dropped += len(batch)\n', '            pass\n'),
     Fault('traces-forward-context-not-passed', 'bridge/traces/spans.py', '        _PROPAGATOR.inject(headers, context=trace.set_span_in_context(span))\n        return span\n', '        return span\n'),
-    Fault('traces-queued-unrecorded', 'bridge/traces/spans.py', '            span.add_event("queued", ', '            pass  # '),
+    Fault('traces-queued-unrecorded', 'bridge/traces/spans.py', '        span.add_event("queued", ', '        pass  # '),
     Fault('traces-stage-not-recorded', 'bridge/traces/spans.py', '            span.add_event(why)\n', '            pass\n'),
     Fault('traces-stage-twice', 'bridge/traces/spans.py', 'if span is not None and not (isinstance(span, ReadableSpan) and span.events and span.events[-1].name == why):', 'if span is not None:'),
     Fault('traces-unsampled-http-ignored', 'bridge/traces/spans.py', '                if http is UNSAMPLED:\n                    return False\n', ''),
