@@ -32,11 +32,12 @@ Rules
    When the answer comes, an event `written` at the time the mux wrote the request to the
    server's stdin: before it, the request waited at the bridge; after it, the server's own
    time. A line that did not all go into the pipe at once (the server is not reading) gets
-   `queued` then too, with the bytes waiting for the server to read them, its own included. (Events, not child spans: a traced call costs half as much.) A 2026-07-28 request
-   whose session waits for a process before its gateway sees it begins its span when it
-   arrived, with `waiting_for_server` then. An error answer sets
-   `error.type` and `rpc.response.status_code` to its JSON-RPC code and the status to ERROR;
-   a tool's result with `isError`, `error.type` `tool_error`.
+   `queued` then too, with the bytes waiting for the server to read them, its own included.
+   A 2026-07-28 request whose session waits for a process before its gateway sees it begins
+   its span when it arrived, with `waiting_for_server` then. (Events, not child spans: a
+   traced call costs half as much.) An error answer sets `error.type` and
+   `rpc.response.status_code` to its JSON-RPC code and the status to ERROR; a tool's result
+   with `isError`, `error.type` `tool_error`.
 6. A server's request to the client (sampling, elicitation, roots) attributed to a traced call
    is a CLIENT span under that call's, named by its method, from the request to the client's
    answer (for a 2026-07-28 client: to its retry carrying the answer: the call's next round),
